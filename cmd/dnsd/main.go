@@ -1,0 +1,28 @@
+// Command dnsd is podnet's cluster DNS server.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/pflag"
+
+	"github.com/podnet/podnet/dataplane/version"
+)
+
+func main() {
+	fs := pflag.NewFlagSet("dnsd", pflag.ContinueOnError)
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		if err == pflag.ErrHelp {
+			os.Exit(0)
+		}
+		os.Exit(2)
+	}
+	if *showVersion {
+		fmt.Println("dnsd", version.String())
+		return
+	}
+	fmt.Fprintln(os.Stderr, "dnsd: not implemented yet")
+	os.Exit(1)
+}

@@ -1,0 +1,17 @@
+// Package version holds the build's version, stamped by the Makefile with
+// -ldflags "-X github.com/podnet/podnet/dataplane/version.Version=...".
+package version
+
+import "runtime/debug"
+
+// Version is overwritten at link time; "dev" marks an unstamped build.
+var Version = "dev"
+
+// String returns the version with the Go toolchain that built it.
+func String() string {
+	goVersion := "unknown"
+	if info, ok := debug.ReadBuildInfo(); ok {
+		goVersion = info.GoVersion
+	}
+	return Version + " (" + goVersion + ")"
+}

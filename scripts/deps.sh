@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs the Debian packages podnet needs at run and test time, only those
+# that are missing, so it is cheap to run before every build.
+set -euo pipefail
+
+packages=(
+	iproute2        # ip, bridge
+	iptables        # iptables, iptables-restore (nft and legacy)
+	conntrack       # conntrack -D for stale UDP entries
+	kmod            # modprobe br_netfilter, vxlan
+	procps          # sysctl, ps
+	bind9-dnsutils  # dig
+	iperf3          # throughput benchmarks
+	dnsmasq-base    # a real upstream DNS server for dnsd's forwarder tests
+	unbound         # a second upstream DNS implementation
+	dnsperf         # DNS benchmarks
+	ethtool
+)
+
+missing=()
+for p in "${packages[@]}"; do
+	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+		missing+=("$p")
+	fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+	echo "deps: all ${#packages[@]} packages present"
+	exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+	echo "deps: missing ${missing[*]}; run as root to install them" >&2
+	exit 1
+fi
+
+echo "deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${missing[@]}"
+# unbound's package enables a system resolver service; podnet's tests start
+# their own instances on loopback and never need it.
+if command -v systemctl >/dev/null 2>&1; then
+	systemctl disable --now unbound >/dev/null 2>&1 || true
+fi
