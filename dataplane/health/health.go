@@ -1,0 +1,69 @@
+// Package health aggregates the readiness of a daemon's parts into one HTTP
+// answer: 200 when every registered component is healthy, 503 naming each
+// one that is not.
+package health
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Checker holds the last reported state of each component. Safe for
+// concurrent use.
+type Checker struct {
+	mu    sync.Mutex
+	state map[string]status
+}
+
+type status struct {
+	err   error
+	since time.Time
+}
+
+// NewChecker returns a Checker with no components (healthy).
+func NewChecker() *Checker { return &Checker{state: make(map[string]status)} }
+
+// Set records the component's state: nil error means healthy.
+func (c *Checker) Set(component string, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	prev, ok := c.state[component]
+	if ok && (prev.err == nil) == (err == nil) {
+		prev.err = err
+		c.state[component] = prev
+		return
+	}
+	c.state[component] = status{err: err, since: time.Now()}
+}
+
+// Err returns an error naming every unhealthy component, or nil.
+func (c *Checker) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var bad []string
+	for name, s := range c.state {
+		if s.err != nil {
+			bad = append(bad, fmt.Sprintf("%s: %v", name, s.err))
+		}
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	slices.Sort(bad)
+	return fmt.Errorf("%s", strings.Join(bad, "; "))
+}
+
+// ServeHTTP answers 200 "ok" or 503 with the reasons, one per line.
+func (c *Checker) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if err := c.Err(); err != nil {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintln(w, strings.ReplaceAll(err.Error(), "; ", "\n"))
+		return
+	}
+	fmt.Fprintln(w, "ok")
+}
