@@ -1,0 +1,196 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"log/slog"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+)
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func startSource(t *testing.T, objs ...any) (*fake.Clientset, *cluster.Store) {
+	t.Helper()
+	var rt []any
+	rt = append(rt, objs...)
+	client := fake.NewClientset()
+	for _, o := range rt {
+		var err error
+		switch o := o.(type) {
+		case *corev1.Service:
+			_, err = client.CoreV1().Services(o.Namespace).Create(context.Background(), o, metav1.CreateOptions{})
+		case *corev1.Node:
+			_, err = client.CoreV1().Nodes().Create(context.Background(), o, metav1.CreateOptions{})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	store := cluster.NewStore()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- New(Options{Client: client, Store: store, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}).Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	select {
+	case <-store.Synced():
+	case <-time.After(5 * time.Second):
+		t.Fatal("store never synced")
+	}
+	return client, store
+}
+
+func TestSourceFeedsStore(t *testing.T) {
+	node := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{cluster.LabelZone: "z1"}},
+		Spec:       corev1.NodeSpec{PodCIDR: "10.244.1.0/24", PodCIDRs: []string{"10.244.1.0/24"}},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
+			{Type: corev1.NodeInternalIP, Address: "192.168.10.11"},
+		}},
+	}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web"},
+		Spec: corev1.ServiceSpec{
+			ClusterIP: "10.96.0.20", ClusterIPs: []string{"10.96.0.20"},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}},
+		},
+	}
+	client, store := startSource(t, node, svc)
+
+	// Listed before Run: present as soon as the store is synced.
+	n := store.Node("n1")
+	if n == nil {
+		t.Fatal("node n1 missing after sync")
+	}
+	if got, _ := n.PodCIDR(); got != netip.MustParsePrefix("10.244.1.0/24") || n.Zone != "z1" {
+		t.Fatalf("node reduced wrongly: %+v", n)
+	}
+	s := store.Service(cluster.Key{Namespace: "default", Name: "web"})
+	if s == nil || len(s.ClusterIPs) != 1 || s.ClusterIPs[0] != netip.MustParseAddr("10.96.0.20") {
+		t.Fatalf("service reduced wrongly: %+v", s)
+	}
+
+	// Created, updated and deleted through the API afterwards.
+	ctx := context.Background()
+	ready := true
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "default", Name: "web-abc", Labels: map[string]string{cluster.LabelServiceName: "web"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.244.1.5"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
+	}
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "endpoint slice in store", func() bool {
+		return len(store.EndpointSlicesFor(cluster.Key{Namespace: "default", Name: "web"})) == 1
+	})
+
+	svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP})
+	if _, err := client.CoreV1().Services("default").Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "service update", func() bool {
+		s := store.Service(cluster.Key{Namespace: "default", Name: "web"})
+		return s != nil && len(s.Ports) == 2 && s.Ports[1].Protocol == cluster.UDP
+	})
+
+	if err := client.CoreV1().Services("default").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "service delete", func() bool {
+		return store.Service(cluster.Key{Namespace: "default", Name: "web"}) == nil
+	})
+}
+
+func TestInvalidObjectIsDroppedNotFatal(t *testing.T) {
+	good := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "good"},
+		Spec:       corev1.ServiceSpec{ClusterIP: "10.96.0.30"},
+	}
+	client, store := startSource(t, good)
+	ctx := context.Background()
+
+	bad := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "bad"},
+		Spec:       corev1.ServiceSpec{ClusterIP: "10.96.0.31"},
+	}
+	if _, err := client.CoreV1().Services("default").Create(ctx, bad, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "bad service first version", func() bool {
+		return store.Service(cluster.Key{Namespace: "default", Name: "bad"}) != nil
+	})
+	// An update to an address that can't be parsed removes the object
+	// rather than keeping a version that no longer exists.
+	bad.Spec.ClusterIP = "not-an-ip"
+	bad.Spec.ClusterIPs = []string{"not-an-ip"}
+	if _, err := client.CoreV1().Services("default").Update(ctx, bad, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "bad service dropped", func() bool {
+		return store.Service(cluster.Key{Namespace: "default", Name: "bad"}) == nil
+	})
+	if store.Service(cluster.Key{Namespace: "default", Name: "good"}) == nil {
+		t.Fatal("a bad object took a good one with it")
+	}
+}
+
+func TestWatchFailureKeepsStateAndReportsStaleness(t *testing.T) {
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "kept"},
+		Spec:       corev1.ServiceSpec{ClusterIP: "10.96.0.40"},
+	}
+	client := fake.NewClientset(svc)
+	var down atomic.Bool
+	down.Store(true)
+	client.PrependWatchReactor("*", func(k8stesting.Action) (bool, watch.Interface, error) {
+		if down.Load() {
+			return true, nil, errors.New("connection refused")
+		}
+		return false, nil, nil
+	})
+	store := cluster.NewStore()
+	src := New(Options{Client: client, Store: store})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go src.Run(ctx)
+
+	eventually(t, "staleness reported", func() bool { return src.Err() != nil })
+	if err := src.Err(); !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("staleness error does not say why: %v", err)
+	}
+	if store.Service(cluster.Key{Namespace: "default", Name: "kept"}) == nil {
+		t.Fatal("listed state was not kept while watches fail")
+	}
+	down.Store(false)
+	eventually(t, "staleness cleared", func() bool { return src.Err() == nil })
+}
