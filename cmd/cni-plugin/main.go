@@ -1,29 +1,74 @@
 // Command podnet is the CNI plugin. Exec'd by a container runtime with
-// CNI_COMMAND set it runs one CNI verb; run by hand it installs itself.
+// CNI_COMMAND set it runs one CNI verb; `podnet install` (a DaemonSet init
+// container) copies it into the CNI bin dir and writes its conflist.
 package main
 
 import (
 	"fmt"
 	"os"
 
+	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/spf13/pflag"
 
+	"github.com/podnet/podnet/dataplane/cni"
+	"github.com/podnet/podnet/dataplane/nodeconfig"
 	"github.com/podnet/podnet/dataplane/version"
 )
 
 func main() {
+	if os.Getenv("CNI_COMMAND") != "" {
+		skel.PluginMainFuncs(cni.Funcs(), cni.VersionInfo, "CNI plugin podnet "+version.String())
+		return
+	}
+	os.Exit(runCLI(os.Args[1:]))
+}
+
+func runCLI(args []string) int {
 	fs := pflag.NewFlagSet("podnet", pflag.ContinueOnError)
 	showVersion := fs.Bool("version", false, "print the version and exit")
-	if err := fs.Parse(os.Args[1:]); err != nil {
+	var o cni.InstallOptions
+	fs.StringVar(&o.BinDir, "cni-bin-dir", "/opt/cni/bin", "install: directory to copy the plugin binary to")
+	fs.StringVar(&o.ConfDir, "cni-conf-dir", "/etc/cni/net.d", "install: directory to write "+cni.ConflistName+" to")
+	fs.StringVar(&o.Bridge, "bridge", "", "install: bridge field of the conflist (plugin default "+cni.DefaultBridge+")")
+	fs.StringVar(&o.NodeConfig, "node-config", "", "install: nodeConfig field of the conflist (plugin default "+nodeconfig.DefaultPath+")")
+	fs.StringVar(&o.DataDir, "data-dir", "", "install: dataDir field of the conflist (plugin default "+cni.DefaultDataDir+")")
+	fs.StringVar(&o.LogFile, "log-file", "", "install: logFile field of the conflist")
+	fs.Usage = func() {
+		fmt.Fprintf(os.Stderr, "podnet %s: the podnet CNI plugin.\n\n", version.String())
+		fmt.Fprintln(os.Stderr, "Exec'd by a container runtime with CNI_COMMAND set, it runs that CNI verb")
+		fmt.Fprintf(os.Stderr, "(CNI versions %v).\n\nUsage:\n  podnet install [flags]   copy the plugin and write its conflist\n  podnet --version\n\nFlags:\n", cni.VersionInfo.SupportedVersions())
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
 		if err == pflag.ErrHelp {
-			os.Exit(0)
+			return 0
 		}
-		os.Exit(2)
+		return 2
 	}
 	if *showVersion {
 		fmt.Println("podnet", version.String())
-		return
+		return 0
 	}
-	fmt.Fprintln(os.Stderr, "podnet: not implemented yet")
-	os.Exit(1)
+	switch fs.Arg(0) {
+	case "install":
+		changed, err := cni.Install(o)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "podnet install:", err)
+			return 1
+		}
+		for _, p := range changed {
+			fmt.Println("installed", p)
+		}
+		if len(changed) == 0 {
+			fmt.Println("already installed, nothing changed")
+		}
+		return 0
+	case "":
+		fs.Usage()
+		return 2
+	default:
+		fmt.Fprintf(os.Stderr, "podnet: unknown command %q\n", fs.Arg(0))
+		fs.Usage()
+		return 2
+	}
 }

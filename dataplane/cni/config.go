@@ -1,0 +1,208 @@
+package cni
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/podnet/podnet/dataplane/ipam"
+	"github.com/podnet/podnet/dataplane/nodeconfig"
+)
+
+// Defaults of the plugin config fields.
+const (
+	DefaultBridge  = "cbr0"
+	DefaultDataDir = "/var/lib/podnet/ipam"
+	DefaultMTU     = 1500
+)
+
+// Config is one podnet entry of a conflist, as the runtime hands it to the
+// plugin (with name, cniVersion, prevResult and GC's valid attachments).
+type Config struct {
+	types.PluginConf
+
+	// Bridge is the node bridge every pod hangs off.
+	Bridge string `json:"bridge"`
+	// MTU of both veth ends and the bridge; 0 takes the node config's MTU
+	// (or 1500 if that has none).
+	MTU int `json:"mtu"`
+	// HairpinMode lets a pod reach itself through a Service VIP.
+	HairpinMode bool `json:"hairpinMode"`
+	// NodeConfig is the file proxyd writes with the node's podCIDR.
+	NodeConfig string `json:"nodeConfig"`
+	// Subnet, if set, is the podCIDR to use instead of the node config's,
+	// for running the plugin without proxyd.
+	Subnet netip.Prefix `json:"subnet"`
+	// DataDir holds the IPAM store (one subdirectory per network).
+	DataDir string `json:"dataDir"`
+	// LogFile receives the plugin's log; empty logs warnings to stderr.
+	LogFile string `json:"logFile"`
+	// BootIDFile is read to detect reboots; tests point it elsewhere.
+	BootIDFile string `json:"bootIDFile"`
+}
+
+// DefaultConfig is the config before the runtime's JSON is applied.
+func DefaultConfig() Config {
+	return Config{
+		Bridge:      DefaultBridge,
+		HairpinMode: true,
+		NodeConfig:  nodeconfig.DefaultPath,
+		DataDir:     DefaultDataDir,
+		BootIDFile:  ipam.DefaultBootIDFile,
+	}
+}
+
+// fieldKinds names, for error messages, what each plugin-specific field
+// must hold.
+var fieldKinds = map[string]string{
+	"bridge":      "a string",
+	"mtu":         "an integer",
+	"hairpinMode": "true or false",
+	"nodeConfig":  "a string",
+	"subnet":      "a CIDR string like \"10.244.1.0/24\"",
+	"dataDir":     "a string",
+	"logFile":     "a string",
+	"bootIDFile":  "a string",
+}
+
+// ParseConfig decodes and validates the plugin's stdin. Undecodable JSON is
+// a CNI error 6, a field of the wrong type or out of range a CNI error 7
+// naming the field and the value.
+func ParseConfig(data []byte) (*Config, error) {
+	c := DefaultConfig()
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return nil, types.NewError(types.ErrDecodingFailure, "decode network config: "+err.Error(), "")
+	}
+	if err := json.Unmarshal(data, &c.PluginConf); err != nil {
+		return nil, types.NewError(types.ErrDecodingFailure, "decode network config: "+err.Error(), "")
+	}
+	targets := []struct {
+		field  string
+		target any
+	}{
+		{"bridge", &c.Bridge}, {"mtu", &c.MTU}, {"hairpinMode", &c.HairpinMode},
+		{"nodeConfig", &c.NodeConfig}, {"dataDir", &c.DataDir}, {"logFile", &c.LogFile},
+		{"bootIDFile", &c.BootIDFile},
+	}
+	for _, f := range targets {
+		v, ok := raw[f.field]
+		if !ok || string(v) == "null" {
+			continue
+		}
+		if err := json.Unmarshal(v, f.target); err != nil {
+			return nil, invalidf("%s: want %s, got %s", f.field, fieldKinds[f.field], v)
+		}
+	}
+	if v, ok := raw["subnet"]; ok && string(v) != "null" {
+		var s string
+		if err := json.Unmarshal(v, &s); err != nil {
+			return nil, invalidf("subnet: want %s, got %s", fieldKinds["subnet"], v)
+		}
+		if s != "" {
+			p, err := netip.ParsePrefix(s)
+			if err != nil {
+				return nil, invalidf("subnet: want %s, got %q", fieldKinds["subnet"], s)
+			}
+			c.Subnet = p
+		}
+	}
+	if err := c.Validate(); err != nil {
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid network config: "+err.Error(), "")
+	}
+	if c.RawPrevResult != nil {
+		if err := version.ParsePrevResult(&c.PluginConf); err != nil {
+			return nil, types.NewError(types.ErrDecodingFailure, "decode prevResult: "+err.Error(), "")
+		}
+	}
+	return &c, nil
+}
+
+func invalidf(format string, args ...any) error {
+	return types.NewError(types.ErrInvalidNetworkConfig, "invalid network config: "+fmt.Sprintf(format, args...), "")
+}
+
+// Validate reports the first field whose value is out of range.
+func (c *Config) Validate() error {
+	if err := validIfName(c.Bridge); err != nil {
+		return fmt.Errorf("bridge: %q %w", c.Bridge, err)
+	}
+	if c.MTU != 0 && (c.MTU < 576 || c.MTU > 65535) {
+		return fmt.Errorf("mtu: %d out of range 576-65535", c.MTU)
+	}
+	if c.Subnet.IsValid() {
+		if c.Subnet != c.Subnet.Masked() {
+			return fmt.Errorf("subnet: %s has host bits set (did you mean %s?)", c.Subnet, c.Subnet.Masked())
+		}
+		if _, _, ok := ipam.Usable(c.Subnet); !ok {
+			return fmt.Errorf("subnet: %s is too small for pods (need /30 or larger)", c.Subnet)
+		}
+	}
+	for _, f := range []struct{ name, path string }{
+		{"nodeConfig", c.NodeConfig}, {"dataDir", c.DataDir}, {"bootIDFile", c.BootIDFile},
+	} {
+		if f.path == "" || !filepath.IsAbs(f.path) {
+			return fmt.Errorf("%s: %q is not an absolute path", f.name, f.path)
+		}
+	}
+	if c.LogFile != "" && !filepath.IsAbs(c.LogFile) {
+		return fmt.Errorf("logFile: %q is not an absolute path", c.LogFile)
+	}
+	return nil
+}
+
+type strErr string
+
+func (e strErr) Error() string { return string(e) }
+
+// validIfName applies the kernel's rules for interface names.
+func validIfName(name string) error {
+	switch {
+	case name == "":
+		return strErr("is empty")
+	case len(name) > 15:
+		return strErr("is longer than 15 bytes")
+	case name == "." || name == "..":
+		return strErr("is not a valid interface name")
+	case strings.ContainsAny(name, "/: \t\n"):
+		return strErr("contains '/', ':' or white space")
+	}
+	return nil
+}
+
+// storeDir is the IPAM directory of the network.
+func (c *Config) storeDir() string { return filepath.Join(c.DataDir, c.Name) }
+
+// podNetwork is what ADD needs from the node: the podCIDR and the MTU.
+type podNetwork struct {
+	PodCIDR netip.Prefix
+	MTU     int
+}
+
+// network resolves the pod network: the subnet field, or the node config.
+func (c *Config) network() (podNetwork, error) {
+	if c.Subnet.IsValid() {
+		return podNetwork{PodCIDR: c.Subnet.Masked(), MTU: orDefault(c.MTU, DefaultMTU)}, nil
+	}
+	nc, err := nodeconfig.Read(c.NodeConfig)
+	if err != nil {
+		return podNetwork{}, err
+	}
+	mtu := c.MTU
+	if mtu == 0 {
+		mtu = orDefault(nc.MTU, DefaultMTU)
+	}
+	return podNetwork{PodCIDR: nc.PodCIDR.Masked(), MTU: mtu}, nil
+}
+
+func orDefault(v, def int) int {
+	if v == 0 {
+		return def
+	}
+	return v
+}

@@ -1,0 +1,510 @@
+// Package cni is the podnet CNI plugin: the verbs a container runtime execs
+// it for (ADD, DEL, CHECK, STATUS, GC; VERSION is answered by skel).
+//
+// ADD attaches a pod to the node bridge (cbr0 by default) with a veth pair
+// and an address from the node's podCIDR, which proxyd publishes in the node
+// config. The pod routes everything via the bridge's address (the first of
+// the podCIDR); proxyd routes the node's podCIDR between nodes.
+//
+// The IPAM store lock is held while an address is taken and the bridge is
+// checked, so a podCIDR change and concurrent ADDs cannot race; the veth and
+// the pod side are set up outside the lock. Every step after the address was
+// taken is undone if a later one fails.
+package cni
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/podnet/podnet/dataplane/ipam"
+	"github.com/podnet/podnet/dataplane/link"
+	"github.com/podnet/podnet/dataplane/nodeconfig"
+)
+
+// VersionInfo lists the CNI spec versions the plugin speaks.
+var VersionInfo = version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+
+// Funcs are the verbs for skel.PluginMainFuncs.
+func Funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{Add: cmdAdd, Del: cmdDel, Check: cmdCheck, Status: cmdStatus, GC: cmdGC}
+}
+
+// run decodes the config, opens the log and runs one verb, logging how it
+// went.
+func run(verb string, args *skel.CmdArgs, fn func(*Config, *slog.Logger) error) error {
+	c, err := ParseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	log, closeLog := c.logger()
+	defer closeLog()
+	log = log.With("verb", verb, "container", args.ContainerID, "ifname", args.IfName)
+	start := time.Now()
+	err = fn(c, log)
+	if err != nil {
+		log.Error("failed", "err", err, "took", time.Since(start))
+		return err
+	}
+	log.Info("done", "took", time.Since(start))
+	return nil
+}
+
+// logger opens the log file; without one, only warnings reach stderr.
+func (c *Config) logger() (*slog.Logger, func()) {
+	if c.LogFile == "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), func() {}
+	}
+	if err := os.MkdirAll(filepath.Dir(c.LogFile), 0o755); err == nil {
+		if f, err := os.OpenFile(c.LogFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644); err == nil {
+			return slog.New(slog.NewTextHandler(f, nil)).With("pid", os.Getpid()), func() { f.Close() }
+		}
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil)), func() {}
+}
+
+func (c *Config) ipamOptions() ipam.Options {
+	return ipam.Options{Dir: c.storeDir(), BootIDFile: c.BootIDFile}
+}
+
+// openStore opens the IPAM store; a lock held too long is "try again".
+func (c *Config) openStore(log *slog.Logger) (*ipam.Txn, error) {
+	txn, err := ipam.Open(c.ipamOptions())
+	if errors.Is(err, ipam.ErrLocked) {
+		return nil, types.NewError(types.ErrTryAgainLater, err.Error(), "")
+	}
+	if err != nil {
+		return nil, err
+	}
+	if r := txn.Rebooted(); len(r) > 0 {
+		log.Info("released allocations from before a reboot", "count", len(r))
+	}
+	return txn, nil
+}
+
+// resolveNetwork wraps Config.network with the CNI error codes ADD needs.
+func (c *Config) resolveNetwork() (podNetwork, error) {
+	pn, err := c.network()
+	if errors.Is(err, nodeconfig.ErrNotFound) {
+		return pn, types.NewError(types.ErrTryAgainLater,
+			fmt.Sprintf("node config %s does not exist yet (proxyd writes it once the node has a podCIDR)", c.NodeConfig), "")
+	}
+	if err != nil {
+		return pn, types.NewError(types.ErrInvalidNetworkConfig, err.Error(), "")
+	}
+	return pn, nil
+}
+
+func cmdAdd(args *skel.CmdArgs) error {
+	var res *current.Result
+	var cniVersion string
+	err := run("ADD", args, func(c *Config, log *slog.Logger) error {
+		var err error
+		res, err = add(c, args, log)
+		cniVersion = c.CNIVersion
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return types.PrintResult(res, cniVersion)
+}
+
+func add(c *Config, args *skel.CmdArgs, log *slog.Logger) (*current.Result, error) {
+	pn, err := c.resolveNetwork()
+	if err != nil {
+		return nil, err
+	}
+	podNS, err := ns.GetNS(args.Netns)
+	if err != nil {
+		return nil, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_NETNS %s: %v", args.Netns, err), "")
+	}
+	defer podNS.Close()
+
+	att := ipam.Attachment{ContainerID: args.ContainerID, IfName: args.IfName}
+	gw := ipam.Gateway(pn.PodCIDR)
+	addr, fresh, br, err := c.allocate(pn, att, log)
+	if err != nil {
+		return nil, err
+	}
+	hostName := link.HostVethName(args.ContainerID, args.IfName)
+	success := false
+	defer func() {
+		if success {
+			return
+		}
+		if _, err := link.DelByName(hostName); err != nil {
+			log.Warn("rollback: delete host veth", "err", err)
+		}
+		if fresh {
+			if err := c.release(att, log); err != nil {
+				log.Warn("rollback: release address", "addr", addr, "err", err)
+			}
+		}
+	}()
+
+	hostMAC, podMAC := link.RandomMAC(), link.MACFromIP(addr)
+	_, err = link.AddVeth(link.VethOptions{
+		HostName: hostName, HostMAC: hostMAC,
+		PodName: args.IfName, PodMAC: podMAC, PodNS: podNS,
+		MTU: pn.MTU, Bridge: br, Hairpin: c.HairpinMode,
+	})
+	if err != nil {
+		return nil, err
+	}
+	podAddr := netip.PrefixFrom(addr, pn.PodCIDR.Bits())
+	if err := link.ConfigurePod(podNS, link.PodIface{Name: args.IfName, Addr: podAddr, Gateway: gw}); err != nil {
+		return nil, err
+	}
+	if err := enableForwarding(addr.Is4()); err != nil {
+		return nil, err
+	}
+	success = true
+	log.Info("attached", "addr", podAddr, "hostVeth", hostName, "fresh", fresh)
+
+	return &current.Result{
+		CNIVersion: current.ImplementedSpecVersion,
+		Interfaces: []*current.Interface{
+			{Name: br.Attrs().Name, Mac: br.Attrs().HardwareAddr.String(), Mtu: pn.MTU},
+			{Name: hostName, Mac: hostMAC.String(), Mtu: pn.MTU},
+			{Name: args.IfName, Mac: podMAC.String(), Mtu: pn.MTU, Sandbox: args.Netns},
+		},
+		IPs: []*current.IPConfig{{
+			Interface: current.Int(2),
+			Address:   net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(podAddr.Bits(), addr.BitLen())},
+			Gateway:   gw.AsSlice(),
+		}},
+		Routes: []*types.Route{{Dst: *defaultRoute(addr), GW: gw.AsSlice()}},
+	}, nil
+}
+
+// allocate takes (or finds) the attachment's address and makes sure the
+// bridge is there with the gateway address, all under the store lock.
+func (c *Config) allocate(pn podNetwork, att ipam.Attachment, log *slog.Logger) (netip.Addr, bool, netlink.Link, error) {
+	txn, err := c.openStore(log)
+	if err != nil {
+		return netip.Addr{}, false, nil, err
+	}
+	defer txn.Close()
+	addr, fresh, err := txn.Allocate(pn.PodCIDR, att)
+	if errors.Is(err, ipam.ErrRangeFull) {
+		return netip.Addr{}, false, nil, types.NewError(types.ErrTryAgainLater, "allocate address: "+err.Error(), "")
+	}
+	if err != nil {
+		return netip.Addr{}, false, nil, err
+	}
+	br, err := c.ensureBridge(txn, pn, log)
+	if err != nil {
+		return netip.Addr{}, false, nil, err
+	}
+	if err := txn.Commit(); err != nil {
+		return netip.Addr{}, false, nil, err
+	}
+	return addr, fresh, br, nil
+}
+
+// ensureBridge creates the bridge if missing and gives it the gateway
+// address. An address from an earlier podCIDR is replaced once no pod holds
+// an address in its range; while some do, ADD fails with "try again".
+func (c *Config) ensureBridge(txn *ipam.Txn, pn podNetwork, log *slog.Logger) (netlink.Link, error) {
+	gw := ipam.Gateway(pn.PodCIDR)
+	mac := link.MACFromIP(gw)
+	br, err := link.Bridge(c.Bridge, pn.MTU, mac)
+	if err != nil {
+		return nil, err
+	}
+	family := netlink.FAMILY_V4
+	if gw.Is6() {
+		family = netlink.FAMILY_V6
+	}
+	addrs, err := link.Addrs(br, family)
+	if err != nil {
+		return nil, err
+	}
+	want := netip.PrefixFrom(gw, pn.PodCIDR.Bits())
+	have := false
+	for _, a := range addrs {
+		if a == want {
+			have = true
+			continue
+		}
+		var users []string
+		for _, al := range txn.Allocations() {
+			if a.Masked().Contains(al.Addr) && !pn.PodCIDR.Contains(al.Addr) {
+				users = append(users, al.Addr.String()+" ("+al.Attachment.String()+")")
+			}
+		}
+		if len(users) > 0 {
+			return nil, types.NewError(types.ErrTryAgainLater, fmt.Sprintf(
+				"bridge %s has address %s from an earlier podCIDR, not %s; %d pods still use that range (%s), it is replaced once they are deleted",
+				c.Bridge, a, want, len(users), strings.Join(users[:min(len(users), 3)], ", ")), "")
+		}
+		log.Info("replacing stale bridge address", "bridge", c.Bridge, "old", a, "new", want)
+		if err := link.DelAddr(br, a); err != nil {
+			return nil, err
+		}
+	}
+	if !have {
+		if err := link.AddAddr(br, want); err != nil {
+			return nil, err
+		}
+		if err := link.SetMAC(br, mac); err != nil {
+			return nil, err
+		}
+		br.Attrs().HardwareAddr = mac
+	}
+	return br, nil
+}
+
+func (c *Config) release(att ipam.Attachment, log *slog.Logger) error {
+	txn, err := c.openStore(log)
+	if err != nil {
+		return err
+	}
+	defer txn.Close()
+	if addr, ok := txn.Release(att); ok {
+		log.Info("released", "addr", addr)
+	}
+	return txn.Commit()
+}
+
+// enableForwarding turns on IP forwarding in the node namespace; the
+// gateway routes the pods' traffic.
+func enableForwarding(v4 bool) error {
+	path := "/proc/sys/net/ipv4/ip_forward"
+	if !v4 {
+		path = "/proc/sys/net/ipv6/conf/all/forwarding"
+	}
+	cur, err := os.ReadFile(path)
+	if err == nil && strings.TrimSpace(string(cur)) == "1" {
+		return nil
+	}
+	if err := os.WriteFile(path, []byte("1"), 0o644); err != nil {
+		return fmt.Errorf("enable forwarding: %w", err)
+	}
+	return nil
+}
+
+func defaultRoute(a netip.Addr) *net.IPNet {
+	if a.Is4() {
+		return &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
+	}
+	return &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
+}
+
+func cmdDel(args *skel.CmdArgs) error {
+	return run("DEL", args, func(c *Config, log *slog.Logger) error {
+		// The link goes first: an address is never free while a live
+		// interface still holds it. Deleting the host side removes the pod
+		// side too, so a vanished netns needs no special case.
+		hostName := link.HostVethName(args.ContainerID, args.IfName)
+		existed, err := link.DelByName(hostName)
+		if err != nil {
+			return err
+		}
+		if existed {
+			log.Info("deleted host veth", "name", hostName)
+		}
+		return c.release(ipam.Attachment{ContainerID: args.ContainerID, IfName: args.IfName}, log)
+	})
+}
+
+func cmdCheck(args *skel.CmdArgs) error {
+	return run("CHECK", args, func(c *Config, log *slog.Logger) error {
+		return check(c, args, log)
+	})
+}
+
+func check(c *Config, args *skel.CmdArgs, log *slog.Logger) error {
+	if c.PrevResult == nil {
+		return types.NewError(types.ErrInvalidNetworkConfig, "CHECK needs prevResult, the config has none", "")
+	}
+	prev, err := current.NewResultFromResult(c.PrevResult)
+	if err != nil {
+		return types.NewError(types.ErrDecodingFailure, "convert prevResult: "+err.Error(), "")
+	}
+	pn, err := c.resolveNetwork()
+	if err != nil {
+		return err
+	}
+	podIdx := -1
+	for i, ifc := range prev.Interfaces {
+		if ifc.Name == args.IfName && ifc.Sandbox != "" {
+			podIdx = i
+		}
+	}
+	if podIdx < 0 {
+		return fmt.Errorf("CHECK: prevResult lists no interface %s with a sandbox", args.IfName)
+	}
+	var ipc *current.IPConfig
+	for _, ip := range prev.IPs {
+		if ip.Interface != nil && *ip.Interface == podIdx {
+			ipc = ip
+		}
+	}
+	if ipc == nil {
+		return fmt.Errorf("CHECK: prevResult has no address for interface %s", args.IfName)
+	}
+	wantAddr, _ := netip.AddrFromSlice(ipc.Address.IP)
+	wantAddr = wantAddr.Unmap()
+	ones, _ := ipc.Address.Mask.Size()
+	wantPrefix := netip.PrefixFrom(wantAddr, ones)
+	wantGW, _ := netip.AddrFromSlice(ipc.Gateway)
+	wantGW = wantGW.Unmap()
+
+	var diffs []string
+	att := ipam.Attachment{ContainerID: args.ContainerID, IfName: args.IfName}
+	txn, err := c.openStore(log)
+	if err != nil {
+		return err
+	}
+	got, ok := txn.Lookup(att)
+	txn.Close()
+	switch {
+	case !ok:
+		diffs = append(diffs, fmt.Sprintf("ipam holds no address for %s (prevResult has %s)", att, wantAddr))
+	case got != wantAddr:
+		diffs = append(diffs, fmt.Sprintf("ipam holds %s for %s, prevResult has %s", got, att, wantAddr))
+	}
+	if !pn.PodCIDR.Contains(wantAddr) {
+		diffs = append(diffs, fmt.Sprintf("address %s is outside the podCIDR %s", wantAddr, pn.PodCIDR))
+	}
+
+	hostName := link.HostVethName(args.ContainerID, args.IfName)
+	if hl, err := netlink.LinkByName(hostName); err != nil {
+		diffs = append(diffs, fmt.Sprintf("host veth %s: %v", hostName, err))
+	} else {
+		br, err := netlink.LinkByName(c.Bridge)
+		switch {
+		case err != nil:
+			diffs = append(diffs, fmt.Sprintf("bridge %s: %v", c.Bridge, err))
+		case hl.Attrs().MasterIndex != br.Attrs().Index:
+			diffs = append(diffs, fmt.Sprintf("host veth %s is not attached to %s", hostName, c.Bridge))
+		}
+		if hl.Attrs().MTU != pn.MTU {
+			diffs = append(diffs, fmt.Sprintf("host veth %s has MTU %d, want %d", hostName, hl.Attrs().MTU, pn.MTU))
+		}
+		if hl.Attrs().Flags&net.FlagUp == 0 {
+			diffs = append(diffs, fmt.Sprintf("host veth %s is down", hostName))
+		}
+	}
+
+	podNS, err := ns.GetNS(args.Netns)
+	if err != nil {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_NETNS %s: %v", args.Netns, err), "")
+	}
+	defer podNS.Close()
+	family := netlink.FAMILY_V4
+	if wantAddr.Is6() {
+		family = netlink.FAMILY_V6
+	}
+	st, err := link.InspectPod(podNS, args.IfName, family)
+	if err != nil {
+		diffs = append(diffs, err.Error())
+	} else {
+		if st.MTU != pn.MTU {
+			diffs = append(diffs, fmt.Sprintf("%s in pod has MTU %d, want %d", args.IfName, st.MTU, pn.MTU))
+		}
+		if m := prev.Interfaces[podIdx].Mac; m != "" && !strings.EqualFold(m, st.MAC) {
+			diffs = append(diffs, fmt.Sprintf("%s in pod has MAC %s, prevResult has %s", args.IfName, st.MAC, m))
+		}
+		if !st.Up {
+			diffs = append(diffs, fmt.Sprintf("%s in pod is down", args.IfName))
+		}
+		found := false
+		for _, a := range st.Addrs {
+			found = found || a == wantPrefix
+		}
+		if !found {
+			diffs = append(diffs, fmt.Sprintf("%s in pod has addresses %v, want %s", args.IfName, st.Addrs, wantPrefix))
+		}
+		if wantGW.IsValid() && st.DefaultGW != wantGW {
+			if st.DefaultGW.IsValid() {
+				diffs = append(diffs, fmt.Sprintf("pod's default route is via %s, want %s", st.DefaultGW, wantGW))
+			} else {
+				diffs = append(diffs, fmt.Sprintf("pod has no default route via %s on %s", wantGW, args.IfName))
+			}
+		}
+	}
+	if len(diffs) > 0 {
+		return fmt.Errorf("CHECK %s: %s", att, strings.Join(diffs, "; "))
+	}
+	return nil
+}
+
+func cmdStatus(args *skel.CmdArgs) error {
+	return run("STATUS", args, func(c *Config, log *slog.Logger) error {
+		if !c.Subnet.IsValid() {
+			if _, err := nodeconfig.Read(c.NodeConfig); err != nil {
+				msg := err.Error()
+				if errors.Is(err, nodeconfig.ErrNotFound) {
+					msg = fmt.Sprintf("node config %s does not exist yet (proxyd writes it once the node has a podCIDR)", c.NodeConfig)
+				}
+				return types.NewError(types.ErrPluginNotAvailable, msg, "")
+			}
+		}
+		if err := os.MkdirAll(c.storeDir(), 0o755); err != nil {
+			return types.NewError(types.ErrPluginNotAvailable, "ipam store: "+err.Error(), "")
+		}
+		return nil
+	})
+}
+
+func cmdGC(args *skel.CmdArgs) error {
+	return run("GC", args, func(c *Config, log *slog.Logger) error {
+		valid := make(map[ipam.Attachment]bool, len(c.ValidAttachments))
+		validVeths := make(map[string]bool, len(c.ValidAttachments))
+		for _, a := range c.ValidAttachments {
+			valid[ipam.Attachment{ContainerID: a.ContainerID, IfName: a.IfName}] = true
+			validVeths[link.HostVethName(a.ContainerID, a.IfName)] = true
+		}
+		var errs []error
+		// Veths first, as in DEL: no address is freed while its interface lives.
+		veths, err := link.HostVeths()
+		if err != nil {
+			errs = append(errs, err)
+		}
+		for _, v := range veths {
+			name := v.Attrs().Name
+			if validVeths[name] {
+				continue
+			}
+			if _, err := link.DelByName(name); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			log.Info("gc: deleted host veth", "name", name)
+		}
+		txn, err := c.openStore(log)
+		if err != nil {
+			return errors.Join(append(errs, err)...)
+		}
+		defer txn.Close()
+		dropped := txn.Retain(func(al ipam.Allocation) bool { return valid[al.Attachment] })
+		if err := txn.Commit(); err != nil {
+			errs = append(errs, err)
+		} else {
+			for _, al := range dropped {
+				log.Info("gc: released", "addr", al.Addr, "attachment", al.Attachment.String())
+			}
+		}
+		if len(errs) > 0 {
+			return fmt.Errorf("gc: %w", errors.Join(errs...))
+		}
+		return nil
+	})
+}
