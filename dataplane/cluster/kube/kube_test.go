@@ -3,11 +3,11 @@ package kube
 import (
 	"context"
 	"errors"
-	"strings"
-	"sync/atomic"
 	"log/slog"
 	"net/netip"
 	"os"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
