@@ -1,0 +1,487 @@
+// Package lab builds a whole cluster in network namespaces on this machine,
+// without containers or VMs, for the end-to-end tests and `make demo`.
+//
+// Layout (all names start with the run's prefix, nothing lives in the host's
+// own network namespace):
+//
+//	<prefix>-underlay  one Linux bridge per node subnet ("segment"); every node
+//	                   and the router plug a veth into it
+//	<prefix>-router    a leg on every segment (the segment's first address) and
+//	                   one towards the outside; forwards between them
+//	<prefix>-outside   203.0.113.10, standing for the internet
+//	<prefix>-<node>    one per node: eth0 on its segment, default route via the
+//	                   router; processes of the node run in this namespace and
+//	                   in the node's cgroup (v2)
+//	<prefix>-<node>-<pod>  one per pod, attached by the real CNI plugin
+//
+// A run leaves a record in /run/podnet-lab so that the next run can remove
+// what a crashed one left behind, and so that `podnet-lab down` finds labs
+// that were kept on purpose.
+package lab
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/podnet/podnet/dataplane/nodeconfig"
+	"github.com/podnet/podnet/dataplane/roottest"
+)
+
+// FamilyPrefix starts every default run prefix; stale objects of crashed runs
+// are recognised by it.
+const FamilyPrefix = "pn"
+
+// Fixed addresses of the lab.
+var (
+	ClusterCIDR = netip.MustParsePrefix("10.244.0.0/16")
+	// OutsideNet links the router to the outside namespace.
+	OutsideNet = netip.MustParsePrefix("203.0.113.0/24")
+	outsideGW  = netip.MustParseAddr("203.0.113.1")
+	outsideIP  = netip.MustParseAddr("203.0.113.10")
+)
+
+// UnderlayMTU is the MTU of every underlay link.
+const UnderlayMTU = 1500
+
+// Options say what to build. The zero value builds the default four-node lab.
+type Options struct {
+	// Prefix names everything of this run. Default: "pn" + 4 random hex digits.
+	Prefix string
+	// Nodes default to node1..node3 on 192.168.10.11-13/24 (segment A) and
+	// node4 on 192.168.20.11/24 (segment B).
+	Nodes []NodeSpec
+	// BinDir holds podnet, proxyd and dnsd. Default: $PODNET_BIN, else the
+	// directory of the running podnet-lab binary, else <repo>/bin.
+	BinDir string
+	// WorkDir holds the run's files. Default: a temporary directory, removed
+	// by Close.
+	WorkDir string
+	// Logf reports progress; nil discards it.
+	Logf func(format string, args ...any)
+}
+
+// NodeSpec describes one node.
+type NodeSpec struct {
+	Name string
+	// IP is the node's underlay address with its subnet, e.g. 192.168.10.11/24.
+	// Nodes sharing a subnet share an L2 segment; the subnet's first address
+	// is the router.
+	IP netip.Prefix
+	// PodCIDR defaults to 10.244.<i>.0/24 for the i-th node (from 1).
+	PodCIDR netip.Prefix
+}
+
+// DefaultNodes is the default topology.
+func DefaultNodes() []NodeSpec {
+	return []NodeSpec{
+		{Name: "node1", IP: netip.MustParsePrefix("192.168.10.11/24")},
+		{Name: "node2", IP: netip.MustParsePrefix("192.168.10.12/24")},
+		{Name: "node3", IP: netip.MustParsePrefix("192.168.10.13/24")},
+		{Name: "node4", IP: netip.MustParsePrefix("192.168.20.11/24")},
+	}
+}
+
+// Lab is a running lab. Close removes all of it.
+type Lab struct {
+	Prefix   string
+	Underlay string // netns names
+	Router   string
+	Outside  string
+	// OutsideIP is the address of the outside namespace.
+	OutsideIP netip.Addr
+	Nodes     []*Node
+	Segments  []Segment
+	BinDir    string
+	WorkDir   string
+
+	logf        func(format string, args ...any)
+	ownsWorkDir bool
+	cgroupRoot  string
+
+	mu     sync.Mutex
+	procs  []*Proc
+	pods   []*Pod
+	closed bool
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Segment is one underlay L2 segment: a bridge in the underlay namespace and
+// a router leg.
+type Segment struct {
+	Subnet  netip.Prefix
+	Gateway netip.Addr // the router's address on it
+	Bridge  string     // bridge name in the underlay namespace
+	Zone    string     // topology.kubernetes.io/zone of its nodes
+}
+
+// Node is one node of the lab.
+type Node struct {
+	Name    string
+	NS      string // netns name
+	IP      netip.Addr
+	Subnet  netip.Prefix
+	Gateway netip.Addr
+	Iface   string // underlay interface inside the node: "eth0"
+	PodCIDR netip.Prefix
+	Zone    string
+	// Dir holds the node's files: node.json, ipam, logs, the CNI cache.
+	Dir string
+	// Cgroup is the node's cgroup v2 directory; every process of the node
+	// (and of its pods) runs in it.
+	Cgroup string
+
+	lab *Lab
+}
+
+// New builds a lab. Stale labs of crashed runs are removed first. On error
+// everything built so far is removed again.
+func New(ctx context.Context, o Options) (*Lab, error) {
+	start := time.Now()
+	l, err := newLab(o)
+	if err != nil {
+		return nil, err
+	}
+	if err := sweepStale(l.logf); err != nil {
+		l.logf("lab: removing stale labs: %v", err)
+	}
+	if err := writeRecord(runRecord{Prefix: l.Prefix, WorkDir: l.WorkDir, OwnsWorkDir: l.ownsWorkDir}); err != nil {
+		return nil, err
+	}
+	if err := l.build(ctx); err != nil {
+		logs := l.Logs()
+		if cerr := l.Close(); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
+		if logs != "" {
+			err = fmt.Errorf("%w\n%s", err, logs)
+		}
+		return nil, err
+	}
+	l.logf("lab %s: %d nodes up in %v (workdir %s)", l.Prefix, len(l.Nodes), time.Since(start).Round(time.Millisecond), l.WorkDir)
+	return l, nil
+}
+
+// Start is New for tests: it fails t on error and closes the lab when the
+// test ends, logging what the lab's processes printed if the test failed.
+func Start(t testing.TB, o Options) *Lab {
+	t.Helper()
+	roottest.Require(t)
+	if o.Logf == nil {
+		o.Logf = t.Logf
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	l, err := New(ctx, o)
+	if err != nil {
+		t.Fatalf("start lab: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			if logs := l.Logs(); logs != "" {
+				t.Logf("lab %s logs:\n%s", l.Prefix, logs)
+			}
+		}
+		if err := l.Close(); err != nil {
+			t.Errorf("close lab: %v", err)
+		}
+	})
+	return l
+}
+
+func newLab(o Options) (*Lab, error) {
+	l := &Lab{Prefix: o.Prefix, BinDir: o.BinDir, WorkDir: o.WorkDir, logf: o.Logf, OutsideIP: outsideIP}
+	if l.logf == nil {
+		l.logf = func(string, ...any) {}
+	}
+	if l.Prefix == "" {
+		b := make([]byte, 2)
+		if _, err := rand.Read(b); err != nil {
+			return nil, fmt.Errorf("random prefix: %w", err)
+		}
+		l.Prefix = FamilyPrefix + hex.EncodeToString(b)
+	}
+	if err := validName("prefix", l.Prefix); err != nil {
+		return nil, err
+	}
+	if l.BinDir == "" {
+		l.BinDir = defaultBinDir()
+	}
+	cg, err := cgroup2Root()
+	if err != nil {
+		return nil, err
+	}
+	l.cgroupRoot = cg
+	if l.WorkDir == "" {
+		dir, err := os.MkdirTemp("", "podnet-lab-"+l.Prefix+"-")
+		if err != nil {
+			return nil, fmt.Errorf("create work dir: %w", err)
+		}
+		l.WorkDir, l.ownsWorkDir = dir, true
+	} else if err := os.MkdirAll(l.WorkDir, 0o755); err != nil {
+		return nil, fmt.Errorf("create work dir: %w", err)
+	}
+	l.Underlay = l.Prefix + "-underlay"
+	l.Router = l.Prefix + "-router"
+	l.Outside = l.Prefix + "-outside"
+
+	specs := o.Nodes
+	if len(specs) == 0 {
+		specs = DefaultNodes()
+	}
+	seen := map[string]bool{}
+	for i, s := range specs {
+		if err := validName("node name", s.Name); err != nil {
+			return nil, err
+		}
+		if seen[s.Name] || s.Name == "underlay" || s.Name == "router" || s.Name == "outside" {
+			return nil, fmt.Errorf("node name %q: duplicate or reserved", s.Name)
+		}
+		seen[s.Name] = true
+		if !s.IP.IsValid() || !s.IP.Addr().Is4() || s.IP.Bits() > 30 {
+			return nil, fmt.Errorf("node %s: ip %v: want an IPv4 address with a subnet of /30 or larger", s.Name, s.IP)
+		}
+		pod := s.PodCIDR
+		if !pod.IsValid() {
+			pod = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i + 1), 0}), 24)
+		}
+		seg := l.segmentFor(s.IP.Masked())
+		if s.IP.Addr() == seg.Gateway {
+			return nil, fmt.Errorf("node %s: ip %v is the router's address on its segment", s.Name, s.IP)
+		}
+		n := &Node{
+			Name: s.Name, NS: l.Prefix + "-" + s.Name, IP: s.IP.Addr(), Subnet: s.IP.Masked(),
+			Gateway: seg.Gateway, Iface: "eth0", PodCIDR: pod, Zone: seg.Zone,
+			Dir:    filepath.Join(l.WorkDir, "nodes", s.Name),
+			Cgroup: filepath.Join(l.cgroupRoot, "podnet-"+l.Prefix+"-"+s.Name),
+			lab:    l,
+		}
+		l.Nodes = append(l.Nodes, n)
+	}
+	return l, nil
+}
+
+// segmentFor returns the segment of subnet, adding it if it is new.
+func (l *Lab) segmentFor(subnet netip.Prefix) Segment {
+	for _, s := range l.Segments {
+		if s.Subnet == subnet {
+			return s
+		}
+	}
+	i := len(l.Segments)
+	s := Segment{
+		Subnet:  subnet,
+		Gateway: subnet.Addr().Next(),
+		Bridge:  fmt.Sprintf("br%d", i),
+		Zone:    fmt.Sprintf("zone-%c", 'a'+i%26),
+	}
+	l.Segments = append(l.Segments, s)
+	return s
+}
+
+func (l *Lab) build(ctx context.Context) error {
+	if err := os.MkdirAll(l.StateDir(), 0o755); err != nil {
+		return fmt.Errorf("create state dir: %w", err)
+	}
+	for _, n := range l.Nodes {
+		if err := os.MkdirAll(n.Dir, 0o755); err != nil {
+			return fmt.Errorf("create node dir: %w", err)
+		}
+		if err := os.Mkdir(n.Cgroup, 0o755); err != nil {
+			return fmt.Errorf("create cgroup of node %s: %w", n.Name, err)
+		}
+	}
+	if err := l.buildNetwork(ctx); err != nil {
+		return err
+	}
+	return l.writeClusterState()
+}
+
+// Node returns the node called name, or nil.
+func (l *Lab) Node(name string) *Node {
+	for _, n := range l.Nodes {
+		if n.Name == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// StateDir is the control plane's state directory: proxyd and dnsd read it
+// with --state-dir.
+func (l *Lab) StateDir() string { return filepath.Join(l.WorkDir, "state") }
+
+// WriteState atomically writes file (relative to StateDir) with yamlText.
+func (l *Lab) WriteState(file, yamlText string) error {
+	p, err := l.statePath(file)
+	if err != nil {
+		return err
+	}
+	return nodeconfig.WriteFileAtomic(p, []byte(yamlText), 0o644)
+}
+
+// RemoveState removes file (relative to StateDir). A missing file is no error.
+func (l *Lab) RemoveState(file string) error {
+	p, err := l.statePath(file)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove state file: %w", err)
+	}
+	return nil
+}
+
+func (l *Lab) statePath(file string) (string, error) {
+	if !filepath.IsLocal(file) {
+		return "", fmt.Errorf("state file %q: must be a relative path inside the state dir", file)
+	}
+	return filepath.Join(l.StateDir(), file), nil
+}
+
+// Namespaces lists every network namespace of the lab, pods first.
+func (l *Lab) Namespaces() []string {
+	l.mu.Lock()
+	var names []string
+	for _, p := range l.pods {
+		names = append(names, p.NS)
+	}
+	l.mu.Unlock()
+	for _, n := range l.Nodes {
+		names = append(names, n.NS)
+	}
+	return append(names, l.Outside, l.Router, l.Underlay)
+}
+
+// Logs returns what the lab's processes printed, and each node's CNI log,
+// for failure messages.
+func (l *Lab) Logs() string {
+	var b strings.Builder
+	l.mu.Lock()
+	procs := slices.Clone(l.procs)
+	l.mu.Unlock()
+	for _, p := range procs {
+		fmt.Fprintf(&b, "=== %s (pid %d, %s)\n%s\n", p.name, p.Pid(), p.state(), tail(p.Output(), 8<<10))
+	}
+	for _, n := range l.Nodes {
+		if data, err := os.ReadFile(filepath.Join(n.Dir, "cni.log")); err == nil && len(data) > 0 {
+			fmt.Fprintf(&b, "=== %s cni.log\n%s\n", n.Name, tail(string(data), 8<<10))
+		}
+	}
+	return b.String()
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "…" + s[len(s)-n:]
+}
+
+// Close removes everything of the lab: processes, namespaces, cgroups, the
+// work dir (if the lab created it) and the run record. It is safe to call
+// more than once.
+func (l *Lab) Close() error {
+	l.closeOnce.Do(func() {
+		l.mu.Lock()
+		l.closed = true
+		procs := slices.Clone(l.procs)
+		l.mu.Unlock()
+		var errs []error
+		for _, p := range procs {
+			p.kill()
+		}
+		for _, n := range l.Nodes {
+			if err := removeCgroup(n.Cgroup); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		for _, name := range l.Namespaces() {
+			if err := deleteNetns(name); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if l.ownsWorkDir {
+			if err := os.RemoveAll(l.WorkDir); err != nil {
+				errs = append(errs, fmt.Errorf("remove work dir: %w", err))
+			}
+		}
+		if len(errs) == 0 {
+			if err := removeRecord(l.Prefix); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		l.closeErr = errors.Join(errs...)
+	})
+	return l.closeErr
+}
+
+// Keep leaves the lab up after this process exits and marks it so that
+// `podnet-lab down` (Down) removes it and no later New treats it as stale.
+// Processes started before are killed when this process exits.
+func (l *Lab) Keep() error {
+	return writeRecord(runRecord{Prefix: l.Prefix, WorkDir: l.WorkDir, OwnsWorkDir: l.ownsWorkDir, Kept: true, Namespaces: l.Namespaces()})
+}
+
+// NodeConfigPath is where the node's proxyd writes its node config and the
+// CNI plugin reads it.
+func (n *Node) NodeConfigPath() string { return filepath.Join(n.Dir, "node.json") }
+
+// WriteNodeConfig writes the node config itself, for tests that run the CNI
+// plugin without proxyd. The MTU is the underlay's: without proxyd there is
+// no VXLAN overhead to subtract.
+func (n *Node) WriteNodeConfig() error {
+	return nodeconfig.Write(n.NodeConfigPath(), nodeconfig.Config{PodCIDR: n.PodCIDR, ClusterCIDR: ClusterCIDR, MTU: UnderlayMTU})
+}
+
+// NSPath is the path of the node's network namespace.
+func (n *Node) NSPath() string { return netnsPath(n.NS) }
+
+// validName accepts what fits into namespace, cgroup and interface names.
+func validName(what, s string) error {
+	if s == "" || len(s) > 15 {
+		return fmt.Errorf("%s %q: want 1-15 characters", what, s)
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
+			return fmt.Errorf("%s %q: only a-z, 0-9 and _ allowed", what, s)
+		}
+	}
+	return nil
+}
+
+func defaultBinDir() string {
+	if d := os.Getenv("PODNET_BIN"); d != "" {
+		return d
+	}
+	if exe, err := os.Executable(); err == nil {
+		dir := filepath.Dir(exe)
+		if _, err := os.Stat(filepath.Join(dir, "podnet")); err == nil {
+			return dir
+		}
+	}
+	dir, err := os.Getwd()
+	if err != nil {
+		return "bin"
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return filepath.Join(d, "bin")
+		}
+		if filepath.Dir(d) == d {
+			return filepath.Join(dir, "bin")
+		}
+	}
+}

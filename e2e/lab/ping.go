@@ -1,0 +1,153 @@
+package lab
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/net/icmp"
+	"golang.org/x/net/ipv4"
+)
+
+// ErrUnreachable is returned by Ping when an ICMP "destination unreachable"
+// came back instead of a reply.
+var ErrUnreachable = errors.New("destination unreachable")
+
+// PingTimeout bounds one Ping when the context has no earlier deadline.
+const PingTimeout = 2 * time.Second
+
+// pingInterval spaces the echo requests of one Ping; with PingTimeout it
+// bounds a Ping to 10 packets.
+const pingInterval = 200 * time.Millisecond
+
+// Ping sends ICMP echo requests from inside the namespace at nsPath to dst,
+// one every 200 ms, until the first reply, and returns its round-trip time.
+// It gives up after PingTimeout (or the context's deadline) or at the first
+// ICMP error about its own packets. The machine has no ping binary; this
+// needs none.
+func Ping(ctx context.Context, nsPath string, dst netip.Addr) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, PingTimeout)
+	defer cancel()
+	var conn *icmp.PacketConn
+	// A socket stays in the namespace it was created in.
+	err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
+		var err error
+		conn, err = icmp.ListenPacket("ip4:icmp", "0.0.0.0")
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("ping %s: open icmp socket: %w", dst, err)
+	}
+	defer conn.Close()
+
+	var idb [2]byte
+	if _, err := rand.Read(idb[:]); err != nil {
+		return 0, err
+	}
+	id := int(binary.BigEndian.Uint16(idb[:]))
+	var sent sendTimes
+	type reply struct {
+		rtt time.Duration
+		err error
+	}
+	replies := make(chan reply, 1)
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := conn.ReadFrom(buf)
+			if err != nil {
+				replies <- reply{err: err}
+				return
+			}
+			got := time.Now()
+			m, err := icmp.ParseMessage(1, buf[:n])
+			if err != nil {
+				continue
+			}
+			switch body := m.Body.(type) {
+			case *icmp.Echo:
+				// Raw sockets see every ICMP packet of the namespace: keep
+				// only replies to this Ping.
+				if m.Type != ipv4.ICMPTypeEchoReply || body.ID != id || from.String() != dst.String() {
+					continue
+				}
+				if t, ok := sent.get(body.Seq); ok {
+					replies <- reply{rtt: got.Sub(t)}
+					return
+				}
+			case *icmp.DstUnreach:
+				if quotesEcho(body.Data, id) {
+					replies <- reply{err: fmt.Errorf("%w (from %s, code %d)", ErrUnreachable, from, m.Code)}
+					return
+				}
+			}
+		}
+	}()
+
+	tick := time.NewTicker(pingInterval)
+	defer tick.Stop()
+	for seq := 1; ; seq++ {
+		msg := icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: id, Seq: seq, Data: []byte("podnet-lab ping")}}
+		wb, err := msg.Marshal(nil)
+		if err != nil {
+			return 0, err
+		}
+		sent.set(seq, time.Now())
+		if _, err := conn.WriteTo(wb, &net.IPAddr{IP: dst.AsSlice()}); err != nil {
+			return 0, fmt.Errorf("ping %s: %w", dst, err)
+		}
+		select {
+		case r := <-replies:
+			if r.err != nil {
+				return 0, fmt.Errorf("ping %s: %w", dst, r.err)
+			}
+			return r.rtt, nil
+		case <-ctx.Done():
+			return 0, fmt.Errorf("ping %s: no reply to %d requests: %w", dst, seq, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// sendTimes remembers when each sequence number went out.
+type sendTimes struct {
+	mu sync.Mutex
+	m  map[int]time.Time
+}
+
+func (s *sendTimes) set(seq int, t time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = map[int]time.Time{}
+	}
+	s.m[seq] = t
+}
+
+func (s *sendTimes) get(seq int) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.m[seq]
+	return t, ok
+}
+
+// quotesEcho reports whether the packet quoted in an ICMP error (IPv4 header
+// plus the first 8 bytes of ICMP) is an echo request with the given id.
+func quotesEcho(data []byte, id int) bool {
+	if len(data) < 20 {
+		return false
+	}
+	ihl := int(data[0]&0x0f) * 4
+	if data[9] != 1 || len(data) < ihl+8 {
+		return false
+	}
+	icmpHdr := data[ihl:]
+	return icmpHdr[0] == byte(ipv4.ICMPTypeEcho) && int(binary.BigEndian.Uint16(icmpHdr[4:6])) == id
+}

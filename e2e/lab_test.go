@@ -1,0 +1,483 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/podnet/podnet/dataplane/roottest"
+	"github.com/podnet/podnet/e2e/lab"
+	"sigs.k8s.io/yaml"
+)
+
+func TestLabUnderlay(t *testing.T) {
+	roottest.Require(t)
+	l := lab.Start(t, lab.Options{})
+	ctx := t.Context()
+
+	cases := []struct {
+		from, to string
+	}{
+		{"node1", "node2"}, // segment A, same bridge
+		{"node2", "node3"},
+		{"node3", "node1"},
+		{"node4", "node1"}, // segment B → A through the router
+		{"node1", "node4"},
+		{"node3", "node4"},
+	}
+	for _, c := range cases {
+		from, to := l.Node(c.from), l.Node(c.to)
+		if _, err := from.Ping(ctx, to.IP); err != nil {
+			t.Errorf("%s → %s (%s): %v", c.from, c.to, to.IP, err)
+		}
+	}
+	for _, n := range l.Nodes {
+		if _, err := n.Ping(ctx, l.OutsideIP); err != nil {
+			t.Errorf("%s → outside (%s): %v", n.Name, l.OutsideIP, err)
+		}
+	}
+	// A ping that must fail proves the checks above could: nothing in the
+	// lab owns this address on segment A.
+	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	if _, err := l.Node("node1").Ping(short, netip.MustParseAddr("192.168.10.99")); err == nil {
+		t.Errorf("node1 → 192.168.10.99: got a reply from an address nobody has")
+	}
+
+	// Segment B's packets really cross the router: node4 sees the router's
+	// address as its first hop, node1 does not.
+	n4 := l.Node("node4")
+	out, err := n4.Exec(ctx, "ip", "-4", "route", "get", l.Node("node1").IP.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "via 192.168.20.1 dev eth0") {
+		t.Errorf("node4 route to node1 = %q, want via 192.168.20.1 dev eth0", out)
+	}
+	out, err = l.Node("node1").Exec(ctx, "ip", "-4", "route", "get", l.Node("node2").IP.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, "via") {
+		t.Errorf("node1 route to node2 = %q, want direct on the segment", out)
+	}
+}
+
+func TestLabNodeProcesses(t *testing.T) {
+	roottest.Require(t)
+	l := lab.Start(t, lab.Options{})
+	ctx := t.Context()
+	n := l.Node("node2")
+
+	// Exec runs in the node's namespace: it sees the node's address.
+	out, err := n.Exec(ctx, "ip", "-4", "-o", "addr", "show", "dev", "eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, " "+n.IP.String()+"/24 ") {
+		t.Errorf("node2 eth0 = %q, want %s/24", out, n.IP)
+	}
+	// ... and in the node's cgroup.
+	out, err = n.Exec(ctx, "cat", "/proc/self/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "0::/" + filepath.Base(n.Cgroup) + "\n"; !strings.Contains(out, want) {
+		t.Errorf("cgroups of a node2 process = %q, want a line %q", out, want)
+	}
+	// A failing command's error carries its output.
+	if _, err := n.Exec(ctx, "sh", "-c", "echo boom >&2; exit 3"); err == nil || !strings.Contains(err.Error(), "boom") {
+		t.Errorf("failing Exec: err = %v, want one that includes the output", err)
+	}
+
+	p, err := n.Start("echo", "sh", "-c", "echo started; exec sleep 60")
+	if err != nil {
+		t.Fatal(err)
+	}
+	procs := readFile(t, filepath.Join(n.Cgroup, "cgroup.procs"))
+	if !strings.Contains(procs, strconv.Itoa(p.Pid())+"\n") {
+		t.Errorf("pid %d not in %s/cgroup.procs (%q)", p.Pid(), n.Cgroup, procs)
+	}
+	waitFor(t, 5*time.Second, func() bool { return strings.Contains(p.Output(), "started") }, "output of a started process")
+	if err := p.Stop(); err != nil {
+		t.Errorf("Stop: %v", err)
+	}
+	select {
+	case <-p.Done():
+	default:
+		t.Errorf("process still running after Stop")
+	}
+
+	// A process that exits on its own with an error reports it on Stop.
+	q, err := n.Start("fail", "sh", "-c", "exit 7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Wait(ctx); err == nil || !strings.Contains(err.Error(), "exit status 7") {
+		t.Errorf("Wait of a failing process: err = %v, want exit status 7", err)
+	}
+}
+
+func TestLabState(t *testing.T) {
+	roottest.Require(t)
+	l := lab.Start(t, lab.Options{})
+
+	var list struct {
+		Kind  string `json:"kind"`
+		Items []struct {
+			APIVersion string `json:"apiVersion"`
+			Kind       string `json:"kind"`
+			Metadata   struct {
+				Name   string            `json:"name"`
+				Labels map[string]string `json:"labels"`
+			} `json:"metadata"`
+			Spec struct {
+				PodCIDR  string   `json:"podCIDR"`
+				PodCIDRs []string `json:"podCIDRs"`
+			} `json:"spec"`
+			Status struct {
+				Addresses []struct{ Type, Address string } `json:"addresses"`
+			} `json:"status"`
+		} `json:"items"`
+	}
+	if err := yaml.Unmarshal([]byte(readFile(t, filepath.Join(l.StateDir(), "nodes.yaml"))), &list); err != nil {
+		t.Fatal(err)
+	}
+	if list.Kind != "List" || len(list.Items) != 4 {
+		t.Fatalf("nodes.yaml: kind %q with %d items, want a List of 4 nodes", list.Kind, len(list.Items))
+	}
+	want := map[string][3]string{ // name → InternalIP, podCIDR, zone
+		"node1": {"192.168.10.11", "10.244.1.0/24", "zone-a"},
+		"node2": {"192.168.10.12", "10.244.2.0/24", "zone-a"},
+		"node3": {"192.168.10.13", "10.244.3.0/24", "zone-a"},
+		"node4": {"192.168.20.11", "10.244.4.0/24", "zone-b"},
+	}
+	for _, it := range list.Items {
+		w, ok := want[it.Metadata.Name]
+		if !ok || it.Kind != "Node" || it.APIVersion != "v1" {
+			t.Errorf("unexpected item %s %s %q", it.APIVersion, it.Kind, it.Metadata.Name)
+			continue
+		}
+		var ip string
+		for _, a := range it.Status.Addresses {
+			if a.Type == "InternalIP" {
+				ip = a.Address
+			}
+		}
+		got := [3]string{ip, it.Spec.PodCIDR, it.Metadata.Labels["topology.kubernetes.io/zone"]}
+		if got != w || len(it.Spec.PodCIDRs) != 1 || it.Spec.PodCIDRs[0] != w[1] {
+			t.Errorf("node %s: InternalIP, podCIDR, zone = %v (podCIDRs %v), want %v", it.Metadata.Name, got, it.Spec.PodCIDRs, w)
+		}
+		if n := l.Node(it.Metadata.Name); n == nil || n.PodCIDR.String() != w[1] {
+			t.Errorf("lab node %s does not match nodes.yaml", it.Metadata.Name)
+		}
+	}
+	if s := readFile(t, filepath.Join(l.StateDir(), "namespaces.yaml")); !strings.Contains(s, "name: kube-system") || !strings.Contains(s, "name: default") {
+		t.Errorf("namespaces.yaml lacks default or kube-system:\n%s", s)
+	}
+
+	if err := l.WriteState("svc/web.yaml", "kind: Service\n"); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, filepath.Join(l.StateDir(), "svc", "web.yaml")); got != "kind: Service\n" {
+		t.Errorf("state file = %q", got)
+	}
+	if err := l.RemoveState("svc/web.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(l.StateDir(), "svc", "web.yaml")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("state file still there after RemoveState: %v", err)
+	}
+	if err := l.WriteState("../escape.yaml", "x"); err == nil {
+		t.Errorf("WriteState outside the state dir succeeded")
+	}
+
+	n := l.Node("node3")
+	if err := n.WriteNodeConfig(); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, n.NodeConfigPath()); !strings.Contains(got, `"podCIDR": "10.244.3.0/24"`) || !strings.Contains(got, `"clusterCIDR": "10.244.0.0/16"`) {
+		t.Errorf("node.json = %s", got)
+	}
+}
+
+// hostNetState is the host's own network configuration as the tools print
+// it, with the fields that change by themselves removed.
+func hostNetState(t *testing.T) map[string]string {
+	t.Helper()
+	state := map[string]string{}
+	for _, args := range [][]string{
+		{"ip", "link"},
+		{"ip", "-4", "route", "show", "table", "all"},
+		{"ip", "-6", "route", "show", "table", "all"},
+		{"ip", "rule"},
+		{"ip", "-6", "rule"},
+		{"iptables-save"},
+		{"ip6tables-save"},
+	} {
+		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%v: %v: %s", args, err, out)
+		}
+		state[strings.Join(args, " ")] = stableRules(string(out))
+	}
+	return state
+}
+
+// counters matches the [packets:bytes] of iptables-save chain lines.
+var counters = regexp.MustCompile(`\[\d+:\d+\]`)
+
+// stableRules drops what iptables-save changes on every call: the "#"
+// comment lines carry the time of the dump, and the chain counters count
+// whatever traffic the host had meanwhile. Rules and policies stay.
+func stableRules(s string) string {
+	var b strings.Builder
+	sc := bufio.NewScanner(strings.NewReader(s))
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		b.WriteString(counters.ReplaceAllString(line, "[counters]"))
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+func TestLabLeavesHostAndNothingBehind(t *testing.T) {
+	roottest.Require(t)
+	before := hostNetState(t)
+
+	ctx := t.Context()
+	l, err := lab.New(ctx, lab.Options{Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			l.Close()
+		}
+	})
+	// Use the lab so that whatever it does at runtime happens too.
+	if _, err := l.Node("node1").Ping(ctx, l.Node("node4").IP); err != nil {
+		t.Errorf("node1 → node4: %v", err)
+	}
+	if _, err := l.Node("node1").Start("sleeper", "sleep", "60"); err != nil {
+		t.Fatal(err)
+	}
+	if lab.PluginSupportsADD(ctx, l.BinDir) == nil {
+		n := l.Node("node1")
+		if err := n.WriteNodeConfig(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := n.AddPod(ctx, "p1"); err != nil {
+			t.Errorf("add pod: %v", err)
+		}
+	}
+	workDir := l.WorkDir
+	namespaces := l.Namespaces()
+	var cgroups []string
+	for _, n := range l.Nodes {
+		cgroups = append(cgroups, n.Cgroup)
+	}
+	if got := labNetns(t, l.Prefix); len(got) != len(namespaces) {
+		t.Errorf("before Close: namespaces with prefix %s = %v, want %v", l.Prefix, got, namespaces)
+	}
+
+	start := time.Now()
+	if err := l.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	closed = true
+	t.Logf("Close took %v", time.Since(start))
+	if err := l.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+
+	if got := labNetns(t, l.Prefix); len(got) > 0 {
+		t.Errorf("after Close: namespaces with prefix %s remain: %v", l.Prefix, got)
+	}
+	for _, cg := range cgroups {
+		if _, err := os.Stat(cg); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("after Close: cgroup %s remains (%v)", cg, err)
+		}
+	}
+	if _, err := os.Stat(workDir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after Close: work dir %s remains (%v)", workDir, err)
+	}
+	if _, err := os.Stat(filepath.Join(lab.RunDir, l.Prefix+".json")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after Close: run record remains (%v)", err)
+	}
+
+	after := hostNetState(t)
+	for cmd, b := range before {
+		if a := after[cmd]; a != b {
+			t.Errorf("host network state changed: `%s`\nbefore:\n%s\nafter:\n%s", cmd, b, a)
+		}
+	}
+}
+
+// labNetns lists the named namespaces of the run with prefix, as `ip netns
+// list` shows them.
+func labNetns(t *testing.T, prefix string) []string {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "list").CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip netns list: %v: %s", err, out)
+	}
+	var names []string
+	for line := range strings.Lines(string(out)) {
+		if name, _, _ := strings.Cut(strings.TrimSpace(line), " "); strings.HasPrefix(name, prefix+"-") {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+func TestLabRemovesCrashedRun(t *testing.T) {
+	roottest.Require(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+
+	// A child process builds a lab and is killed without closing it.
+	prefix := fmt.Sprintf("pn%04x", os.Getpid()&0xffff^0x5a5a)
+	child := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), crashChildEnv+"="+prefix)
+	child.Stderr = os.Stderr
+	stdout, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		child.Process.Kill()
+		child.Wait()
+		t.Fatalf("crash child: %v (output %q)", err, line)
+	}
+	orphan, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "ready ")))
+	if err != nil {
+		t.Fatalf("crash child said %q", line)
+	}
+	child.Process.Kill()
+	child.Wait()
+	t.Cleanup(func() { syscall.Kill(orphan, syscall.SIGKILL) }) // if the sweep failed
+
+	if got := labNetns(t, prefix); len(got) != 7 {
+		t.Fatalf("crashed run left namespaces %v, want 7 (underlay, router, outside, 4 nodes)", got)
+	}
+	if err := syscall.Kill(orphan, 0); err != nil {
+		t.Fatalf("the crashed run's orphan process %d is not running before the sweep: %v", orphan, err)
+	}
+
+	l := lab.Start(t, lab.Options{})
+	if got := labNetns(t, prefix); len(got) > 0 {
+		t.Errorf("namespaces of the crashed run survived the next New: %v", got)
+	}
+	cgroups, _ := filepath.Glob(filepath.Join(filepath.Dir(l.Nodes[0].Cgroup), "podnet-"+prefix+"-*"))
+	if len(cgroups) > 0 {
+		t.Errorf("cgroups of the crashed run survived the next New: %v", cgroups)
+	}
+	waitFor(t, 5*time.Second, func() bool { return syscall.Kill(orphan, 0) != nil }, "the crashed run's process to die")
+	if _, err := os.Stat(filepath.Join(lab.RunDir, prefix+".json")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("record of the crashed run survived: %v", err)
+	}
+	// The new lab itself is whole.
+	if got := labNetns(t, l.Prefix); len(got) != 7 {
+		t.Errorf("new lab has namespaces %v, want 7", got)
+	}
+}
+
+func TestLabPods(t *testing.T) {
+	roottest.Require(t)
+	l := lab.Start(t, lab.Options{})
+	ctx := t.Context()
+	if err := lab.PluginSupportsADD(ctx, l.BinDir); err != nil {
+		t.Skipf("skipped: the CNI plugin cannot run pods yet: %v", err)
+	}
+	n := l.Node("node1")
+	if err := n.WriteNodeConfig(); err != nil {
+		t.Fatal(err)
+	}
+	a, err := n.AddPod(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := n.AddPod(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []*lab.Pod{a, b} {
+		if !n.PodCIDR.Contains(p.IP) {
+			t.Errorf("pod %s has IP %s outside node1's podCIDR %s", p.Name, p.IP, n.PodCIDR)
+		}
+		out, err := p.Exec(ctx, "ip", "-4", "-o", "addr", "show", "dev", "eth0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(out, " "+p.IP.String()+"/") {
+			t.Errorf("pod %s eth0 = %q, want %s", p.Name, out, p.IP)
+		}
+	}
+	if a.IP == b.IP {
+		t.Fatalf("both pods got %s", a.IP)
+	}
+	if _, err := a.Ping(ctx, b.IP); err != nil {
+		t.Errorf("pod a → pod b: %v", err)
+	}
+	if _, err := b.Ping(ctx, a.IP); err != nil {
+		t.Errorf("pod b → pod a: %v", err)
+	}
+	if err := n.DeletePod(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	if got := labNetns(t, b.NS); len(got) > 0 || slicesContains(labNetns(t, l.Prefix), b.NS) {
+		t.Errorf("pod namespace %s still there after DeletePod", b.NS)
+	}
+	if _, err := a.Ping(ctx, b.IP); err == nil {
+		t.Errorf("pod a → deleted pod b: got a reply")
+	}
+}
+
+func slicesContains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+func waitFor(t *testing.T, timeout time.Duration, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
