@@ -1,0 +1,270 @@
+package cluster
+
+// Reducers from Kubernetes API objects to the compact structs. Both sources
+// (the state directory and the Kubernetes API) use them, so an object means
+// the same thing whichever way it arrives. Defaults the API server would
+// apply (Service type, protocol, session affinity timeout, namespace) are
+// applied here too, because state-directory files are written by hand.
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+)
+
+// Well-known labels the dataplane reads.
+const (
+	LabelZone             = "topology.kubernetes.io/zone"
+	LabelServiceName      = "kubernetes.io/service-name"
+	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+)
+
+// DefaultSessionAffinityTimeout is the API default for
+// sessionAffinityConfig.clientIP.timeoutSeconds.
+const DefaultSessionAffinityTimeout = 10800 * time.Second
+
+func defaultNamespace(ns string) string {
+	if ns == "" {
+		return "default"
+	}
+	return ns
+}
+
+func parseAddrs(field string, ss []string) ([]netip.Addr, error) {
+	var out []netip.Addr
+	for _, s := range ss {
+		if s == "" {
+			continue
+		}
+		a, err := netip.ParseAddr(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", field, err)
+		}
+		out = append(out, a.Unmap())
+	}
+	return out, nil
+}
+
+func parsePrefixes(field string, ss []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range ss {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", field, err)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+func protocol(p v1.Protocol) Protocol {
+	if p == "" {
+		return TCP
+	}
+	return Protocol(p)
+}
+
+// FromV1Node reduces a v1.Node.
+func FromV1Node(n *v1.Node) (*Node, error) {
+	out := &Node{Name: n.Name, Zone: n.Labels[LabelZone]}
+	if len(n.Labels) > 0 {
+		out.Labels = make(map[string]string, len(n.Labels))
+		for k, v := range n.Labels {
+			out.Labels[k] = v
+		}
+	}
+	cidrs := n.Spec.PodCIDRs
+	if len(cidrs) == 0 && n.Spec.PodCIDR != "" {
+		cidrs = []string{n.Spec.PodCIDR}
+	}
+	var err error
+	if out.PodCIDRs, err = parsePrefixes("spec.podCIDRs", cidrs); err != nil {
+		return nil, fmt.Errorf("node %s: %w", n.Name, err)
+	}
+	for _, a := range n.Status.Addresses {
+		var dst *[]netip.Addr
+		switch a.Type {
+		case v1.NodeInternalIP:
+			dst = &out.InternalIPs
+		case v1.NodeExternalIP:
+			dst = &out.ExternalIPs
+		default:
+			continue
+		}
+		ip, err := netip.ParseAddr(a.Address)
+		if err != nil {
+			return nil, fmt.Errorf("node %s: status.addresses %s: %w", n.Name, a.Type, err)
+		}
+		*dst = append(*dst, ip.Unmap())
+	}
+	return out, nil
+}
+
+// FromV1Service reduces a v1.Service.
+func FromV1Service(s *v1.Service) (*Service, error) {
+	out := &Service{
+		Namespace:                defaultNamespace(s.Namespace),
+		Name:                     s.Name,
+		Type:                     ServiceType(s.Spec.Type),
+		ExternalName:             s.Spec.ExternalName,
+		HealthCheckNodePort:      uint16(s.Spec.HealthCheckNodePort),
+		PublishNotReadyAddresses: s.Spec.PublishNotReadyAddresses,
+		ProxyName:                s.Labels[LabelServiceProxyName],
+	}
+	fail := func(err error) (*Service, error) {
+		return nil, fmt.Errorf("service %s: %w", out.Key(), err)
+	}
+	if out.Type == "" {
+		out.Type = ServiceTypeClusterIP
+	}
+	if s.Spec.TrafficDistribution != nil {
+		out.TrafficDistribution = *s.Spec.TrafficDistribution
+	}
+	ips := s.Spec.ClusterIPs
+	if len(ips) == 0 && s.Spec.ClusterIP != "" {
+		ips = []string{s.Spec.ClusterIP}
+	}
+	switch {
+	case out.Type == ServiceTypeExternalName:
+	case len(ips) > 0 && ips[0] == v1.ClusterIPNone:
+		out.Headless = true
+	default:
+		var err error
+		if out.ClusterIPs, err = parseAddrs("spec.clusterIPs", ips); err != nil {
+			return fail(err)
+		}
+	}
+	var err error
+	if out.ExternalIPs, err = parseAddrs("spec.externalIPs", s.Spec.ExternalIPs); err != nil {
+		return fail(err)
+	}
+	var lb []string
+	for _, ing := range s.Status.LoadBalancer.Ingress {
+		lb = append(lb, ing.IP)
+	}
+	if out.LoadBalancerIPs, err = parseAddrs("status.loadBalancer.ingress.ip", lb); err != nil {
+		return fail(err)
+	}
+	if out.LoadBalancerSourceRanges, err = parsePrefixes("spec.loadBalancerSourceRanges", s.Spec.LoadBalancerSourceRanges); err != nil {
+		return fail(err)
+	}
+	for _, p := range s.Spec.Ports {
+		out.Ports = append(out.Ports, ServicePort{
+			Name:       p.Name,
+			Protocol:   protocol(p.Protocol),
+			Port:       uint16(p.Port),
+			NodePort:   uint16(p.NodePort),
+			TargetPort: p.TargetPort.String(),
+		})
+	}
+	if s.Spec.SessionAffinity == v1.ServiceAffinityClientIP {
+		out.SessionAffinityTimeout = DefaultSessionAffinityTimeout
+		if c := s.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+			out.SessionAffinityTimeout = time.Duration(*c.ClientIP.TimeoutSeconds) * time.Second
+		}
+	}
+	out.ExternalTrafficPolicyLocal = s.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
+	out.InternalTrafficPolicyLocal = s.Spec.InternalTrafficPolicy != nil && *s.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal
+	return out, nil
+}
+
+// FromV1EndpointSlice reduces a discovery.k8s.io/v1 EndpointSlice. Nil
+// conditions are resolved as the API documents: ready nil is true, serving
+// nil follows ready, terminating nil is false.
+func FromV1EndpointSlice(e *discoveryv1.EndpointSlice) (*EndpointSlice, error) {
+	out := &EndpointSlice{
+		Namespace:   defaultNamespace(e.Namespace),
+		Name:        e.Name,
+		ServiceName: e.Labels[LabelServiceName],
+		AddressType: string(e.AddressType),
+	}
+	for _, p := range e.Ports {
+		var ep EndpointPort
+		if p.Name != nil {
+			ep.Name = *p.Name
+		}
+		ep.Protocol = TCP
+		if p.Protocol != nil {
+			ep.Protocol = protocol(*p.Protocol)
+		}
+		if p.Port != nil {
+			ep.Port = uint16(*p.Port)
+		}
+		out.Ports = append(out.Ports, ep)
+	}
+	for i, ep := range e.Endpoints {
+		c := Endpoint{Ready: true, Hostname: deref(ep.Hostname), NodeName: deref(ep.NodeName), Zone: deref(ep.Zone)}
+		if e.AddressType != discoveryv1.AddressTypeFQDN {
+			var err error
+			if c.Addresses, err = parseAddrs(fmt.Sprintf("endpoints[%d].addresses", i), ep.Addresses); err != nil {
+				return nil, fmt.Errorf("endpointslice %s: %w", out.Key(), err)
+			}
+		}
+		if ep.Conditions.Ready != nil {
+			c.Ready = *ep.Conditions.Ready
+		}
+		c.Serving = c.Ready
+		if ep.Conditions.Serving != nil {
+			c.Serving = *ep.Conditions.Serving
+		}
+		if ep.Conditions.Terminating != nil {
+			c.Terminating = *ep.Conditions.Terminating
+		}
+		if ep.Hints != nil {
+			for _, z := range ep.Hints.ForZones {
+				c.HintZones = append(c.HintZones, z.Name)
+			}
+			for _, n := range ep.Hints.ForNodes {
+				c.HintNodes = append(c.HintNodes, n.Name)
+			}
+		}
+		if ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" {
+			c.TargetPod = ep.TargetRef.Name
+		}
+		out.Endpoints = append(out.Endpoints, c)
+	}
+	return out, nil
+}
+
+// FromV1Namespace reduces a v1.Namespace.
+func FromV1Namespace(n *v1.Namespace) (*Namespace, error) {
+	return &Namespace{Name: n.Name}, nil
+}
+
+// FromV1Pod reduces a v1.Pod.
+func FromV1Pod(p *v1.Pod) (*Pod, error) {
+	out := &Pod{
+		Namespace: defaultNamespace(p.Namespace),
+		Name:      p.Name,
+		Hostname:  p.Spec.Hostname,
+		Subdomain: p.Spec.Subdomain,
+		NodeName:  p.Spec.NodeName,
+	}
+	var ips []string
+	for _, ip := range p.Status.PodIPs {
+		ips = append(ips, ip.IP)
+	}
+	if len(ips) == 0 && p.Status.PodIP != "" {
+		ips = []string{p.Status.PodIP}
+	}
+	var err error
+	if out.IPs, err = parseAddrs("status.podIPs", ips); err != nil {
+		return nil, fmt.Errorf("pod %s: %w", out.Key(), err)
+	}
+	return out, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}

@@ -1,0 +1,175 @@
+package cluster
+
+import (
+	"net/netip"
+	"reflect"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+func TestFromV1Service(t *testing.T) {
+	itp := v1.ServiceInternalTrafficPolicyLocal
+	tests := []struct {
+		name string
+		in   v1.Service
+		want *Service
+	}{{
+		name: "defaults",
+		in: v1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: "web"},
+			Spec: v1.ServiceSpec{
+				ClusterIP:       "10.96.0.20",
+				Ports:           []v1.ServicePort{{Port: 80, TargetPort: intstr.FromString("http")}},
+				SessionAffinity: v1.ServiceAffinityClientIP,
+			},
+		},
+		want: &Service{
+			Namespace: "default", Name: "web", Type: ServiceTypeClusterIP,
+			ClusterIPs:             []netip.Addr{netip.MustParseAddr("10.96.0.20")},
+			Ports:                  []ServicePort{{Protocol: TCP, Port: 80, TargetPort: "http"}},
+			SessionAffinityTimeout: 10800 * time.Second,
+		},
+	}, {
+		name: "everything",
+		in: v1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "lb", Labels: map[string]string{LabelServiceProxyName: "other"}},
+			Spec: v1.ServiceSpec{
+				Type:                     v1.ServiceTypeLoadBalancer,
+				ClusterIP:                "10.96.0.21",
+				ClusterIPs:               []string{"10.96.0.21", "fd00::21"},
+				ExternalIPs:              []string{"203.0.113.5"},
+				LoadBalancerSourceRanges: []string{" 198.51.100.0/24 "},
+				Ports: []v1.ServicePort{
+					{Name: "dns", Protocol: v1.ProtocolUDP, Port: 53, NodePort: 30053, TargetPort: intstr.FromInt32(5353)},
+				},
+				SessionAffinity:          v1.ServiceAffinityClientIP,
+				SessionAffinityConfig:    &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr(int32(60))}},
+				ExternalTrafficPolicy:    v1.ServiceExternalTrafficPolicyLocal,
+				InternalTrafficPolicy:    &itp,
+				HealthCheckNodePort:      32000,
+				TrafficDistribution:      ptr("PreferClose"),
+				PublishNotReadyAddresses: true,
+			},
+			Status: v1.ServiceStatus{LoadBalancer: v1.LoadBalancerStatus{Ingress: []v1.LoadBalancerIngress{{IP: "192.0.2.7"}, {Hostname: "lb.example"}}}},
+		},
+		want: &Service{
+			Namespace: "shop", Name: "lb", Type: ServiceTypeLoadBalancer,
+			ClusterIPs:                 []netip.Addr{netip.MustParseAddr("10.96.0.21"), netip.MustParseAddr("fd00::21")},
+			ExternalIPs:                []netip.Addr{netip.MustParseAddr("203.0.113.5")},
+			LoadBalancerIPs:            []netip.Addr{netip.MustParseAddr("192.0.2.7")},
+			LoadBalancerSourceRanges:   []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
+			Ports:                      []ServicePort{{Name: "dns", Protocol: UDP, Port: 53, NodePort: 30053, TargetPort: "5353"}},
+			SessionAffinityTimeout:     60 * time.Second,
+			ExternalTrafficPolicyLocal: true,
+			InternalTrafficPolicyLocal: true,
+			HealthCheckNodePort:        32000,
+			TrafficDistribution:        "PreferClose",
+			PublishNotReadyAddresses:   true,
+			ProxyName:                  "other",
+		},
+	}, {
+		name: "headless",
+		in:   v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "h"}, Spec: v1.ServiceSpec{ClusterIP: "None", ClusterIPs: []string{"None"}}},
+		want: &Service{Namespace: "a", Name: "h", Type: ServiceTypeClusterIP, Headless: true},
+	}, {
+		name: "external name",
+		in:   v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "x"}, Spec: v1.ServiceSpec{Type: v1.ServiceTypeExternalName, ExternalName: "db.example.com"}},
+		want: &Service{Namespace: "a", Name: "x", Type: ServiceTypeExternalName, ExternalName: "db.example.com"},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := FromV1Service(&tt.in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("got  %+v\nwant %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestFromV1ServiceBadIP(t *testing.T) {
+	_, err := FromV1Service(&v1.Service{ObjectMeta: metav1.ObjectMeta{Name: "bad"}, Spec: v1.ServiceSpec{ClusterIP: "10.96.0.300"}})
+	if err == nil {
+		t.Fatal("want an error for an invalid clusterIP")
+	}
+}
+
+func TestFromV1EndpointSlice(t *testing.T) {
+	in := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "shop", Name: "web-abc", Labels: map[string]string{LabelServiceName: "web"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(8080))}, {Protocol: ptr(v1.ProtocolUDP), Port: ptr(int32(53))}},
+		Endpoints: []discoveryv1.Endpoint{
+			{Addresses: []string{"10.244.1.5"}, NodeName: ptr("node1"), Zone: ptr("z1"), Hostname: ptr("web-0"),
+				TargetRef: &v1.ObjectReference{Kind: "Pod", Name: "web-0"},
+				Hints:     &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "z1"}}, ForNodes: []discoveryv1.ForNode{{Name: "node1"}}}},
+			{Addresses: []string{"10.244.2.5"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr(false)}},
+			{Addresses: []string{"10.244.3.5"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr(false), Serving: ptr(true), Terminating: ptr(true)}},
+			{Addresses: []string{"10.244.4.5"}, TargetRef: &v1.ObjectReference{Kind: "Node", Name: "n"}},
+		},
+	}
+	want := &EndpointSlice{
+		Namespace: "shop", Name: "web-abc", ServiceName: "web", AddressType: "IPv4",
+		Ports: []EndpointPort{{Name: "http", Protocol: TCP, Port: 8080}, {Protocol: UDP, Port: 53}},
+		Endpoints: []Endpoint{
+			{Addresses: []netip.Addr{netip.MustParseAddr("10.244.1.5")}, Ready: true, Serving: true, Hostname: "web-0", NodeName: "node1", Zone: "z1",
+				HintZones: []string{"z1"}, HintNodes: []string{"node1"}, TargetPod: "web-0"},
+			{Addresses: []netip.Addr{netip.MustParseAddr("10.244.2.5")}},
+			{Addresses: []netip.Addr{netip.MustParseAddr("10.244.3.5")}, Serving: true, Terminating: true},
+			{Addresses: []netip.Addr{netip.MustParseAddr("10.244.4.5")}, Ready: true, Serving: true},
+		},
+	}
+	got, err := FromV1EndpointSlice(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got  %+v\nwant %+v", got, want)
+	}
+}
+
+func TestFromV1NodeAndPod(t *testing.T) {
+	n, err := FromV1Node(&v1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: "node1", Labels: map[string]string{LabelZone: "z1"}},
+		Spec:       v1.NodeSpec{PodCIDR: "10.244.1.0/24"},
+		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{
+			{Type: v1.NodeHostName, Address: "node1"},
+			{Type: v1.NodeInternalIP, Address: "192.168.10.11"},
+			{Type: v1.NodeExternalIP, Address: "203.0.113.11"},
+		}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantNode := &Node{
+		Name: "node1", Zone: "z1", Labels: map[string]string{LabelZone: "z1"},
+		PodCIDRs:    []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")},
+		InternalIPs: []netip.Addr{netip.MustParseAddr("192.168.10.11")},
+		ExternalIPs: []netip.Addr{netip.MustParseAddr("203.0.113.11")},
+	}
+	if !reflect.DeepEqual(n, wantNode) {
+		t.Errorf("node: got %+v, want %+v", n, wantNode)
+	}
+	p, err := FromV1Pod(&v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "p"},
+		Spec:       v1.PodSpec{Hostname: "h", Subdomain: "s", NodeName: "node1"},
+		Status:     v1.PodStatus{PodIP: "10.244.1.9", PodIPs: []v1.PodIP{{IP: "10.244.1.9"}, {IP: "fd00::9"}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantPod := &Pod{Namespace: "default", Name: "p", Hostname: "h", Subdomain: "s", NodeName: "node1",
+		IPs: []netip.Addr{netip.MustParseAddr("10.244.1.9"), netip.MustParseAddr("fd00::9")}}
+	if !reflect.DeepEqual(p, wantPod) {
+		t.Errorf("pod: got %+v, want %+v", p, wantPod)
+	}
+}

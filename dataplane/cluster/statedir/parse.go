@@ -1,0 +1,225 @@
+package statedir
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+)
+
+// ParseError is a file that could not be read as Kubernetes objects, with
+// the 1-based line where the problem is (the start of the offending
+// document when the decoder does not say more).
+type ParseError struct {
+	Path string
+	Line int
+	Err  error
+}
+
+func (e *ParseError) Error() string { return fmt.Sprintf("%s:%d: %v", e.Path, e.Line, e.Err) }
+func (e *ParseError) Unwrap() error { return e.Err }
+
+// Ignored names an object of a kind the dataplane does not use.
+type Ignored struct {
+	APIVersion, Kind, Name string
+	Line                   int
+}
+
+type typeMeta struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name string `json:"name"`
+	} `json:"metadata"`
+	Items []json.RawMessage `json:"items"`
+}
+
+// ParseFile decodes the contents of one state file. JSON files (by name)
+// may hold a stream of objects; everything else is YAML with "---"
+// separated documents. Either may hold a List.
+func ParseFile(path string, data []byte) ([]cluster.Object, []Ignored, error) {
+	var p parser
+	if strings.HasSuffix(path, ".json") {
+		p.parseJSON(data)
+	} else {
+		p.parseYAML(data)
+	}
+	if p.err != nil {
+		p.err.Path = path
+		return nil, nil, p.err
+	}
+	return p.objs, p.ignored, nil
+}
+
+type parser struct {
+	objs    []cluster.Object
+	ignored []Ignored
+	err     *ParseError
+}
+
+func (p *parser) fail(line int, err error) {
+	if p.err == nil {
+		p.err = &ParseError{Line: line, Err: err}
+	}
+}
+
+var yamlLine = regexp.MustCompile(`line (\d+)`)
+
+func (p *parser) parseYAML(data []byte) {
+	for _, doc := range splitYAML(data) {
+		if p.err != nil {
+			return
+		}
+		j, err := yaml.YAMLToJSON(doc.text)
+		if err != nil {
+			line := doc.line
+			if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
+				n, _ := strconv.Atoi(m[1])
+				line = doc.line + n - 1
+			}
+			p.fail(line, errors.New(strings.TrimPrefix(yamlLine.ReplaceAllString(err.Error(), "line "+strconv.Itoa(line)), "error converting YAML to JSON: ")))
+			continue
+		}
+		if bytes.Equal(bytes.TrimSpace(j), []byte("null")) {
+			continue // empty document
+		}
+		p.object(j, doc.line)
+	}
+}
+
+func (p *parser) parseJSON(data []byte) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	for {
+		start := dec.InputOffset()
+		var raw json.RawMessage
+		err := dec.Decode(&raw)
+		if err == io.EOF {
+			return
+		}
+		if err != nil {
+			off := dec.InputOffset()
+			var se *json.SyntaxError
+			if errors.As(err, &se) {
+				off = se.Offset
+			}
+			p.fail(lineAt(data, int(off)), err)
+			return
+		}
+		// The decoder's start offset may sit before whitespace.
+		s := int(start)
+		for s < len(data) && isSpace(data[s]) {
+			s++
+		}
+		p.object(raw, lineAt(data, s))
+		if p.err != nil {
+			return
+		}
+	}
+}
+
+func isSpace(b byte) bool { return b == ' ' || b == '\t' || b == '\n' || b == '\r' }
+
+// lineAt is the 1-based line of byte offset off.
+func lineAt(data []byte, off int) int {
+	if off > len(data) {
+		off = len(data)
+	}
+	return bytes.Count(data[:off], []byte("\n")) + 1
+}
+
+// object decodes one JSON object (from any document) into the Store's form.
+func (p *parser) object(j []byte, line int) {
+	var tm typeMeta
+	if err := json.Unmarshal(j, &tm); err != nil {
+		p.fail(line, fmt.Errorf("not a Kubernetes object: %w", err))
+		return
+	}
+	if tm.Kind == "" {
+		p.fail(line, errors.New("object has no kind"))
+		return
+	}
+	if strings.HasSuffix(tm.Kind, "List") && tm.APIVersion == "v1" {
+		for _, item := range tm.Items {
+			p.object(item, line)
+			if p.err != nil {
+				return
+			}
+		}
+		return
+	}
+	obj, err := decode(tm.APIVersion, tm.Kind, j)
+	if err != nil {
+		p.fail(line, fmt.Errorf("%s %q: %w", tm.Kind, tm.Metadata.Name, err))
+		return
+	}
+	if obj == nil {
+		p.ignored = append(p.ignored, Ignored{APIVersion: tm.APIVersion, Kind: tm.Kind, Name: tm.Metadata.Name, Line: line})
+		return
+	}
+	if obj.Key().Name == "" {
+		p.fail(line, fmt.Errorf("%s has no metadata.name", tm.Kind))
+		return
+	}
+	p.objs = append(p.objs, obj)
+}
+
+// decode returns nil, nil for kinds the dataplane does not use.
+func decode(apiVersion, kind string, j []byte) (cluster.Object, error) {
+	switch apiVersion + "/" + kind {
+	case "v1/Node":
+		return decodeAs(j, cluster.FromV1Node)
+	case "v1/Service":
+		return decodeAs(j, cluster.FromV1Service)
+	case "v1/Namespace":
+		return decodeAs(j, cluster.FromV1Namespace)
+	case "v1/Pod":
+		return decodeAs(j, cluster.FromV1Pod)
+	case "discovery.k8s.io/v1/EndpointSlice":
+		return decodeAs(j, cluster.FromV1EndpointSlice)
+	}
+	return nil, nil
+}
+
+func decodeAs[T any, O cluster.Object](j []byte, reduce func(*T) (O, error)) (cluster.Object, error) {
+	var v T
+	if err := json.Unmarshal(j, &v); err != nil {
+		return nil, err
+	}
+	return reduce(&v)
+}
+
+type yamlDoc struct {
+	text []byte
+	line int // 1-based line of the document's first line in the file
+}
+
+// splitYAML cuts a YAML stream at "---" lines, remembering where each
+// document starts so errors can name the file's line.
+func splitYAML(data []byte) []yamlDoc {
+	var docs []yamlDoc
+	start, startLine, line := 0, 1, 1
+	for off := 0; off < len(data); {
+		end := bytes.IndexByte(data[off:], '\n')
+		next := len(data)
+		if end >= 0 {
+			next = off + end + 1
+		}
+		l := bytes.TrimRight(data[off:next], "\r\n")
+		if bytes.Equal(l, []byte("---")) || bytes.HasPrefix(l, []byte("--- ")) || bytes.HasPrefix(l, []byte("---\t")) {
+			docs = append(docs, yamlDoc{text: data[start:off], line: startLine})
+			start, startLine = next, line+1
+		}
+		off = next
+		line++
+	}
+	docs = append(docs, yamlDoc{text: data[start:], line: startLine})
+	return docs
+}

@@ -1,0 +1,322 @@
+package statedir
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+)
+
+const nodesYAML = `apiVersion: v1
+kind: Node
+metadata:
+  name: node1
+spec:
+  podCIDR: 10.244.1.0/24
+status:
+  addresses:
+  - type: InternalIP
+    address: 192.168.10.11
+---
+# a comment-only document is skipped
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: node2
+spec:
+  podCIDRs: [10.244.2.0/24]
+status:
+  addresses:
+  - {type: InternalIP, address: 192.168.10.12}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: ignored
+`
+
+const listYAML = `apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Service
+  metadata:
+    name: web
+    namespace: shop
+  spec:
+    clusterIP: 10.96.0.20
+    ports:
+    - port: 80
+      targetPort: 8080
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata:
+    name: web-1
+    namespace: shop
+    labels:
+      kubernetes.io/service-name: web
+  addressType: IPv4
+  ports:
+  - port: 8080
+  endpoints:
+  - addresses: [10.244.1.5]
+    conditions: {}
+  - addresses: [10.244.2.5]
+    conditions: {ready: false}
+`
+
+const nsJSON = `{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}}
+{"apiVersion": "v1", "kind": "List", "items": [
+  {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web-0", "namespace": "shop"},
+   "spec": {"nodeName": "node1"}, "status": {"podIP": "10.244.1.5"}}
+]}
+`
+
+func TestParseFile(t *testing.T) {
+	objs, ignored, err := ParseFile("nodes.yaml", []byte(nodesYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := keys(objs); !slices.Equal(got, []string{"Node node1", "Node node2"}) {
+		t.Errorf("nodes.yaml objects = %v", got)
+	}
+	if n := objs[1].(*cluster.Node); n.PodCIDRs[0] != netip.MustParsePrefix("10.244.2.0/24") || n.InternalIPs[0] != netip.MustParseAddr("192.168.10.12") {
+		t.Errorf("node2 = %+v", n)
+	}
+	if len(ignored) != 1 || ignored[0].Kind != "Deployment" || ignored[0].Line != 24 {
+		t.Errorf("ignored = %+v, want the Deployment at line 24", ignored)
+	}
+
+	objs, _, err = ParseFile("svc.yml", []byte(listYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := keys(objs); !slices.Equal(got, []string{"Service shop/web", "EndpointSlice shop/web-1"}) {
+		t.Errorf("list objects = %v", got)
+	}
+	es := objs[1].(*cluster.EndpointSlice)
+	if es.ServiceName != "web" || !es.Endpoints[0].Ready || !es.Endpoints[0].Serving || es.Endpoints[1].Ready || es.Endpoints[1].Serving || es.Ports[0].Protocol != cluster.TCP {
+		t.Errorf("slice = %+v", es)
+	}
+
+	objs, _, err = ParseFile("ns.json", []byte(nsJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := keys(objs); !slices.Equal(got, []string{"Namespace shop", "Pod shop/web-0"}) {
+		t.Errorf("json objects = %v", got)
+	}
+}
+
+func TestParseErrorsNameTheLine(t *testing.T) {
+	tests := []struct {
+		name, path, data string
+		line             int
+	}{
+		{"yaml syntax in second document", "a.yaml", "apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: b\n   bad: indent\n", 9},
+		{"bad field type", "b.yaml", "apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec:\n  ports: [{port: eighty}]\n", 5},
+		{"bad address", "c.yaml", "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec: {clusterIP: 10.96.0.999}\n", 1},
+		{"no kind", "d.yaml", "metadata: {name: a}\n", 1},
+		{"json syntax", "e.json", "{\"apiVersion\": \"v1\",\n \"kind\": \"Namespace\",\n \"metadata\": {\"name\": \"a\"},,\n}\n", 3},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, err := ParseFile(tt.path, []byte(tt.data))
+			var pe *ParseError
+			if !errors.As(err, &pe) {
+				t.Fatalf("err = %v, want a *ParseError", err)
+			}
+			if pe.Path != tt.path || pe.Line != tt.line {
+				t.Errorf("error at %s:%d, want %s:%d (%v)", pe.Path, pe.Line, tt.path, tt.line, err)
+			}
+			if !strings.HasPrefix(err.Error(), tt.path+":") {
+				t.Errorf("message %q does not start with the path", err)
+			}
+		})
+	}
+}
+
+func keys(objs []cluster.Object) []string {
+	var out []string
+	for _, o := range objs {
+		out = append(out, o.Kind().String()+" "+o.Key().String())
+	}
+	return out
+}
+
+func storeKeys(s *cluster.Store) []string {
+	var out []string
+	for k := cluster.KindNode; k <= cluster.KindPod; k++ {
+		out = append(out, keys(s.List(k))...)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func write(t *testing.T, path, data string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitFor polls cond for up to 2 s: the source must pick changes up within
+// 1 s, this leaves slack for a loaded CI machine.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func nsYAML(names ...string) string {
+	var b strings.Builder
+	for _, n := range names {
+		b.WriteString("---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: " + n + "\n")
+	}
+	return b.String()
+}
+
+func TestSourceFollowsTheDirectory(t *testing.T) {
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "nodes.yaml"), nodesYAML)
+	write(t, filepath.Join(dir, "sub", "svc.yml"), listYAML)
+	write(t, filepath.Join(dir, "notes.txt"), "not state")
+	write(t, filepath.Join(dir, ".hidden.yaml"), nsYAML("hidden"))
+
+	store := cluster.NewStore()
+	// A long rescan period proves the watcher, not the safety net, does the work.
+	src := New(Options{Dir: dir, Store: store, Rescan: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	select {
+	case <-store.Synced():
+	case <-time.After(2 * time.Second):
+		t.Fatal("store never synced")
+	}
+	want := []string{"EndpointSlice shop/web-1", "Node node1", "Node node2", "Service shop/web"}
+	if got := storeKeys(store); !slices.Equal(got, want) {
+		t.Fatalf("initial store = %v, want %v", got, want)
+	}
+
+	// A new file in a new subdirectory.
+	write(t, filepath.Join(dir, "new", "deeper", "ns.json"), nsJSON)
+	waitFor(t, "new file", func() bool { return store.Get(cluster.KindPod, cluster.Key{Namespace: "shop", Name: "web-0"}) != nil })
+
+	// A change to an existing file.
+	write(t, filepath.Join(dir, "a.yaml"), nsYAML("a1"))
+	waitFor(t, "a1", func() bool { return store.Get(cluster.KindNamespace, cluster.Key{Name: "a1"}) != nil })
+	write(t, filepath.Join(dir, "a.yaml"), nsYAML("a2"))
+	waitFor(t, "a1 replaced by a2", func() bool {
+		return store.Get(cluster.KindNamespace, cluster.Key{Name: "a1"}) == nil &&
+			store.Get(cluster.KindNamespace, cluster.Key{Name: "a2"}) != nil
+	})
+
+	// A broken edit keeps the file's last good objects and is reported with its line.
+	write(t, filepath.Join(dir, "a.yaml"), "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: a3\n   broken: [\n")
+	waitFor(t, "parse error", func() bool { return src.FileErrors()[filepath.Join(dir, "a.yaml")] != nil })
+	var pe *ParseError
+	if err := src.FileErrors()[filepath.Join(dir, "a.yaml")]; !errors.As(err, &pe) || pe.Line != 5 {
+		t.Errorf("file error = %v, want a ParseError at line 5", err)
+	}
+	if store.Get(cluster.KindNamespace, cluster.Key{Name: "a2"}) == nil {
+		t.Error("a broken edit dropped the file's last good objects")
+	}
+	if store.Node("node1") == nil {
+		t.Error("a broken file took down another file's objects")
+	}
+	// Other files keep being followed while one is broken.
+	write(t, filepath.Join(dir, "b.yaml"), nsYAML("b"))
+	waitFor(t, "b while a is broken", func() bool { return store.Get(cluster.KindNamespace, cluster.Key{Name: "b"}) != nil })
+
+	// The fix is picked up and the error cleared.
+	write(t, filepath.Join(dir, "a.yaml"), nsYAML("a3"))
+	waitFor(t, "fix", func() bool {
+		return store.Get(cluster.KindNamespace, cluster.Key{Name: "a3"}) != nil && len(src.FileErrors()) == 0
+	})
+	if store.Get(cluster.KindNamespace, cluster.Key{Name: "a2"}) != nil {
+		t.Error("a2 still present after the fixed file no longer holds it")
+	}
+
+	// Deleting a file removes its objects.
+	if err := os.Remove(filepath.Join(dir, "nodes.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "node removal", func() bool { return len(store.Nodes()) == 0 })
+
+	// Atomic replacement by rename, the way editors and the lab write.
+	tmp := filepath.Join(dir, ".b.yaml.tmp")
+	write(t, tmp, nsYAML("b2"))
+	if err := os.Rename(tmp, filepath.Join(dir, "b.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "renamed-in file", func() bool {
+		return store.Get(cluster.KindNamespace, cluster.Key{Name: "b2"}) != nil && store.Get(cluster.KindNamespace, cluster.Key{Name: "b"}) == nil
+	})
+	if store.Get(cluster.KindNamespace, cluster.Key{Name: "hidden"}) != nil {
+		t.Error("hidden files must be ignored")
+	}
+}
+
+func TestSourceDuplicatesLastFileWins(t *testing.T) {
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "a.yaml"), "apiVersion: v1\nkind: Node\nmetadata: {name: dup}\nspec: {podCIDR: 10.244.1.0/24}\n")
+	write(t, filepath.Join(dir, "b.yaml"), "apiVersion: v1\nkind: Node\nmetadata: {name: dup}\nspec: {podCIDR: 10.244.2.0/24}\n")
+	store := cluster.NewStore()
+	src := New(Options{Dir: dir, Store: store, Rescan: 50 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	<-store.Synced()
+	n := store.Node("dup")
+	if n == nil || n.PodCIDRs[0] != netip.MustParsePrefix("10.244.2.0/24") {
+		t.Fatalf("node = %+v, want b.yaml's version", n)
+	}
+}
+
+func TestSourceOwnsOnlyItsKinds(t *testing.T) {
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "a.yaml"), nodesYAML+"---\n"+nsYAML("x"))
+	store := cluster.NewStore()
+	store.Upsert(&cluster.Namespace{Name: "from-elsewhere"})
+	src := New(Options{Dir: dir, Store: store, Kinds: []cluster.Kind{cluster.KindNode}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	<-store.Synced()
+	want := []string{"Namespace from-elsewhere", "Node node1", "Node node2"}
+	if got := storeKeys(store); !slices.Equal(got, want) {
+		t.Errorf("store = %v, want %v", got, want)
+	}
+}
+
+func TestRunMissingDir(t *testing.T) {
+	src := New(Options{Dir: filepath.Join(t.TempDir(), "nope"), Store: cluster.NewStore()})
+	if err := src.Run(context.Background()); err == nil {
+		t.Fatal("want an error for a missing directory")
+	}
+}
