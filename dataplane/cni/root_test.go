@@ -1,8 +1,12 @@
 package cni
 
 import (
+	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
@@ -203,4 +207,216 @@ func TestAddTwiceForOneAttachment(t *testing.T) {
 
 func rtPath(netnsPath, cid, ifname string) *libcni.RuntimeConf {
 	return &libcni.RuntimeConf{ContainerID: cid, NetNS: netnsPath, IfName: ifname}
+}
+
+func TestConcurrentAddsGetDistinctAddresses(t *testing.T) {
+	t.Parallel()
+	n := newTestNode(t, nodeOptions{podCIDR: "10.244.5.0/24"})
+	const pods = 50
+	nss := make([]ns.NetNS, pods)
+	for i := range nss {
+		nss[i] = newNetNS(t, "pod")
+	}
+	addrs := make([]netip.Addr, pods)
+	errs := make([]error, pods)
+	var wg sync.WaitGroup
+	for i := range pods {
+		wg.Go(func() {
+			res, err := n.add(nss[i], fmt.Sprintf("ctr-%d", i), "eth0")
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			r, err := current.NewResultFromResult(res)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			addrs[i], _ = netip.AddrFromSlice(r.IPs[0].Address.IP)
+			addrs[i] = addrs[i].Unmap()
+		})
+	}
+	wg.Wait()
+	seen := map[netip.Addr]int{}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("ADD %d: %v", i, err)
+		}
+		if j, dup := seen[addrs[i]]; dup {
+			t.Errorf("pods %d and %d both got %s", j, i, addrs[i])
+		}
+		seen[addrs[i]] = i
+	}
+	if al := n.allocations(); len(al) != pods {
+		t.Errorf("store holds %d allocations, want %d", len(al), pods)
+	}
+	// Two pods reach each other over cbr0, both ways.
+	if err := ping(nss[0], addrs[pods-1]); err != nil {
+		t.Errorf("ping pod 0 -> pod %d (%s): %v", pods-1, addrs[pods-1], err)
+	}
+	if err := ping(nss[pods-1], addrs[0]); err != nil {
+		t.Errorf("ping pod %d -> pod 0 (%s): %v", pods-1, addrs[0], err)
+	}
+	// And the gateway answers.
+	if err := ping(nss[1], netip.MustParseAddr("10.244.5.1")); err != nil {
+		t.Errorf("ping gateway: %v", err)
+	}
+}
+
+func TestExhaustedRangeIsAClearError(t *testing.T) {
+	t.Parallel()
+	// A /29 has 8 addresses: network, gateway, broadcast and 5 for pods.
+	n := newTestNode(t, nodeOptions{plugin: map[string]any{"subnet": "10.250.0.8/29", "mtu": 1500}})
+	var pods []ns.NetNS
+	got := map[netip.Addr]bool{}
+	for i := range 5 {
+		pod := newNetNS(t, "pod")
+		pods = append(pods, pod)
+		a := podAddr(t, n.mustAdd(pod, fmt.Sprintf("ctr-%d", i), "eth0"))
+		if a == netip.MustParseAddr("10.250.0.8") || a == netip.MustParseAddr("10.250.0.9") || a == netip.MustParseAddr("10.250.0.15") {
+			t.Errorf("handed out reserved address %s", a)
+		}
+		got[a] = true
+	}
+	if len(got) != 5 {
+		t.Fatalf("5 ADDs gave %d distinct addresses", len(got))
+	}
+	extra := newNetNS(t, "pod")
+	_, err := n.add(extra, "ctr-extra", "eth0")
+	if err == nil || !strings.Contains(err.Error(), "10.250.0.8/29") || !strings.Contains(err.Error(), "no free address") {
+		t.Fatalf("ADD into a full range: %v, want an error naming 10.250.0.8/29", err)
+	}
+	if code := cniCode(err); code != types.ErrTryAgainLater {
+		t.Errorf("error code %d, want %d", code, types.ErrTryAgainLater)
+	}
+	if linkExists(t, n.ns, link.HostVethName("ctr-extra", "eth0")) || linkExists(t, extra, "eth0") {
+		t.Error("failed ADD left a veth behind")
+	}
+	// Freeing one makes room again.
+	if err := n.del(pods[2], "ctr-2", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	n.mustAdd(extra, "ctr-extra", "eth0")
+}
+
+func TestNewBootFreesOldAllocations(t *testing.T) {
+	t.Parallel()
+	n := newTestNode(t, nodeOptions{})
+	pod := newNetNS(t, "pod")
+	old := podAddr(t, n.mustAdd(pod, "ctr-before", "eth0"))
+	n.setBootID("boot-2")
+	pod2 := newNetNS(t, "pod")
+	fresh := podAddr(t, n.mustAdd(pod2, "ctr-after", "eth0"))
+	al := n.allocations()
+	if len(al) != 1 || al[0].ContainerID != "ctr-after" || al[0].Addr != fresh {
+		t.Errorf("allocations after a reboot and one ADD: %v, want only ctr-after (%s); %s was from the old boot", al, fresh, old)
+	}
+}
+
+func TestStatusFollowsNodeConfig(t *testing.T) {
+	t.Parallel()
+	n := newTestNode(t, nodeOptions{noNodeConfig: true})
+	err := n.status()
+	if code := cniCode(err); code != types.ErrPluginNotAvailable || !strings.Contains(err.Error(), filepath.Join(n.dir, "node.json")) {
+		t.Fatalf("STATUS without node config: code %d, %v; want 50 naming the file", code, err)
+	}
+	pod := newNetNS(t, "pod")
+	if _, err := n.add(pod, "ctr-early", "eth0"); cniCode(err) != types.ErrTryAgainLater {
+		t.Errorf("ADD without node config: %v, want code 11", err)
+	}
+	// An invalid node config is named too.
+	if err := os.WriteFile(filepath.Join(n.dir, "node.json"), []byte(`{"podCIDR":"10.244.1.7/24"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.status(); cniCode(err) != types.ErrPluginNotAvailable || !strings.Contains(err.Error(), "host bits") {
+		t.Errorf("STATUS with invalid node config: %v, want code 50 explaining it", err)
+	}
+	n.writeNodeConfig("10.244.9.0/24", 1450)
+	if err := n.status(); err != nil {
+		t.Fatalf("STATUS with node config: %v", err)
+	}
+	n.mustAdd(pod, "ctr-early", "eth0")
+}
+
+func TestStaleBridgeAddressIsReplaced(t *testing.T) {
+	t.Parallel()
+	n := newTestNode(t, nodeOptions{podCIDR: "10.244.1.0/24"})
+	// cbr0 left from an earlier life of the node with another podCIDR.
+	inNS(t, n.ns, func() error {
+		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "cbr0", TxQLen: -1}}
+		if err := netlink.LinkAdd(br); err != nil {
+			return err
+		}
+		return link.AddAddr(br, netip.MustParsePrefix("10.244.7.1/24"))
+	})
+	pod := newNetNS(t, "pod")
+	n.mustAdd(pod, "ctr-1", "eth0")
+	if got := bridgeAddrs(t, n); len(got) != 1 || got[0] != netip.MustParsePrefix("10.244.1.1/24") {
+		t.Errorf("cbr0 addresses %v, want only 10.244.1.1/24", got)
+	}
+
+	// The podCIDR changes while a pod still uses the old range: ADD says
+	// so and keeps the old address; after that pod's DEL it succeeds.
+	n.writeNodeConfig("10.244.2.0/24", 1450)
+	pod2 := newNetNS(t, "pod")
+	_, err := n.add(pod2, "ctr-2", "eth0")
+	if cniCode(err) != types.ErrTryAgainLater || !strings.Contains(err.Error(), "10.244.1.1/24") || !strings.Contains(err.Error(), "ctr-1") {
+		t.Fatalf("ADD with a pod in the old range: %v, want code 11 naming the old address and the pod", err)
+	}
+	if err := n.del(pod, "ctr-1", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	r := n.mustAdd(pod2, "ctr-2", "eth0")
+	if a := podAddr(t, r); !netip.MustParsePrefix("10.244.2.0/24").Contains(a) {
+		t.Errorf("pod address %s outside the new podCIDR", a)
+	}
+	if got := bridgeAddrs(t, n); len(got) != 1 || got[0] != netip.MustParsePrefix("10.244.2.1/24") {
+		t.Errorf("cbr0 addresses %v, want only 10.244.2.1/24", got)
+	}
+	if err := ping(pod2, netip.MustParseAddr("10.244.2.1")); err != nil {
+		t.Errorf("ping the new gateway: %v", err)
+	}
+}
+
+func bridgeAddrs(t testing.TB, n *testNode) []netip.Prefix {
+	t.Helper()
+	var out []netip.Prefix
+	inNS(t, n.ns, func() error {
+		br, err := netlink.LinkByName("cbr0")
+		if err != nil {
+			return err
+		}
+		out, err = link.Addrs(br, netlink.FAMILY_V4)
+		return err
+	})
+	return out
+}
+
+func TestGCRemovesWhatIsNotValid(t *testing.T) {
+	t.Parallel()
+	n := newTestNode(t, nodeOptions{})
+	pods := make([]ns.NetNS, 3)
+	for i := range pods {
+		pods[i] = newNetNS(t, "pod")
+		n.mustAdd(pods[i], fmt.Sprintf("ctr-%d", i), "eth0")
+	}
+	keep := types.GCAttachment{ContainerID: "ctr-1", IfName: "eth0"}
+	// A fresh libcni cache: libcni itself DELs nothing, the plugin's GC
+	// has to find the stale ones.
+	if err := n.gc([]types.GCAttachment{keep}, true); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	al := n.allocations()
+	if len(al) != 1 || al[0].ContainerID != "ctr-1" {
+		t.Errorf("allocations after GC: %v, want only ctr-1", al)
+	}
+	for i := range pods {
+		name := link.HostVethName(fmt.Sprintf("ctr-%d", i), "eth0")
+		if want := i == 1; linkExists(t, n.ns, name) != want || linkExists(t, pods[i], "eth0") != want {
+			t.Errorf("pod %d: veth exists %v, want %v", i, !want, want)
+		}
+	}
+	if err := n.check(pods[1], "ctr-1", "eth0"); err != nil {
+		t.Errorf("CHECK of the valid attachment after GC: %v", err)
+	}
 }
