@@ -448,7 +448,9 @@ func TestLabPods(t *testing.T) {
 	if got := labNetns(t, b.NS); len(got) > 0 || slicesContains(labNetns(t, l.Prefix), b.NS) {
 		t.Errorf("pod namespace %s still there after DeletePod", b.NS)
 	}
-	if _, err := a.Ping(ctx, b.IP); err == nil {
+	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	if _, err := a.Ping(short, b.IP); err == nil {
 		t.Errorf("pod a → deleted pod b: got a reply")
 	}
 }

@@ -69,6 +69,10 @@ type Options struct {
 	WorkDir string
 	// Logf reports progress; nil discards it.
 	Logf func(format string, args ...any)
+	// Detached lets processes started in the lab outlive this process, for
+	// a lab that is kept up (Keep) after it exits. Otherwise they die with
+	// it. Close and Down end them either way, through the node cgroups.
+	Detached bool
 }
 
 // NodeSpec describes one node.
@@ -106,6 +110,7 @@ type Lab struct {
 	WorkDir   string
 
 	logf        func(format string, args ...any)
+	detached    bool
 	ownsWorkDir bool
 	cgroupRoot  string
 
@@ -202,7 +207,7 @@ func Start(t testing.TB, o Options) *Lab {
 }
 
 func newLab(o Options) (*Lab, error) {
-	l := &Lab{Prefix: o.Prefix, BinDir: o.BinDir, WorkDir: o.WorkDir, logf: o.Logf, OutsideIP: outsideIP}
+	l := &Lab{Prefix: o.Prefix, BinDir: o.BinDir, WorkDir: o.WorkDir, logf: o.Logf, detached: o.Detached, OutsideIP: outsideIP}
 	if l.logf == nil {
 		l.logf = func(string, ...any) {}
 	}
@@ -430,7 +435,8 @@ func (l *Lab) Close() error {
 
 // Keep leaves the lab up after this process exits and marks it so that
 // `podnet-lab down` (Down) removes it and no later New treats it as stale.
-// Processes started before are killed when this process exits.
+// Processes of the lab die when this process exits unless the lab was
+// built with Options.Detached.
 func (l *Lab) Keep() error {
 	return writeRecord(runRecord{Prefix: l.Prefix, WorkDir: l.WorkDir, OwnsWorkDir: l.ownsWorkDir, Kept: true, Namespaces: l.Namespaces()})
 }

@@ -103,7 +103,7 @@ func (p *Proc) state() string {
 // (clone3 CLONE_INTO_CGROUP), so not even its first instruction runs outside
 // the node's cgroup. `ip netns exec` also mounts the namespace's own /sys,
 // so tools inside see the namespace's interfaces.
-func command(ctx context.Context, nsName, cgroup string, args []string) (*exec.Cmd, *os.File, error) {
+func command(ctx context.Context, nsName, cgroup string, args []string, detached bool) (*exec.Cmd, *os.File, error) {
 	if len(args) == 0 {
 		return nil, nil, errors.New("no command")
 	}
@@ -115,7 +115,9 @@ func command(ctx context.Context, nsName, cgroup string, args []string) (*exec.C
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		UseCgroupFD: true,
 		CgroupFD:    int(cg.Fd()),
-		Pdeathsig:   syscall.SIGKILL,
+	}
+	if !detached {
+		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	}
 	return cmd, cg, nil
 }
@@ -123,7 +125,7 @@ func command(ctx context.Context, nsName, cgroup string, args []string) (*exec.C
 // execIn runs args in the namespace and cgroup and returns the combined
 // output; the error includes it.
 func execIn(ctx context.Context, nsName, cgroup string, args []string) (string, error) {
-	cmd, cg, err := command(ctx, nsName, cgroup, args)
+	cmd, cg, err := command(ctx, nsName, cgroup, args, false)
 	if err != nil {
 		return "", err
 	}
@@ -142,7 +144,7 @@ func (l *Lab) startIn(name, nsName, cgroup string, args []string) (*Proc, error)
 	if l.closed {
 		return nil, errors.New("start " + name + ": lab is closed")
 	}
-	cmd, cg, err := command(context.Background(), nsName, cgroup, args)
+	cmd, cg, err := command(context.Background(), nsName, cgroup, args, l.detached)
 	if err != nil {
 		return nil, err
 	}
@@ -172,19 +174,34 @@ func (n *Node) Start(name string, args ...string) (*Proc, error) {
 	return n.lab.startIn(n.Name+"/"+name, n.NS, n.Cgroup, args)
 }
 
+// maxOutput bounds the output kept per process: a daemon logging for the
+// length of a test must not grow without end. The newest half is kept.
+const maxOutput = 4 << 20
+
 type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	dropped bool
 }
 
 func (b *syncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.buf.Len()+len(p) > maxOutput {
+		keep := b.buf.Bytes()[max(0, b.buf.Len()-maxOutput/2):]
+		keep = append([]byte(nil), keep...)
+		b.buf.Reset()
+		b.buf.Write(keep)
+		b.dropped = true
+	}
 	return b.buf.Write(p)
 }
 
 func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.dropped {
+		return "[older output dropped]\n" + b.buf.String()
+	}
 	return b.buf.String()
 }
