@@ -1,0 +1,231 @@
+package routing
+
+import (
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+func node(name, ip, cidr string) *cluster.Node {
+	n := &cluster.Node{Name: name}
+	if ip != "" {
+		n.InternalIPs = []netip.Addr{netip.MustParseAddr(ip)}
+	}
+	if cidr != "" {
+		n.PodCIDRs = []netip.Prefix{netip.MustParsePrefix(cidr)}
+	}
+	return n
+}
+
+func config(b Backend) Config {
+	return Config{
+		NodeName: "node1", Backend: b,
+		NodeIP:     netip.MustParseAddr("192.168.10.11"),
+		NodeSubnet: netip.MustParsePrefix("192.168.10.0/24"),
+		Iface:      "eth0", UnderlayMTU: 1500,
+		Device: DefaultDevice, VNI: DefaultVNI, Port: DefaultPort,
+	}
+}
+
+type state struct {
+	name  string
+	cfg   Config
+	nodes []*cluster.Node
+}
+
+var (
+	self   = node("node1", "192.168.10.11", "10.244.1.0/24")
+	node2  = node("node2", "192.168.10.12", "10.244.2.0/24")
+	node3  = node("node3", "192.168.10.13", "10.244.3.0/24")
+	node4  = node("node4", "192.168.20.14", "10.244.4.0/24")
+	states = []state{
+		{"no podCIDR yet", config(BackendAuto), []*cluster.Node{node("node1", "192.168.10.11", ""), node2}},
+		{"alone", config(BackendAuto), []*cluster.Node{self}},
+		{"auto four nodes", config(BackendAuto), []*cluster.Node{self, node2, node3, node4}},
+		{"node2 moves to the far segment", config(BackendAuto), []*cluster.Node{self, node("node2", "192.168.20.12", "10.244.2.0/24"), node3, node4}},
+		{"node3 deleted, node4 new podCIDR", config(BackendAuto), []*cluster.Node{self, node2, node("node4", "192.168.20.14", "10.244.40.0/24")}},
+		{"vxlan forced", config(BackendVXLAN), []*cluster.Node{self, node2, node3, node4}},
+		{"host-gw forced", config(BackendHostGW), []*cluster.Node{self, node2, node3}},
+		{"host-gw forced with a far peer", config(BackendHostGW), []*cluster.Node{self, node2, node4}},
+		{"vni and port changed", func() Config { c := config(BackendAuto); c.VNI, c.Port = 7, 4789; return c }(), []*cluster.Node{self, node2, node4}},
+		{"underlay MTU 9000", func() Config { c := config(BackendAuto); c.UnderlayMTU = 9000; return c }(), []*cluster.Node{self, node4}},
+		{"peers that cannot be routed", config(BackendAuto), []*cluster.Node{
+			self, node2,
+			node("no-cidr", "192.168.10.20", ""),
+			node("no-ip", "", "10.244.9.0/24"),
+			node("overlaps-self", "192.168.10.21", "10.244.1.0/24"),
+			node("same-as-node2", "192.168.10.22", "10.244.2.0/24"),
+			node("ipv6-only", "fd00::1", "10.244.8.0/24"),
+		}},
+	}
+)
+
+func newFake() *FakeKernel {
+	return NewFakeKernel(map[string]netip.Prefix{"eth0": netip.MustParsePrefix("192.168.10.0/24")})
+}
+
+// TestRouterStates applies every state in sequence and checks the plan and
+// the resulting kernel state against golden text; then replays the states
+// in random orders and checks each lands on the same kernel state.
+func TestRouterStates(t *testing.T) {
+	k := newFake()
+	r := &Reconciler{Kernel: k, Device: DefaultDevice}
+	var golden strings.Builder
+	dumps := make([]string, len(states))
+	for i, s := range states {
+		p := Compute(s.cfg, s.nodes)
+		if _, err := r.Apply(p); err != nil {
+			t.Fatalf("%s: apply: %v", s.name, err)
+		}
+		dumps[i] = k.Dump()
+		fmt.Fprintf(&golden, "=== %s (backend %s, pod MTU %d)\n--- plan\n%s--- kernel\n%s\n", s.name, s.cfg.Backend, s.cfg.PodMTU(), p, dumps[i])
+
+		// Applying the same plan again changes nothing: this is what makes
+		// a proxyd restart harmless to running pods.
+		before := k.Mutations
+		changes, err := r.Apply(p)
+		if err != nil || len(changes) != 0 || k.Mutations != before {
+			t.Errorf("%s: second apply changed %v (err %v)", s.name, changes, err)
+		}
+	}
+	checkGolden(t, "TestRouterStates.golden", golden.String())
+
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := 0; round < 20; round++ {
+		k := newFake()
+		r := &Reconciler{Kernel: k, Device: DefaultDevice}
+		for _, i := range rng.Perm(len(states)) {
+			s := states[i]
+			if _, err := r.Apply(Compute(s.cfg, s.nodes)); err != nil {
+				t.Fatalf("round %d, %s: %v", round, s.name, err)
+			}
+			if got := k.Dump(); got != dumps[i] {
+				t.Fatalf("round %d, %s: kernel state\n%s\nwant\n%s", round, s.name, got, dumps[i])
+			}
+		}
+	}
+}
+
+// TestReconcileRepairs breaks the kernel state the ways an operator or
+// another agent might and checks Apply puts back exactly what is missing.
+func TestReconcileRepairs(t *testing.T) {
+	cfg := config(BackendAuto)
+	p := Compute(cfg, []*cluster.Node{self, node2, node3, node4})
+	k := newFake()
+	r := &Reconciler{Kernel: k, Device: DefaultDevice}
+	if _, err := r.Apply(p); err != nil {
+		t.Fatal(err)
+	}
+	want := k.Dump()
+
+	tests := []struct {
+		name  string
+		break_ func()
+		fixes int
+	}{
+		{"route deleted", func() { _ = k.DeleteRoute(p.Routes[0]) }, 1},
+		{"route changed", func() { _ = k.ReplaceRoute(Route{Dst: p.Routes[1].Dst, Gw: netip.MustParseAddr("192.168.10.99"), Dev: "eth0"}) }, 1},
+		{"neigh wrong MAC", func() { n := p.Neighs[0]; n.MAC = VTEPMAC(netip.MustParseAddr("1.2.3.4")); _ = k.SetNeigh(n) }, 1},
+		{"stray neigh and fdb", func() {
+			_ = k.SetNeigh(Neigh{Dev: DefaultDevice, IP: netip.MustParseAddr("10.244.77.0"), MAC: VTEPMAC(netip.MustParseAddr("1.2.3.4"))})
+			_ = k.SetFDB(FDB{Dev: DefaultDevice, MAC: VTEPMAC(netip.MustParseAddr("1.2.3.4")), Dst: netip.MustParseAddr("1.2.3.4")})
+		}, 2},
+		{"fdb deleted", func() { _ = k.DeleteFDB(p.FDB[0]) }, 1},
+		{"device MTU changed", func() { d, _ := k.VXLAN(DefaultDevice); d.MTU = 1400; _ = k.UpdateVXLAN(*d) }, 1},
+		// Down drops the routes through the device, like the kernel.
+		{"device down", func() { d, _ := k.VXLAN(DefaultDevice); d.Up = false; _ = k.UpdateVXLAN(*d) }, 2},
+		// Deleted: device, neighbour, FDB entry and route all come back.
+		{"device deleted", func() { _ = k.DeleteLink(DefaultDevice) }, 4},
+		{"device recreated with another VNI", func() {
+			d, _ := k.VXLAN(DefaultDevice)
+			_ = k.DeleteLink(DefaultDevice)
+			d.VNI = 42
+			_ = k.CreateVXLAN(*d)
+		}, 4},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.break_()
+			if k.Dump() == want {
+				t.Fatal("breaking did not change the state")
+			}
+			changes, err := r.Apply(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := k.Dump(); got != want {
+				t.Fatalf("state after repair\n%s\nwant\n%s", got, want)
+			}
+			if len(changes) != tt.fixes {
+				t.Errorf("changes = %q, want %d", changes, tt.fixes)
+			}
+		})
+	}
+}
+
+func TestApplyReportsKernelErrors(t *testing.T) {
+	// A missing underlay parent: the device cannot be made, and routes
+	// through it fail; host-gw routes through a missing iface fail too.
+	k := NewFakeKernel(map[string]netip.Prefix{})
+	r := &Reconciler{Kernel: k, Device: DefaultDevice}
+	_, err := r.Apply(Compute(config(BackendAuto), []*cluster.Node{self, node2, node4}))
+	if err == nil {
+		t.Fatal("want errors")
+	}
+	for _, want := range []string{"create link podnet.1", "replace route 10.244.4.0/24"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+}
+
+func TestPodMTU(t *testing.T) {
+	for _, tt := range []struct {
+		b    Backend
+		want int
+	}{{BackendAuto, 1450}, {BackendVXLAN, 1450}, {BackendHostGW, 1500}} {
+		if got := config(tt.b).PodMTU(); got != tt.want {
+			t.Errorf("%s: PodMTU = %d, want %d", tt.b, got, tt.want)
+		}
+	}
+}
+
+func TestVTEPMAC(t *testing.T) {
+	m := VTEPMAC(netip.MustParseAddr("192.168.10.11"))
+	if m.String() != "0e:70:c0:a8:0a:0b" {
+		t.Errorf("VTEPMAC = %s", m)
+	}
+	if m[0]&1 != 0 || m[0]&2 == 0 {
+		t.Errorf("VTEPMAC %s must be unicast and locally administered", m)
+	}
+}
+
+func checkGolden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("%s differs (run with -update after checking):\n%s", path, got)
+	}
+}
