@@ -1,0 +1,581 @@
+package dns
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	mdns "github.com/miekg/dns"
+)
+
+// Policy orders the upstreams tried for one query.
+type Policy int
+
+const (
+	PolicyRandom Policy = iota
+	PolicyRoundRobin
+	PolicySequential
+)
+
+// ParsePolicy reads the --policy flag value.
+func ParsePolicy(s string) (Policy, error) {
+	switch s {
+	case "random":
+		return PolicyRandom, nil
+	case "round_robin":
+		return PolicyRoundRobin, nil
+	case "sequential":
+		return PolicySequential, nil
+	}
+	return 0, fmt.Errorf("policy %q: want random, round_robin or sequential", s)
+}
+
+// ForwardOptions configures a Forwarder.
+type ForwardOptions struct {
+	Upstreams []netip.AddrPort
+	Policy    Policy
+	// TryTimeout bounds one upstream exchange (2 s); Deadline bounds a
+	// whole forwarded query, every try included (5 s).
+	TryTimeout, Deadline time.Duration
+	// MaxConcurrent caps forwarded queries in flight; past it, REFUSED.
+	MaxConcurrent int
+	// MaxFails consecutive failures mark an upstream down (2); it is then
+	// probed every HealthInterval (500 ms) until it answers.
+	MaxFails       int
+	HealthInterval time.Duration
+	// Forbidden are addresses that are dnsd itself (its listen addresses,
+	// the kube-dns VIP): an upstream among them would be a loop.
+	Forbidden []netip.AddrPort
+	Logger    *slog.Logger
+}
+
+func (o *ForwardOptions) setDefaults() {
+	if o.TryTimeout <= 0 {
+		o.TryTimeout = 2 * time.Second
+	}
+	if o.Deadline <= 0 {
+		o.Deadline = 5 * time.Second
+	}
+	if o.MaxConcurrent <= 0 {
+		o.MaxConcurrent = 1000
+	}
+	if o.MaxFails <= 0 {
+		o.MaxFails = 2
+	}
+	if o.HealthInterval <= 0 {
+		o.HealthInterval = 500 * time.Millisecond
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// ErrNoUpstream is returned when no upstream may be asked: none configured,
+// all down, or all found to loop back to dnsd.
+var ErrNoUpstream = errors.New("no usable upstream")
+
+// Forwarder sends queries to upstream resolvers.
+type Forwarder struct {
+	opts     ForwardOptions
+	ups      []*upstream
+	rejected []error
+	rr       atomic.Uint32
+	sem      chan struct{}
+	done     chan struct{}
+	doneOnce sync.Once
+	metrics  *Metrics
+	forged   atomic.Uint64
+}
+
+type upstream struct {
+	addr  netip.AddrPort
+	probe []byte // wire name of this upstream's loop probe
+	fails atomic.Int32
+	down  atomic.Bool
+	loop  atomic.Bool
+}
+
+// NewForwarder checks the upstreams; those that are dnsd itself are left
+// out and reported by Rejected. It fails when none is left.
+func NewForwarder(opts ForwardOptions) (*Forwarder, error) {
+	opts.setDefaults()
+	f := &Forwarder{opts: opts, sem: make(chan struct{}, opts.MaxConcurrent), done: make(chan struct{})}
+	local := localAddrs()
+	tag := rand.Uint64()
+	for i, u := range opts.Upstreams {
+		if err := loopsBack(u, opts.Forbidden, local); err != nil {
+			f.rejected = append(f.rejected, err)
+			continue
+		}
+		probe := wireName(fmt.Sprintf("%x-%d.podnet-loop-detect", tag, i))
+		f.ups = append(f.ups, &upstream{addr: u, probe: probe})
+	}
+	if len(f.ups) == 0 {
+		return nil, fmt.Errorf("forwarder: %w (%d configured, %d rejected: %v)", ErrNoUpstream, len(opts.Upstreams), len(f.rejected), errors.Join(f.rejected...))
+	}
+	return f, nil
+}
+
+// Rejected lists the configured upstreams that were left out, and why.
+func (f *Forwarder) Rejected() []error { return f.rejected }
+
+// Upstreams lists the upstreams in use.
+func (f *Forwarder) Upstreams() []netip.AddrPort {
+	out := make([]netip.AddrPort, len(f.ups))
+	for i, u := range f.ups {
+		out[i] = u.addr
+	}
+	return out
+}
+
+// Healthy reports whether an upstream is in use (not down, not looping).
+func (f *Forwarder) Healthy(a netip.AddrPort) bool {
+	for _, u := range f.ups {
+		if u.addr == a {
+			return !u.down.Load() && !u.loop.Load()
+		}
+	}
+	return false
+}
+
+// Looping reports whether a forwarding loop was detected through a.
+func (f *Forwarder) Looping(a netip.AddrPort) bool {
+	for _, u := range f.ups {
+		if u.addr == a {
+			return u.loop.Load()
+		}
+	}
+	return false
+}
+
+func loopsBack(u netip.AddrPort, forbidden []netip.AddrPort, local map[netip.Addr]bool) error {
+	ua := u.Addr().Unmap()
+	for _, f := range forbidden {
+		fa := f.Addr().Unmap()
+		if f.Port() != u.Port() {
+			continue
+		}
+		if fa == ua || (fa.IsUnspecified() && (ua.IsLoopback() || ua.IsUnspecified() || local[ua])) {
+			return fmt.Errorf("upstream %s is dnsd itself (%s): forwarding loop, not used", u, f)
+		}
+	}
+	return nil
+}
+
+func localAddrs() map[netip.Addr]bool {
+	out := map[netip.Addr]bool{}
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			out[p.Addr().Unmap()] = true
+		}
+	}
+	return out
+}
+
+// Run sends one loop probe through every upstream (a query only dnsd
+// knows: if it comes back to dnsd, that upstream forwards to dnsd), then
+// waits for ctx to end and stops the health checks.
+func (f *Forwarder) Run(ctx context.Context) {
+	defer f.doneOnce.Do(func() { close(f.done) })
+	for _, u := range f.ups {
+		go func() {
+			q := new(mdns.Msg)
+			q.SetQuestion(presentName(u.probe), mdns.TypeHINFO)
+			f.try(ctx, u, q, time.Now().Add(f.opts.TryTimeout))
+		}()
+	}
+	<-ctx.Done()
+}
+
+// isProbe reports whether name is one of our loop probes, and marks its
+// upstream as looping.
+func (f *Forwarder) isProbe(name []byte) bool {
+	for _, u := range f.ups {
+		if bytes.Equal(name, u.probe) {
+			if !u.loop.Swap(true) {
+				f.opts.Logger.Error("forwarding loop detected: upstream sends dnsd's own queries back to it; no longer forwarding to it", "upstream", u.addr.String())
+			}
+			return true
+		}
+	}
+	return false
+}
+
+func (f *Forwarder) roomFor() bool { return len(f.sem) < cap(f.sem) }
+
+func (f *Forwarder) acquire() bool {
+	select {
+	case f.sem <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+func (f *Forwarder) release() { <-f.sem }
+
+// order returns the usable upstreams in the order the policy tries them.
+func (f *Forwarder) order() []*upstream {
+	out := make([]*upstream, 0, len(f.ups))
+	for _, u := range f.ups {
+		if !u.down.Load() && !u.loop.Load() {
+			out = append(out, u)
+		}
+	}
+	switch f.opts.Policy {
+	case PolicyRandom:
+		rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	case PolicyRoundRobin:
+		if len(out) > 1 {
+			k := int(f.rr.Add(1)) % len(out)
+			out = append(out[k:], out[:k]...)
+		}
+	}
+	return out
+}
+
+// Exchange forwards q and returns the first good answer. SERVFAIL and
+// REFUSED answers move on to the next upstream (and are returned if no
+// other answers). It fails with ErrNoUpstream when every upstream is down
+// or looping, and when none answered within the deadline.
+func (f *Forwarder) Exchange(ctx context.Context, q *mdns.Msg) (*mdns.Msg, error) {
+	ctx, cancel := context.WithTimeout(ctx, f.opts.Deadline)
+	defer cancel()
+	ups := f.order()
+	if len(ups) == 0 {
+		return nil, ErrNoUpstream
+	}
+	deadline, _ := ctx.Deadline()
+	var (
+		last    *mdns.Msg
+		lastErr error
+	)
+	for _, u := range ups {
+		if ctx.Err() != nil {
+			break
+		}
+		if f.metrics != nil {
+			f.metrics.forwardRequests.WithLabelValues(u.addr.String()).Inc()
+		}
+		try := time.Now().Add(f.opts.TryTimeout)
+		if deadline.Before(try) {
+			try = deadline
+		}
+		m, err := f.try(ctx, u, q, try)
+		if err != nil {
+			lastErr = err
+			f.failed(u)
+			continue
+		}
+		u.fails.Store(0)
+		if m.Rcode == mdns.RcodeServerFailure || m.Rcode == mdns.RcodeRefused {
+			last = m
+			continue
+		}
+		return m, nil
+	}
+	if last != nil {
+		return last, nil
+	}
+	return nil, fmt.Errorf("forward %s: %w: %w", q.Question[0].Name, ErrNoUpstream, lastErr)
+}
+
+func (f *Forwarder) failed(u *upstream) {
+	if int(u.fails.Add(1)) >= f.opts.MaxFails && u.down.CompareAndSwap(false, true) {
+		f.opts.Logger.Warn("upstream down", "upstream", u.addr.String())
+		go f.healthCheck(u)
+	}
+}
+
+// healthCheck probes a down upstream with ". NS" until it answers.
+func (f *Forwarder) healthCheck(u *upstream) {
+	t := time.NewTicker(f.opts.HealthInterval)
+	defer t.Stop()
+	q := new(mdns.Msg)
+	q.SetQuestion(".", mdns.TypeNS)
+	for {
+		select {
+		case <-f.done:
+			return
+		case <-t.C:
+		}
+		if _, err := f.try(context.Background(), u, q, time.Now().Add(min(f.opts.TryTimeout, time.Second))); err == nil {
+			u.fails.Store(0)
+			u.down.Store(false)
+			f.opts.Logger.Info("upstream up", "upstream", u.addr.String())
+			return
+		}
+	}
+}
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 65535); return &b }}
+
+// try is one exchange with one upstream over UDP (a fresh socket, so a
+// fresh source port, and a fresh random ID), retried over TCP when the
+// answer is truncated. Answers whose ID or question do not match are
+// dropped as forged and the wait goes on.
+func (f *Forwarder) try(ctx context.Context, u *upstream, q *mdns.Msg, deadline time.Time) (*mdns.Msg, error) {
+	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(u.addr))
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", u.addr, err)
+	}
+	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
+	defer stop()
+	c.SetDeadline(deadline)
+	qq := *q
+	qq.Id = uint16(rand.Uint32())
+	pkt, err := qq.Pack()
+	if err != nil {
+		return nil, fmt.Errorf("pack query: %w", err)
+	}
+	if _, err := c.Write(pkt); err != nil {
+		return nil, fmt.Errorf("send to %s: %w", u.addr, err)
+	}
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	buf := *bp
+	for {
+		n, err := c.Read(buf)
+		if err != nil {
+			return nil, fmt.Errorf("read from %s: %w", u.addr, err)
+		}
+		m := new(mdns.Msg)
+		if m.Unpack(buf[:n]) != nil || !answers(m, &qq) {
+			f.forged.Add(1)
+			if f.metrics != nil {
+				f.metrics.forged.Inc()
+			}
+			continue
+		}
+		if m.Truncated {
+			return f.tryTCP(ctx, u, q, deadline)
+		}
+		return m, nil
+	}
+}
+
+// answers reports whether m is a response to q: same ID, same question.
+func answers(m, q *mdns.Msg) bool {
+	if !m.Response || m.Id != q.Id || len(m.Question) != 1 {
+		return false
+	}
+	a, b := m.Question[0], q.Question[0]
+	return a.Qtype == b.Qtype && a.Qclass == b.Qclass && strings.EqualFold(a.Name, b.Name)
+}
+
+func (f *Forwarder) tryTCP(ctx context.Context, u *upstream, q *mdns.Msg, deadline time.Time) (*mdns.Msg, error) {
+	d := net.Dialer{Deadline: deadline}
+	c, err := d.DialContext(ctx, "tcp", u.addr.String())
+	if err != nil {
+		return nil, fmt.Errorf("dial tcp %s: %w", u.addr, err)
+	}
+	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
+	defer stop()
+	c.SetDeadline(deadline)
+	qq := *q
+	qq.Id = uint16(rand.Uint32())
+	pkt, err := qq.Pack()
+	if err != nil {
+		return nil, fmt.Errorf("pack query: %w", err)
+	}
+	out := binary.BigEndian.AppendUint16(nil, uint16(len(pkt)))
+	if _, err := c.Write(append(out, pkt...)); err != nil {
+		return nil, fmt.Errorf("send to %s over tcp: %w", u.addr, err)
+	}
+	var l [2]byte
+	if _, err := io.ReadFull(c, l[:]); err != nil {
+		return nil, fmt.Errorf("read from %s over tcp: %w", u.addr, err)
+	}
+	buf := make([]byte, binary.BigEndian.Uint16(l[:]))
+	if _, err := io.ReadFull(c, buf); err != nil {
+		return nil, fmt.Errorf("read from %s over tcp: %w", u.addr, err)
+	}
+	m := new(mdns.Msg)
+	if err := m.Unpack(buf); err != nil || !answers(m, &qq) {
+		f.forged.Add(1)
+		return nil, fmt.Errorf("bad answer from %s over tcp", u.addr)
+	}
+	return m, nil
+}
+
+// upstreamQuery is the question of the client's packet as a query of our
+// own: recursion desired, the client's CD, EDNS0 with our size and its DO.
+func upstreamQuery(pkt []byte, r *request) (*mdns.Msg, error) {
+	var req mdns.Msg
+	if err := req.Unpack(pkt); err != nil || len(req.Question) != 1 {
+		return nil, fmt.Errorf("unpack query: %w", err)
+	}
+	q := new(mdns.Msg)
+	q.SetQuestion(req.Question[0].Name, req.Question[0].Qtype)
+	q.Question[0].Qclass = req.Question[0].Qclass
+	q.CheckingDisabled = r.flags&flagCD != 0
+	q.SetEdns0(ourUDPSize, r.do)
+	return q, nil
+}
+
+// forward answers a name outside the cluster: from the cache, else (when
+// block) from an upstream.
+func (s *Server) forward(ctx context.Context, pkt []byte, r *request, sc *scratch, block bool) ([]byte, bool) {
+	f, c := s.opts.Forwarder, s.opts.Cache
+	if f == nil {
+		return errorReply(sc.resp, r, rcodeRefused), false
+	}
+	if f.isProbe(r.lower) {
+		return errorReply(sc.resp, r, rcodeServFail), false
+	}
+	if r.qtype == typeAXFR || r.qtype == typeIXFR {
+		return errorReply(sc.resp, r, rcodeRefused), false
+	}
+	var e *cacheEntry
+	if c != nil {
+		sc.key = cacheKey(sc.key, r)
+		var fresh bool
+		if e, fresh = c.get(sc.key); fresh {
+			c.hits.Add(1)
+			if s.opts.Metrics != nil {
+				s.opts.Metrics.cacheHits.Inc()
+			}
+			if c.wantsPrefetch(e) {
+				s.prefetch(ctx, pkt, r, sc.key, e)
+			}
+			return c.reply(sc.resp, e, r, false), false
+		}
+	}
+	if !block {
+		return nil, true
+	}
+	if c != nil {
+		c.misses.Add(1)
+		if s.opts.Metrics != nil {
+			s.opts.Metrics.cacheMisses.Inc()
+		}
+	}
+	if !f.acquire() {
+		if s.opts.Metrics != nil {
+			s.opts.Metrics.forwardRefused.Inc()
+		}
+		return errorReply(sc.resp, r, rcodeRefused), false
+	}
+	defer f.release()
+	q, err := upstreamQuery(pkt, r)
+	if err != nil {
+		return errorReply(sc.resp, r, rcodeFormErr), false
+	}
+	m, err := f.Exchange(ctx, q)
+	if err != nil {
+		if e != nil && c.usableStale(e) {
+			if s.opts.Metrics != nil {
+				s.opts.Metrics.cacheStale.Inc()
+			}
+			return c.reply(sc.resp, e, r, true), false
+		}
+		return errorReply(sc.resp, r, rcodeServFail), false
+	}
+	if c != nil {
+		if ne := c.put(sc.key, m); ne != nil {
+			return c.reply(sc.resp, ne, r, false), false
+		}
+	}
+	return msgReply(sc.resp, r, m), false
+}
+
+// prefetch refreshes a popular entry in the background.
+func (s *Server) prefetch(ctx context.Context, pkt []byte, r *request, key []byte, e *cacheEntry) {
+	f := s.opts.Forwarder
+	if !f.acquire() {
+		e.fetching.Store(false)
+		return
+	}
+	q, err := upstreamQuery(pkt, r)
+	if err != nil {
+		f.release()
+		e.fetching.Store(false)
+		return
+	}
+	key = append([]byte(nil), key...)
+	go func() {
+		defer f.release()
+		m, err := f.Exchange(ctx, q)
+		if err != nil || s.opts.Cache.put(key, m) == nil {
+			e.fetching.Store(false)
+			return
+		}
+		if s.opts.Metrics != nil {
+			s.opts.Metrics.cachePrefetch.Inc()
+		}
+	}()
+}
+
+// msgReply packs an upstream answer as the reply to r.
+func msgReply(buf []byte, r *request, m *mdns.Msg) []byte {
+	m.Id = r.id
+	m.RecursionDesired = r.flags&flagRD != 0
+	m.Extra = dropOPT(m.Extra)
+	m.Compress = true
+	out, err := m.PackBuffer(buf[:0:cap(buf)])
+	if err != nil {
+		return errorReply(buf, r, rcodeServFail)
+	}
+	if len(out) >= headerLen+len(r.qname) {
+		copy(out[headerLen:], r.qname)
+	}
+	return withOPT(out, r)
+}
+
+type depthKey struct{}
+
+// externalName answers A/AAAA for an ExternalName Service: the CNAME, then
+// the target's addresses as dnsd itself resolves them (cluster, cache or
+// upstream), as CoreDNS does. When the target cannot be resolved the answer
+// is NODATA.
+func (s *Server) externalName(ctx context.Context, pkt []byte, r *request, n *node, sc *scratch) []byte {
+	depth, _ := ctx.Value(depthKey{}).(int)
+	var req mdns.Msg
+	if err := req.Unpack(pkt); err != nil || len(req.Question) != 1 {
+		return errorReply(sc.resp, r, rcodeFormErr)
+	}
+	zone := s.opts.Zone
+	if depth >= 8 {
+		return zone.negativeFor(sc.resp, r, rcodeSuccess)
+	}
+	q := new(mdns.Msg)
+	q.SetQuestion(n.cname, r.qtype)
+	q.SetEdns0(ourUDPSize, false)
+	qpkt, err := q.Pack()
+	if err != nil {
+		return zone.negativeFor(sc.resp, r, rcodeSuccess)
+	}
+	sub := s.Handle(context.WithValue(ctx, depthKey{}, depth+1), qpkt, true)
+	var sm mdns.Msg
+	if sub == nil || sm.Unpack(sub) != nil || (sm.Rcode != mdns.RcodeSuccess && sm.Rcode != mdns.RcodeNameError) {
+		return zone.negativeFor(sc.resp, r, rcodeSuccess)
+	}
+	m := new(mdns.Msg)
+	m.SetReply(&req)
+	m.Authoritative = true
+	m.Answer = append([]mdns.RR{&mdns.CNAME{
+		Hdr:    mdns.RR_Header{Name: req.Question[0].Name, Rrtype: mdns.TypeCNAME, Class: mdns.ClassINET, Ttl: zone.opts.TTL},
+		Target: n.cname,
+	}}, sm.Answer...)
+	m.Extra = nil
+	m.Compress = true
+	out, err := m.PackBuffer(sc.resp[:0:cap(sc.resp)])
+	if err != nil {
+		return errorReply(sc.resp, r, rcodeServFail)
+	}
+	return withOPT(out, r)
+}

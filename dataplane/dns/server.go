@@ -1,0 +1,355 @@
+package dns
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+
+	mdns "github.com/miekg/dns"
+	"golang.org/x/sys/unix"
+)
+
+// ServerOptions configures a Server.
+type ServerOptions struct {
+	// Listen addresses, "0.0.0.0:53" by default; each gets UDP and TCP.
+	Listen []string
+	Zone   *Zone
+	// Forwarder answers names outside the cluster; nil refuses them.
+	Forwarder *Forwarder
+	// Cache holds forwarded answers; nil disables caching.
+	Cache   *Cache
+	Metrics *Metrics
+	Logger  *slog.Logger
+	// Sockets per UDP listen address (SO_REUSEPORT); GOMAXPROCS by default.
+	Sockets int
+	// TCPIdleTimeout closes idle TCP connections; 10 s by default.
+	TCPIdleTimeout time.Duration
+}
+
+// Server answers DNS over UDP and TCP. Its handler's rcode contract:
+//   - packets shorter than a header, or responses (QR set), are dropped;
+//   - a header followed by anything but one question and at most an OPT
+//     record: FORMERR;
+//   - an opcode other than QUERY: NOTIMP; EDNS version above 0: BADVERS;
+//   - cluster names: see Zone.answer (NOERROR, NODATA, NXDOMAIN, SERVFAIL
+//     before sync, REFUSED for AXFR/IXFR);
+//   - other names: the upstream's answer, a cached one, SERVFAIL when no
+//     upstream answered within the deadline (a stale cached answer if there
+//     is one), REFUSED past the cap on concurrent forwarded queries or when
+//     there is no forwarder.
+type Server struct {
+	opts ServerOptions
+	log  *slog.Logger
+
+	pool sync.Pool // *scratch
+}
+
+// scratch holds the per-query buffers, reused across queries.
+type scratch struct {
+	resp  []byte
+	lower [256]byte
+	key   []byte
+	r     request
+}
+
+// NewServer returns a Server; it listens once Run is called.
+func NewServer(opts ServerOptions) *Server {
+	if len(opts.Listen) == 0 {
+		opts.Listen = []string{"0.0.0.0:53"}
+	}
+	if opts.Sockets <= 0 {
+		opts.Sockets = runtime.GOMAXPROCS(0)
+	}
+	if opts.TCPIdleTimeout <= 0 {
+		opts.TCPIdleTimeout = 10 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{opts: opts, log: opts.Logger}
+	s.pool.New = func() any { return &scratch{resp: make([]byte, 0, 4096), key: make([]byte, 0, 300)} }
+	return s
+}
+
+// Listening carries the bound addresses, for callers that asked for port 0.
+type Listening struct {
+	UDP []netip.AddrPort
+	TCP []netip.AddrPort
+}
+
+// Run listens and serves until ctx ends. ready, if not nil, receives the
+// bound addresses once every socket is open.
+func (s *Server) Run(ctx context.Context, ready chan<- Listening) error {
+	var (
+		udp  []*net.UDPConn
+		tcp  []*net.TCPListener
+		bound Listening
+	)
+	closeAll := func() {
+		for _, c := range udp {
+			c.Close()
+		}
+		for _, l := range tcp {
+			l.Close()
+		}
+	}
+	lc := net.ListenConfig{Control: reusePort}
+	for _, addr := range s.opts.Listen {
+		// The first socket decides the port (it may be 0); the others join it.
+		first, err := lc.ListenPacket(ctx, "udp", addr)
+		if err != nil {
+			closeAll()
+			return fmt.Errorf("listen udp %s: %w", addr, err)
+		}
+		uc := first.(*net.UDPConn)
+		udp = append(udp, uc)
+		port := uc.LocalAddr().(*net.UDPAddr).AddrPort()
+		bound.UDP = append(bound.UDP, port)
+		joined := net.JoinHostPort(port.Addr().String(), fmt.Sprint(port.Port()))
+		if ap, err := netip.ParseAddrPort(addr); err == nil && ap.Addr().IsUnspecified() {
+			joined = net.JoinHostPort(ap.Addr().String(), fmt.Sprint(port.Port()))
+		}
+		for i := 1; i < s.opts.Sockets; i++ {
+			pc, err := lc.ListenPacket(ctx, "udp", joined)
+			if err != nil {
+				closeAll()
+				return fmt.Errorf("listen udp %s: %w", joined, err)
+			}
+			udp = append(udp, pc.(*net.UDPConn))
+		}
+		l, err := lc.Listen(ctx, "tcp", joined)
+		if err != nil {
+			closeAll()
+			return fmt.Errorf("listen tcp %s: %w", joined, err)
+		}
+		tcp = append(tcp, l.(*net.TCPListener))
+		bound.TCP = append(bound.TCP, l.Addr().(*net.TCPAddr).AddrPort())
+	}
+	if ready != nil {
+		ready <- bound
+	}
+	var wg sync.WaitGroup
+	for _, c := range udp {
+		wg.Go(func() { s.serveUDP(ctx, c) })
+	}
+	for _, l := range tcp {
+		wg.Go(func() { s.serveTCP(ctx, l) })
+	}
+	<-ctx.Done()
+	closeAll()
+	wg.Wait()
+	return nil
+}
+
+func reusePort(_, _ string, c syscall.RawConn) error {
+	var serr error
+	err := c.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+	})
+	if err != nil {
+		return err
+	}
+	return serr
+}
+
+func (s *Server) serveUDP(ctx context.Context, c *net.UDPConn) {
+	pkt := make([]byte, 65535)
+	for {
+		n, from, err := c.ReadFromUDPAddrPort(pkt)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		sc := s.pool.Get().(*scratch)
+		resp, async := s.serve(ctx, pkt[:n], sc, false, false)
+		if async {
+			if s.opts.Forwarder != nil && !s.opts.Forwarder.roomFor() {
+				resp = s.refuse(pkt[:n], sc)
+			} else {
+				q := append([]byte(nil), pkt[:n]...)
+				go func() {
+					sc := s.pool.Get().(*scratch)
+					if resp, _ := s.serve(ctx, q, sc, false, true); resp != nil {
+						c.WriteToUDPAddrPort(resp, from)
+					}
+					s.pool.Put(sc)
+				}()
+			}
+		}
+		if resp != nil {
+			c.WriteToUDPAddrPort(resp, from)
+		}
+		s.pool.Put(sc)
+	}
+}
+
+// refuse answers REFUSED to a query the fast path could not serve.
+func (s *Server) refuse(pkt []byte, sc *scratch) []byte {
+	r := &sc.r
+	if err := parseRequest(pkt, sc.lower[:], r); err != nil {
+		return nil
+	}
+	if s.opts.Metrics != nil {
+		s.opts.Metrics.forwardRefused.Inc()
+	}
+	return errorReply(sc.resp, r, rcodeRefused)
+}
+
+func (s *Server) serveTCP(ctx context.Context, l *net.TCPListener) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, err := l.AcceptTCP()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			time.Sleep(10 * time.Millisecond) // e.g. EMFILE: don't spin
+			continue
+		}
+		wg.Go(func() { s.serveConn(ctx, c) })
+	}
+}
+
+// serveConn answers the queries of one TCP connection, in order.
+func (s *Server) serveConn(ctx context.Context, c *net.TCPConn) {
+	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
+	var lenBuf [2]byte
+	pkt := make([]byte, 65535)
+	for {
+		c.SetReadDeadline(time.Now().Add(s.opts.TCPIdleTimeout))
+		if _, err := io.ReadFull(c, lenBuf[:]); err != nil {
+			return
+		}
+		n := int(binary.BigEndian.Uint16(lenBuf[:]))
+		if _, err := io.ReadFull(c, pkt[:n]); err != nil {
+			return
+		}
+		sc := s.pool.Get().(*scratch)
+		resp, _ := s.serve(ctx, pkt[:n], sc, true, true)
+		if resp == nil {
+			s.pool.Put(sc)
+			return
+		}
+		out := make([]byte, 2+len(resp))
+		binary.BigEndian.PutUint16(out, uint16(len(resp)))
+		copy(out[2:], resp)
+		s.pool.Put(sc)
+		c.SetWriteDeadline(time.Now().Add(s.opts.TCPIdleTimeout))
+		if _, err := c.Write(out); err != nil {
+			return
+		}
+	}
+}
+
+// Handle answers one query packet as if it came over UDP (tcp false) or TCP,
+// blocking for upstreams if needed. It returns nil for packets that get no
+// answer. Tests and the fuzzer use it; the listeners use serve.
+func (s *Server) Handle(ctx context.Context, pkt []byte, tcp bool) []byte {
+	sc := s.pool.Get().(*scratch)
+	defer s.pool.Put(sc)
+	resp, _ := s.serve(ctx, pkt, sc, tcp, true)
+	if resp == nil {
+		return nil
+	}
+	return append([]byte(nil), resp...)
+}
+
+// serve answers pkt into sc.resp. With block false it never waits: a query
+// that needs an upstream returns async true and the caller retries it with
+// block true on another goroutine.
+func (s *Server) serve(ctx context.Context, pkt []byte, sc *scratch, tcp, block bool) (resp []byte, async bool) {
+	start := time.Now()
+	r := &sc.r
+	err := parseRequest(pkt, sc.lower[:], r)
+	switch {
+	case errors.Is(err, errMalformed):
+		return nil, false
+	case err != nil:
+		resp = headerOnlyReply(sc.resp, pkt, rcodeFormErr)
+		s.observe(0, resp, start)
+		return resp, false
+	}
+	switch {
+	case r.opcode() != 0:
+		resp = errorReply(sc.resp, r, rcodeNotImp)
+	case r.edns && r.ednsVer != 0:
+		resp = errorReply(sc.resp, r, rcodeBadVers)
+	case s.opts.Forwarder != nil && s.opts.Forwarder.isProbe(r.lower):
+		resp = errorReply(sc.resp, r, rcodeServFail)
+	default:
+		var n *node
+		var res zoneResult
+		resp, n, res = s.opts.Zone.answer(sc.resp, r)
+		switch res {
+		case needsCNAME:
+			if !block {
+				return nil, true
+			}
+			resp = s.externalName(ctx, pkt, r, n, sc)
+		case notOurs:
+			resp, async = s.forward(ctx, pkt, r, sc, block)
+			if async {
+				return nil, true
+			}
+		}
+	}
+	if resp == nil {
+		return nil, false
+	}
+	if !tcp {
+		resp = truncate(resp, r)
+	}
+	sc.resp = resp[:0]
+	s.observe(r.qtype, resp, start)
+	return resp, false
+}
+
+func (s *Server) observe(qtype uint16, resp []byte, start time.Time) {
+	if s.opts.Metrics != nil {
+		s.opts.Metrics.observe(qtype, resp, start)
+	}
+}
+
+// udpLimit is the largest UDP response the client accepts.
+func (r *request) udpLimit() int {
+	if r.edns {
+		return int(min(r.udpSize, 4096))
+	}
+	return minUDPSize
+}
+
+// truncate makes resp fit the client's UDP limit: whole records are dropped
+// from the end and TC is set when answers were lost (RFC 2181 9), so a
+// client without EDNS0 gets a correct 512-byte answer and retries over TCP.
+func truncate(resp []byte, r *request) []byte {
+	limit := r.udpLimit()
+	if len(resp) <= limit {
+		return resp
+	}
+	var m mdns.Msg
+	if err := m.Unpack(resp); err != nil {
+		out := errorReply(resp[:0], r, rcodeServFail)
+		return out
+	}
+	m.Compress = true
+	m.Truncate(limit)
+	out, err := m.Pack()
+	if err != nil {
+		return errorReply(resp[:0], r, rcodeServFail)
+	}
+	return out
+}

@@ -1,0 +1,773 @@
+// Package dns is podnet's cluster DNS: an authoritative answerer for the
+// cluster zone and the reverse zones (Kubernetes DNS specification 1.1.0, with
+// CoreDNS's kubernetes plugin as the reference for every corner the
+// specification leaves open), a forwarder with a cache for everything else,
+// and the UDP/TCP server in front of both.
+//
+// Speed comes from never touching cluster objects on the query path: the Zone
+// keeps, per lowercased wire-format name, the answer records already encoded
+// on the wire with the owner written as a compression pointer to the question.
+// Answering is a map lookup and a few appends. The index is an immutable
+// snapshot behind an atomic pointer; Store events mark Services (and Pods)
+// dirty, and a flush recomputes only those and publishes a new snapshot.
+package dns
+
+import (
+	"encoding/binary"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+)
+
+// PodMode is how `a-b-c-d.<ns>.pod.<zone>` names are answered.
+type PodMode int
+
+const (
+	// PodsInsecure answers any well-formed pod name with the address it
+	// spells, as kubeadm's CoreDNS configuration does.
+	PodsInsecure PodMode = iota
+	// PodsVerified answers only when a Pod with that address exists in that
+	// namespace.
+	PodsVerified
+	// PodsDisabled answers NXDOMAIN for every pod name.
+	PodsDisabled
+)
+
+// ParsePodMode reads the --pods flag value.
+func ParsePodMode(s string) (PodMode, error) {
+	switch s {
+	case "insecure":
+		return PodsInsecure, nil
+	case "verified":
+		return PodsVerified, nil
+	case "disabled":
+		return PodsDisabled, nil
+	}
+	return 0, fmt.Errorf("pods mode %q: want insecure, verified or disabled", s)
+}
+
+// ZoneOptions configures the cluster zone.
+type ZoneOptions struct {
+	// Domain is the cluster domain, "cluster.local" by default.
+	Domain string
+	// TTL of every cluster record and of the SOA minimum; 5 s by default.
+	TTL uint32
+	Pods PodMode
+	// ShortNames answers "<svc>.<ns>." and "<svc>.<ns>.svc." for Services
+	// that exist.
+	ShortNames bool
+	// DNSService is the Service whose ClusterIPs answer ns.dns.<zone> (and
+	// the apex NS glue); kube-system/kube-dns by default.
+	DNSService cluster.Key
+}
+
+func (o *ZoneOptions) setDefaults() {
+	if o.Domain == "" {
+		o.Domain = "cluster.local"
+	}
+	if o.TTL == 0 {
+		o.TTL = 5
+	}
+	if o.DNSService == (cluster.Key{}) {
+		o.DNSService = cluster.Key{Namespace: "kube-system", Name: "kube-dns"}
+	}
+}
+
+// rrset is a run of encoded records of one section, ready to append.
+type rrset struct {
+	an []byte
+	n  uint16
+	ex []byte // additional records (SRV targets' addresses)
+	nx uint16
+}
+
+// node is everything a name owns.
+type node struct {
+	a, aaaa, srv, txt rrset
+	// cname is an ExternalName target; answers for it take the slow path.
+	cname string
+}
+
+// snapshot is one immutable version of the index.
+type snapshot struct {
+	zone       []byte // lowercase wire name
+	zoneLabels int
+	ttl        uint32
+	serial     uint32
+	synced     bool
+	pods       PodMode
+	names      map[string]*node
+	ptr        map[netip.Addr]*rrset
+	namespaces map[string]struct{}
+	podIPs     map[string]map[netip.Addr]struct{} // verified mode: namespace → pod addresses
+	nsAddrs    []netip.Addr                       // ns.dns.<zone>
+}
+
+// Zone answers the cluster zone from an index kept in step with a Store.
+type Zone struct {
+	opts  ZoneOptions
+	store *cluster.Store
+	snap  atomic.Pointer[snapshot]
+
+	mu      sync.Mutex // guards pending
+	pending pending
+	kick    chan struct{}
+
+	flushMu sync.Mutex // serialises flushes; guards b
+	b       builder
+}
+
+type pending struct {
+	all        bool
+	services   map[cluster.Key]struct{}
+	pods       map[cluster.Key]struct{}
+	namespaces bool
+}
+
+// NewZone returns a Zone reading store. It subscribes to the store but starts
+// nothing; Run keeps the index current (tests may call Flush instead).
+func NewZone(store *cluster.Store, opts ZoneOptions) *Zone {
+	opts.setDefaults()
+	z := &Zone{opts: opts, store: store, kick: make(chan struct{}, 1)}
+	z.pending.all = true
+	z.snap.Store(z.emptySnapshot())
+	store.Subscribe(z.onEvent)
+	return z
+}
+
+// Options returns the zone's options with defaults filled in.
+func (z *Zone) Options() ZoneOptions { return z.opts }
+
+func (z *Zone) emptySnapshot() *snapshot {
+	zw := wireName(z.opts.Domain)
+	return &snapshot{
+		zone:       zw,
+		zoneLabels: strings.Count(strings.Trim(z.opts.Domain, "."), ".") + 1,
+		ttl:        z.opts.TTL,
+		pods:       z.opts.Pods,
+		names:      map[string]*node{},
+		ptr:        map[netip.Addr]*rrset{},
+		namespaces: map[string]struct{}{},
+	}
+}
+
+func (z *Zone) onEvent(ev cluster.Event) {
+	z.mu.Lock()
+	p := &z.pending
+	if p.services == nil {
+		p.services = map[cluster.Key]struct{}{}
+		p.pods = map[cluster.Key]struct{}{}
+	}
+	switch ev.Kind {
+	case cluster.KindService:
+		p.services[ev.Key] = struct{}{}
+	case cluster.KindEndpointSlice:
+		for _, o := range []cluster.Object{ev.Old, ev.New} {
+			if s, ok := o.(*cluster.EndpointSlice); ok {
+				p.services[s.ServiceKey()] = struct{}{}
+			}
+		}
+	case cluster.KindNamespace:
+		p.namespaces = true
+	case cluster.KindPod:
+		p.pods[ev.Key] = struct{}{}
+		for _, o := range []cluster.Object{ev.Old, ev.New} {
+			if pod, ok := o.(*cluster.Pod); ok && pod.Subdomain != "" {
+				p.services[cluster.Key{Namespace: pod.Namespace, Name: pod.Subdomain}] = struct{}{}
+			}
+		}
+	}
+	z.mu.Unlock()
+	select {
+	case z.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run applies store changes to the index until ctx ends. Changes arriving
+// within a few milliseconds of each other are applied together.
+func (z *Zone) Run(done <-chan struct{}) {
+	synced := z.store.Synced()
+	for {
+		select {
+		case <-done:
+			return
+		case <-synced:
+			synced = nil
+			z.Flush()
+		case <-z.kick:
+			time.Sleep(5 * time.Millisecond)
+			z.Flush()
+		}
+	}
+}
+
+// Flush applies every pending store change to the index now.
+func (z *Zone) Flush() {
+	z.flushMu.Lock()
+	defer z.flushMu.Unlock()
+	z.mu.Lock()
+	p := z.pending
+	z.pending = pending{}
+	z.mu.Unlock()
+
+	old := z.snap.Load()
+	synced := false
+	select {
+	case <-z.store.Synced():
+		synced = true
+	default:
+	}
+	if !p.all && len(p.services) == 0 && len(p.pods) == 0 && !p.namespaces && synced == old.synced {
+		return
+	}
+	s := *old
+	s.synced = synced
+	changed := z.b.apply(z, &s, p)
+	if changed {
+		s.serial = uint32(time.Now().Unix())
+	}
+	z.snap.Store(&s)
+}
+
+// builder holds what the index needs to undo a Service's or Pod's previous
+// contribution. Only Flush touches it.
+type builder struct {
+	svcNames   map[cluster.Key][]string
+	svcPTR     map[cluster.Key][]netip.Addr
+	ptrOwners  map[netip.Addr][]ptrOwner
+	nsRefs     map[string]int // namespace → Services and Pods in it
+	nsObjects  map[string]bool
+	podIPs     map[cluster.Key][]netip.Addr
+	podHosts   map[cluster.Key][2]string // hostname, subdomain
+	dnsService []netip.Addr
+}
+
+type ptrOwner struct {
+	svc       cluster.Key
+	clusterIP bool
+	target    []byte
+}
+
+// apply recomputes the dirty parts of s (a copy of the previous snapshot
+// whose maps are still shared) and reports whether any record changed.
+func (b *builder) apply(z *Zone, s *snapshot, p pending) bool {
+	store := z.store
+	if p.all || b.svcNames == nil {
+		*b = builder{
+			svcNames: map[cluster.Key][]string{}, svcPTR: map[cluster.Key][]netip.Addr{},
+			ptrOwners: map[netip.Addr][]ptrOwner{}, nsRefs: map[string]int{}, nsObjects: map[string]bool{},
+			podIPs: map[cluster.Key][]netip.Addr{}, podHosts: map[cluster.Key][2]string{},
+		}
+		s.names = map[string]*node{}
+		s.ptr = map[netip.Addr]*rrset{}
+		s.namespaces = map[string]struct{}{}
+		s.podIPs = map[string]map[netip.Addr]struct{}{}
+		p.services = map[cluster.Key]struct{}{}
+		p.pods = map[cluster.Key]struct{}{}
+		for _, svc := range store.Services() {
+			p.services[svc.Key()] = struct{}{}
+		}
+		for _, pod := range store.Pods() {
+			p.pods[pod.Key()] = struct{}{}
+		}
+		p.namespaces = true
+		z.addFixedNames(s)
+	} else {
+		s.names = maps.Clone(s.names)
+		s.ptr = maps.Clone(s.ptr)
+	}
+	changed := p.all
+	dirtyPTR := map[netip.Addr]struct{}{}
+
+	// Pods first: their hostnames feed the Services' endpoint names.
+	if len(p.pods) > 0 {
+		if s.pods == PodsVerified {
+			s.podIPs = maps.Clone(s.podIPs)
+		}
+		for key := range p.pods {
+			changed = true
+			if _, had := b.podHosts[key]; had {
+				b.nsRefs[key.Namespace]--
+			}
+			if s.pods == PodsVerified {
+				b.setPodIPs(s, key, nil)
+			}
+			delete(b.podHosts, key)
+			pod, _ := store.Get(cluster.KindPod, key).(*cluster.Pod)
+			if pod == nil {
+				continue
+			}
+			b.nsRefs[key.Namespace]++
+			b.podHosts[key] = [2]string{strings.ToLower(pod.Hostname), strings.ToLower(pod.Subdomain)}
+			if s.pods == PodsVerified {
+				b.setPodIPs(s, key, pod.IPs)
+			}
+		}
+	}
+
+	for key := range p.services {
+		changed = true
+		for _, n := range b.svcNames[key] {
+			delete(s.names, n)
+		}
+		if _, had := b.svcNames[key]; had {
+			b.nsRefs[key.Namespace]--
+		}
+		delete(b.svcNames, key)
+		for _, a := range b.svcPTR[key] {
+			b.ptrOwners[a] = slices.DeleteFunc(b.ptrOwners[a], func(o ptrOwner) bool { return o.svc == key })
+			if len(b.ptrOwners[a]) == 0 {
+				delete(b.ptrOwners, a)
+			}
+			dirtyPTR[a] = struct{}{}
+		}
+		delete(b.svcPTR, key)
+		if key == z.opts.DNSService {
+			b.dnsService = nil
+		}
+
+		svc := store.Service(key)
+		if svc == nil {
+			continue
+		}
+		b.nsRefs[key.Namespace]++
+		if key == z.opts.DNSService {
+			b.dnsService = slices.Clone(svc.ClusterIPs)
+		}
+		recs := serviceRecords(svc, store.EndpointSlicesFor(key), b.podHostname, s.zone, s.ttl)
+		names := make([]string, 0, len(recs.names))
+		for _, nn := range recs.names {
+			s.names[nn.name] = nn.node
+			names = append(names, nn.name)
+		}
+		if z.opts.ShortNames && recs.base != nil {
+			for _, short := range []string{
+				string(wireName(svc.Name + "." + svc.Namespace)),
+				string(wireName(svc.Name + "." + svc.Namespace + ".svc")),
+			} {
+				s.names[short] = recs.base
+				names = append(names, short)
+			}
+		}
+		b.svcNames[key] = names
+		var addrs []netip.Addr
+		for _, po := range recs.ptrs {
+			po.owner.svc = key
+			b.ptrOwners[po.addr] = append(b.ptrOwners[po.addr], po.owner)
+			addrs = append(addrs, po.addr)
+			dirtyPTR[po.addr] = struct{}{}
+		}
+		b.svcPTR[key] = addrs
+	}
+	for a := range dirtyPTR {
+		if set := ptrRecords(b.ptrOwners[a], s.ttl); set != nil {
+			s.ptr[a] = set
+		} else {
+			delete(s.ptr, a)
+		}
+	}
+
+	if p.namespaces {
+		changed = true
+		b.nsObjects = map[string]bool{}
+		for _, ns := range store.Namespaces() {
+			b.nsObjects[strings.ToLower(ns.Name)] = true
+		}
+	}
+	// Namespace existence follows Namespace objects, and also Services and
+	// Pods in a namespace: a state directory need not list Namespaces.
+	nss := map[string]struct{}{}
+	for ns := range b.nsObjects {
+		nss[ns] = struct{}{}
+	}
+	for ns, n := range b.nsRefs {
+		if n > 0 {
+			nss[strings.ToLower(ns)] = struct{}{}
+		} else {
+			delete(b.nsRefs, ns)
+		}
+	}
+	if !maps.Equal(nss, s.namespaces) {
+		for ns := range s.namespaces {
+			delete(s.names, string(joinWire(wireName(ns+".svc"), s.zone)))
+			delete(s.names, string(joinWire(wireName(ns+".pod"), s.zone)))
+		}
+		for ns := range nss {
+			s.names[string(joinWire(wireName(ns+".svc"), s.zone))] = &node{}
+			s.names[string(joinWire(wireName(ns+".pod"), s.zone))] = &node{}
+		}
+		s.namespaces = nss
+	}
+	if !slices.Equal(s.nsAddrs, b.dnsService) {
+		s.nsAddrs = b.dnsService
+		n := &node{}
+		n.a, n.aaaa = addressSets(s.nsAddrs, s.ttl)
+		s.names[string(joinWire(wireName("ns.dns"), s.zone))] = n
+	}
+	return changed
+}
+
+func (b *builder) podHostname(ns, pod, svc string) string {
+	h := b.podHosts[cluster.Key{Namespace: ns, Name: pod}]
+	if h[0] != "" && h[1] == strings.ToLower(svc) {
+		return h[0]
+	}
+	return ""
+}
+
+func (b *builder) setPodIPs(s *snapshot, key cluster.Key, ips []netip.Addr) {
+	ns := strings.ToLower(key.Namespace)
+	for _, a := range b.podIPs[key] {
+		if m := s.podIPs[ns]; m != nil {
+			m = maps.Clone(m)
+			delete(m, a)
+			if len(m) == 0 {
+				delete(s.podIPs, ns)
+			} else {
+				s.podIPs[ns] = m
+			}
+		}
+	}
+	delete(b.podIPs, key)
+	if len(ips) == 0 {
+		return
+	}
+	b.podIPs[key] = slices.Clone(ips)
+	m := maps.Clone(s.podIPs[ns])
+	if m == nil {
+		m = map[netip.Addr]struct{}{}
+	}
+	for _, a := range ips {
+		m[a.Unmap()] = struct{}{}
+	}
+	s.podIPs[ns] = m
+}
+
+// addFixedNames adds the names that exist whatever the cluster holds: the
+// apex, the svc and pod subtrees, dns-version and the ns.dns subtree.
+func (z *Zone) addFixedNames(s *snapshot) {
+	s.names[string(s.zone)] = &node{}
+	for _, sub := range []string{"svc", "pod", "dns"} {
+		s.names[string(joinWire(wireName(sub), s.zone))] = &node{}
+	}
+	s.names[string(joinWire(wireName("ns.dns"), s.zone))] = &node{}
+	v := &node{}
+	v.txt = rrset{an: appendRR(nil, ptrTo(headerLen), typeTXT, 28800, []byte("\x051.1.0")), n: 1}
+	s.names[string(joinWire(wireName("dns-version"), s.zone))] = v
+	s.nsAddrs = nil
+}
+
+// joinWire concatenates a relative wire name (ending in the root label) and
+// a zone.
+func joinWire(rel, zone []byte) []byte {
+	out := make([]byte, 0, len(rel)+len(zone))
+	out = append(out, rel[:len(rel)-1]...)
+	return append(out, zone...)
+}
+
+type namedNode struct {
+	name string
+	node *node
+}
+
+type ptrRecord struct {
+	addr  netip.Addr
+	owner ptrOwner
+}
+
+type svcRecords struct {
+	base  *node // the Service's own name, nil when it has no records
+	names []namedNode
+	ptrs  []ptrRecord
+}
+
+// srvEntry is one (address, port) pair behind a name. Port -1 stands for an
+// EndpointSlice without ports: it counts for SRV weights but gives no SRV.
+type srvEntry struct {
+	addr   netip.Addr
+	port   int32
+	target []byte
+}
+
+// endpointHostname is the label an endpoint address is known by: its
+// hostname, else its address with dots or colons turned into dashes.
+func endpointHostname(hostname string, a netip.Addr) string {
+	if hostname != "" {
+		return strings.ToLower(hostname)
+	}
+	s := a.String()
+	if a.Is4() {
+		return strings.ReplaceAll(s, ".", "-")
+	}
+	s = strings.ReplaceAll(s, ":", "-")
+	if strings.HasSuffix(s, "-") {
+		s += "0"
+	}
+	return s
+}
+
+func protoLabel(p cluster.Protocol) string {
+	if p == "" {
+		p = cluster.TCP
+	}
+	return "_" + strings.ToLower(string(p))
+}
+
+// serviceRecords computes every name one Service owns. It is pure: the same
+// Service, slices and pod hostnames give the same records.
+func serviceRecords(svc *cluster.Service, eps []*cluster.EndpointSlice, podHost func(ns, pod, svc string) string, zone []byte, ttl uint32) svcRecords {
+	var out svcRecords
+	svcName := joinWire(wireName(svc.Name+"."+svc.Namespace+".svc"), zone)
+	if svc.Type == cluster.ServiceTypeExternalName {
+		target := strings.TrimSuffix(svc.ExternalName, ".")
+		if _, err := netip.ParseAddr(target); err == nil || target == "" {
+			return out // an address is not a CNAME target; the name does not exist
+		}
+		out.base = &node{cname: target + "."}
+		out.names = append(out.names, namedNode{string(svcName), out.base})
+		return out
+	}
+
+	// Ready endpoint addresses, each with the ports of its slice.
+	type epAddr struct {
+		addr  netip.Addr
+		host  []byte // wire name <host>.<svc>.<ns>.svc.<zone>
+		ports []cluster.EndpointPort
+	}
+	var eas []epAddr
+	for _, sl := range eps {
+		if sl.AddressType != "IPv4" && sl.AddressType != "IPv6" && sl.AddressType != "" {
+			continue
+		}
+		for _, ep := range sl.Endpoints {
+			if !ep.Ready && !svc.PublishNotReadyAddresses {
+				continue
+			}
+			hostname := ep.Hostname
+			if hostname == "" && ep.TargetPod != "" && svc.Headless {
+				hostname = podHost(svc.Namespace, ep.TargetPod, svc.Name)
+			}
+			for _, a := range ep.Addresses {
+				a = a.Unmap()
+				h := endpointHostname(hostname, a)
+				eas = append(eas, epAddr{addr: a, host: joinWire(wireName(h), svcName), ports: sl.Ports})
+			}
+		}
+	}
+	entriesOf := func(e epAddr, match func(cluster.EndpointPort) bool) []srvEntry {
+		if len(e.ports) == 0 {
+			if match == nil {
+				return []srvEntry{{addr: e.addr, port: -1, target: e.host}}
+			}
+			return nil
+		}
+		var es []srvEntry
+		for _, p := range e.ports {
+			if match == nil || match(p) {
+				es = append(es, srvEntry{addr: e.addr, port: int32(p.Port), target: e.host})
+			}
+		}
+		return es
+	}
+
+	// Endpoint names exist for every Service with endpoints, headless or not.
+	byHost := map[string][]srvEntry{}
+	var hostOrder []string
+	for _, e := range eas {
+		k := string(e.host)
+		if _, ok := byHost[k]; !ok {
+			hostOrder = append(hostOrder, k)
+		}
+		byHost[k] = append(byHost[k], entriesOf(e, nil)...)
+		out.ptrs = append(out.ptrs, ptrRecord{addr: e.addr, owner: ptrOwner{target: e.host}})
+	}
+	for _, h := range hostOrder {
+		out.names = append(out.names, namedNode{h, entryNode(byHost[h], ttl)})
+	}
+
+	if svc.Headless {
+		var all []srvEntry
+		for _, e := range eas {
+			all = append(all, entriesOf(e, nil)...)
+		}
+		if len(all) == 0 {
+			return out // no ready endpoints: NXDOMAIN, as CoreDNS
+		}
+		out.base = entryNode(all, ttl)
+		out.names = append(out.names, namedNode{string(svcName), out.base})
+		// _port._proto names, one per named port of any slice.
+		seen := map[string]bool{}
+		for _, e := range eas {
+			for _, p := range e.ports {
+				if p.Name == "" {
+					continue
+				}
+				rel := "_" + strings.ToLower(p.Name) + "." + protoLabel(p.Protocol)
+				if seen[rel] {
+					continue
+				}
+				seen[rel] = true
+				var es []srvEntry
+				for _, e2 := range eas {
+					es = append(es, entriesOf(e2, func(q cluster.EndpointPort) bool {
+						return strings.EqualFold(q.Name, p.Name) && protoLabel(q.Protocol) == protoLabel(p.Protocol)
+					})...)
+				}
+				out.names = append(out.names, namedNode{string(joinWire(wireName(rel), svcName)), entryNode(es, ttl)})
+			}
+		}
+		return out
+	}
+
+	// ClusterIP (also NodePort and LoadBalancer): the virtual IPs. A Service
+	// without ports has no name, as in CoreDNS.
+	if len(svc.Ports) == 0 || len(svc.ClusterIPs) == 0 {
+		return out
+	}
+	entries := func(match func(cluster.ServicePort) bool) []srvEntry {
+		var es []srvEntry
+		for _, p := range svc.Ports {
+			if match != nil && !match(p) {
+				continue
+			}
+			for _, ip := range svc.ClusterIPs {
+				es = append(es, srvEntry{addr: ip.Unmap(), port: int32(p.Port), target: svcName})
+			}
+		}
+		return es
+	}
+	out.base = entryNode(entries(nil), ttl)
+	out.names = append(out.names, namedNode{string(svcName), out.base})
+	for _, p := range svc.Ports {
+		if p.Name == "" {
+			continue
+		}
+		rel := "_" + strings.ToLower(p.Name) + "." + protoLabel(p.Protocol)
+		es := entries(func(q cluster.ServicePort) bool {
+			return strings.EqualFold(q.Name, p.Name) && protoLabel(q.Protocol) == protoLabel(p.Protocol)
+		})
+		out.names = append(out.names, namedNode{string(joinWire(wireName(rel), svcName)), entryNode(es, ttl)})
+	}
+	for _, ip := range svc.ClusterIPs {
+		out.ptrs = append(out.ptrs, ptrRecord{addr: ip.Unmap(), owner: ptrOwner{clusterIP: true, target: svcName}})
+	}
+	return out
+}
+
+// entryNode encodes the A, AAAA and SRV answers of a set of entries. SRV
+// weights follow CoreDNS: 100 split evenly over all entries (at least 1).
+func entryNode(es []srvEntry, ttl uint32) *node {
+	n := &node{}
+	addrs := make([]netip.Addr, 0, len(es))
+	for _, e := range es {
+		addrs = append(addrs, e.addr)
+	}
+	n.a, n.aaaa = addressSets(addrs, ttl)
+	if len(es) == 0 {
+		return n
+	}
+	weight := uint16(max(100/len(es), 1))
+	type srvKey struct {
+		target string
+		port   int32
+	}
+	type exKey struct {
+		target string
+		addr   netip.Addr
+	}
+	seenSRV := map[srvKey]bool{}
+	seenEx := map[exKey]bool{}
+	for _, e := range es {
+		if e.port < 0 {
+			continue
+		}
+		if k := (srvKey{string(e.target), e.port}); !seenSRV[k] {
+			seenSRV[k] = true
+			rd := binary.BigEndian.AppendUint16(nil, 0)
+			rd = binary.BigEndian.AppendUint16(rd, weight)
+			rd = binary.BigEndian.AppendUint16(rd, uint16(e.port))
+			rd = append(rd, e.target...)
+			n.srv.an = appendRR(n.srv.an, ptrTo(headerLen), typeSRV, ttl, rd)
+			n.srv.n++
+		}
+		if k := (exKey{string(e.target), e.addr}); !seenEx[k] {
+			seenEx[k] = true
+			n.srv.ex = appendAddrRR(n.srv.ex, e.target, e.addr, ttl)
+			n.srv.nx++
+		}
+	}
+	return n
+}
+
+// addressSets encodes A and AAAA answers (owner: the question), without
+// duplicates, in the given order.
+func addressSets(addrs []netip.Addr, ttl uint32) (a, aaaa rrset) {
+	seen := make(map[netip.Addr]bool, len(addrs))
+	for _, ad := range addrs {
+		if seen[ad] {
+			continue
+		}
+		seen[ad] = true
+		if ad.Is4() {
+			a.an = appendAddrRR(a.an, ptrTo(headerLen), ad, ttl)
+			a.n++
+		} else {
+			aaaa.an = appendAddrRR(aaaa.an, ptrTo(headerLen), ad, ttl)
+			aaaa.n++
+		}
+	}
+	return a, aaaa
+}
+
+func appendAddrRR(buf, owner []byte, a netip.Addr, ttl uint32) []byte {
+	if a.Is4() {
+		b := a.As4()
+		return appendRR(buf, owner, typeA, ttl, b[:])
+	}
+	b := a.As16()
+	return appendRR(buf, owner, typeAAAA, ttl, b[:])
+}
+
+// ptrRecords encodes the PTR answer for one address: the Service whose
+// ClusterIP it is, else every endpoint name it has (CoreDNS's order of
+// preference).
+func ptrRecords(owners []ptrOwner, ttl uint32) *rrset {
+	if len(owners) == 0 {
+		return nil
+	}
+	sorted := slices.Clone(owners)
+	slices.SortStableFunc(sorted, func(a, b ptrOwner) int {
+		if a.clusterIP != b.clusterIP {
+			if a.clusterIP {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.svc.String(), b.svc.String())
+	})
+	set := &rrset{}
+	seen := map[string]bool{}
+	for _, o := range sorted {
+		if sorted[0].clusterIP && !o.clusterIP {
+			break
+		}
+		if seen[string(o.target)] {
+			continue
+		}
+		seen[string(o.target)] = true
+		set.an = appendRR(set.an, ptrTo(headerLen), typePTR, ttl, o.target)
+		set.n++
+		if o.clusterIP {
+			break
+		}
+	}
+	return set
+}
