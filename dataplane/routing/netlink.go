@@ -1,0 +1,335 @@
+package routing
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"syscall"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// NetlinkKernel is the real Kernel, over one netlink handle (which names
+// the network namespace it works in).
+type NetlinkKernel struct {
+	h *netlink.Handle
+}
+
+// NewNetlinkKernel returns a Kernel working through h.
+func NewNetlinkKernel(h *netlink.Handle) *NetlinkKernel { return &NetlinkKernel{h: h} }
+
+func (k *NetlinkKernel) linkByName(name string) (netlink.Link, error) {
+	l, err := k.h.LinkByName(name)
+	var nf netlink.LinkNotFoundError
+	if errors.As(err, &nf) {
+		return nil, nil
+	}
+	return l, err
+}
+
+func (k *NetlinkKernel) VXLAN(name string) (*VXLANDevice, error) {
+	l, err := k.linkByName(name)
+	if err != nil || l == nil {
+		return nil, err
+	}
+	a := l.Attrs()
+	d := &VXLANDevice{Name: name, MAC: a.HardwareAddr, MTU: a.MTU, Up: a.Flags&net.FlagUp != 0}
+	if v, ok := l.(*netlink.Vxlan); ok {
+		d.VNI, d.Port, d.Learning = v.VxlanId, v.Port, v.Learning
+		if ip, ok := netip.AddrFromSlice(v.SrcAddr); ok {
+			d.Local = ip.Unmap()
+		}
+		if v.VtepDevIndex != 0 {
+			if p, err := k.h.LinkByIndex(v.VtepDevIndex); err == nil {
+				d.Parent = p.Attrs().Name
+			}
+		}
+	}
+	addrs, err := k.h.AddrList(l, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, fmt.Errorf("list addresses of %s: %w", name, err)
+	}
+	if len(addrs) > 0 {
+		ip, _ := netip.AddrFromSlice(addrs[0].IP)
+		ones, _ := addrs[0].Mask.Size()
+		d.Addr = netip.PrefixFrom(ip.Unmap(), ones)
+	}
+	return d, nil
+}
+
+func (k *NetlinkKernel) CreateVXLAN(d VXLANDevice) error {
+	parent, err := k.h.LinkByName(d.Parent)
+	if err != nil {
+		return fmt.Errorf("find parent %s: %w", d.Parent, err)
+	}
+	v := &netlink.Vxlan{
+		LinkAttrs:    netlink.LinkAttrs{Name: d.Name, MTU: d.MTU, HardwareAddr: d.MAC},
+		VxlanId:      d.VNI,
+		VtepDevIndex: parent.Attrs().Index,
+		SrcAddr:      d.Local.AsSlice(),
+		Port:         d.Port,
+		Learning:     d.Learning,
+	}
+	if err := k.h.LinkAdd(v); err != nil {
+		return err
+	}
+	return k.UpdateVXLAN(d)
+}
+
+func (k *NetlinkKernel) UpdateVXLAN(d VXLANDevice) error {
+	l, err := k.h.LinkByName(d.Name)
+	if err != nil {
+		return err
+	}
+	a := l.Attrs()
+	if a.MTU != d.MTU {
+		if err := k.h.LinkSetMTU(l, d.MTU); err != nil {
+			return fmt.Errorf("set mtu: %w", err)
+		}
+	}
+	if !bytes.Equal(a.HardwareAddr, d.MAC) {
+		if err := k.h.LinkSetHardwareAddr(l, d.MAC); err != nil {
+			return fmt.Errorf("set mac: %w", err)
+		}
+	}
+	addrs, err := k.h.AddrList(l, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("list addresses: %w", err)
+	}
+	found := false
+	for _, ad := range addrs {
+		ip, _ := netip.AddrFromSlice(ad.IP)
+		ones, _ := ad.Mask.Size()
+		if d.Addr.IsValid() && netip.PrefixFrom(ip.Unmap(), ones) == d.Addr {
+			found = true
+			continue
+		}
+		if err := k.h.AddrDel(l, &ad); err != nil {
+			return fmt.Errorf("delete address %s: %w", ad.IPNet, err)
+		}
+	}
+	if d.Addr.IsValid() && !found {
+		ipn := &net.IPNet{IP: d.Addr.Addr().AsSlice(), Mask: net.CIDRMask(d.Addr.Bits(), 32)}
+		if err := k.h.AddrAdd(l, &netlink.Addr{IPNet: ipn}); err != nil {
+			return fmt.Errorf("add address %s: %w", d.Addr, err)
+		}
+	}
+	if d.Up {
+		return k.h.LinkSetUp(l)
+	}
+	return k.h.LinkSetDown(l)
+}
+
+func (k *NetlinkKernel) DeleteLink(name string) error {
+	l, err := k.h.LinkByName(name)
+	if err != nil {
+		return err
+	}
+	return k.h.LinkDel(l)
+}
+
+func (k *NetlinkKernel) Routes() ([]Route, error) {
+	rs, err := k.h.RouteListFiltered(netlink.FAMILY_V4,
+		&netlink.Route{Table: unix.RT_TABLE_MAIN, Protocol: Protocol},
+		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
+	if err != nil {
+		return nil, err
+	}
+	var out []Route
+	for _, r := range rs {
+		if r.Dst == nil {
+			continue
+		}
+		dst, _ := netip.AddrFromSlice(r.Dst.IP)
+		ones, _ := r.Dst.Mask.Size()
+		gw, _ := netip.AddrFromSlice(r.Gw)
+		rt := Route{Dst: netip.PrefixFrom(dst.Unmap(), ones), Gw: gw.Unmap(), Onlink: r.Flags&int(netlink.FLAG_ONLINK) != 0}
+		if l, err := k.h.LinkByIndex(r.LinkIndex); err == nil {
+			rt.Dev = l.Attrs().Name
+		}
+		out = append(out, rt)
+	}
+	return out, nil
+}
+
+func (k *NetlinkKernel) route(r Route) (*netlink.Route, error) {
+	l, err := k.h.LinkByName(r.Dev)
+	if err != nil {
+		return nil, err
+	}
+	nr := &netlink.Route{
+		LinkIndex: l.Attrs().Index,
+		Dst:       &net.IPNet{IP: r.Dst.Addr().AsSlice(), Mask: net.CIDRMask(r.Dst.Bits(), 32)},
+		Gw:        r.Gw.AsSlice(),
+		Protocol:  Protocol,
+		Table:     unix.RT_TABLE_MAIN,
+	}
+	if r.Onlink {
+		nr.Flags = int(netlink.FLAG_ONLINK)
+	}
+	return nr, nil
+}
+
+func (k *NetlinkKernel) ReplaceRoute(r Route) error {
+	nr, err := k.route(r)
+	if err != nil {
+		return err
+	}
+	return k.h.RouteReplace(nr)
+}
+
+func (k *NetlinkKernel) DeleteRoute(r Route) error {
+	dst := &net.IPNet{IP: r.Dst.Addr().AsSlice(), Mask: net.CIDRMask(r.Dst.Bits(), 32)}
+	return k.h.RouteDel(&netlink.Route{Dst: dst, Protocol: Protocol, Table: unix.RT_TABLE_MAIN})
+}
+
+func (k *NetlinkKernel) Neighs(dev string) ([]Neigh, error) {
+	l, err := k.linkByName(dev)
+	if err != nil || l == nil {
+		return nil, err
+	}
+	ns, err := k.h.NeighList(l.Attrs().Index, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, err
+	}
+	var out []Neigh
+	for _, n := range ns {
+		if n.State&netlink.NUD_PERMANENT == 0 {
+			continue
+		}
+		ip, _ := netip.AddrFromSlice(n.IP)
+		out = append(out, Neigh{Dev: dev, IP: ip.Unmap(), MAC: n.HardwareAddr})
+	}
+	return out, nil
+}
+
+func (k *NetlinkKernel) SetNeigh(n Neigh) error {
+	l, err := k.h.LinkByName(n.Dev)
+	if err != nil {
+		return err
+	}
+	return k.h.NeighSet(&netlink.Neigh{
+		LinkIndex: l.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+		IP: n.IP.AsSlice(), HardwareAddr: n.MAC,
+	})
+}
+
+func (k *NetlinkKernel) DeleteNeigh(n Neigh) error {
+	l, err := k.h.LinkByName(n.Dev)
+	if err != nil {
+		return err
+	}
+	return k.h.NeighDel(&netlink.Neigh{LinkIndex: l.Attrs().Index, Family: netlink.FAMILY_V4, IP: n.IP.AsSlice()})
+}
+
+func (k *NetlinkKernel) FDB(dev string) ([]FDB, error) {
+	l, err := k.linkByName(dev)
+	if err != nil || l == nil {
+		return nil, err
+	}
+	ns, err := k.h.NeighList(l.Attrs().Index, unix.AF_BRIDGE)
+	if err != nil {
+		return nil, err
+	}
+	var out []FDB
+	for _, n := range ns {
+		if n.LinkIndex != l.Attrs().Index || len(n.IP) == 0 {
+			continue
+		}
+		ip, _ := netip.AddrFromSlice(n.IP)
+		out = append(out, FDB{Dev: dev, MAC: n.HardwareAddr, Dst: ip.Unmap()})
+	}
+	return out, nil
+}
+
+func (k *NetlinkKernel) fdb(f FDB) (*netlink.Neigh, error) {
+	l, err := k.h.LinkByName(f.Dev)
+	if err != nil {
+		return nil, err
+	}
+	return &netlink.Neigh{
+		LinkIndex: l.Attrs().Index, Family: unix.AF_BRIDGE, State: netlink.NUD_PERMANENT,
+		Flags: netlink.NTF_SELF, IP: f.Dst.AsSlice(), HardwareAddr: f.MAC,
+	}, nil
+}
+
+func (k *NetlinkKernel) SetFDB(f FDB) error {
+	n, err := k.fdb(f)
+	if err != nil {
+		return err
+	}
+	return k.h.NeighSet(n)
+}
+
+func (k *NetlinkKernel) DeleteFDB(f FDB) error {
+	n, err := k.fdb(f)
+	if err != nil {
+		return err
+	}
+	return k.h.NeighDel(n)
+}
+
+// Watch sends on changed (without blocking) whenever the kernel reports a
+// change to a route, neighbour or link that may be podnet's, so that what
+// someone else removed comes back before the next periodic sync. It runs
+// until ctx ends; ns is the namespace to watch (netns.None() for the
+// caller's own).
+func Watch(ctx context.Context, ns netns.NsHandle, device string, changed chan<- struct{}) error {
+	routes := make(chan netlink.RouteUpdate, 64)
+	neighs := make(chan netlink.NeighUpdate, 64)
+	links := make(chan netlink.LinkUpdate, 16)
+	done := make(chan struct{})
+	defer close(done)
+	errFn := func(error) {
+		// An overflowed socket loses events; a sync catches up on all of them.
+		notify(changed)
+	}
+	if err := netlink.RouteSubscribeWithOptions(routes, done, netlink.RouteSubscribeOptions{Namespace: &ns, ErrorCallback: errFn}); err != nil {
+		return fmt.Errorf("subscribe to routes: %w", err)
+	}
+	if err := netlink.NeighSubscribeWithOptions(neighs, done, netlink.NeighSubscribeOptions{Namespace: &ns, ErrorCallback: errFn}); err != nil {
+		return fmt.Errorf("subscribe to neighbours: %w", err)
+	}
+	if err := netlink.LinkSubscribeWithOptions(links, done, netlink.LinkSubscribeOptions{Namespace: &ns, ErrorCallback: errFn}); err != nil {
+		return fmt.Errorf("subscribe to links: %w", err)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case u, ok := <-routes:
+			if !ok {
+				return errors.New("route subscription closed")
+			}
+			if u.Protocol == Protocol || u.Type == syscall.RTM_DELROUTE && u.Table == unix.RT_TABLE_MAIN {
+				notify(changed)
+			}
+		case _, ok := <-neighs:
+			if !ok {
+				return errors.New("neighbour subscription closed")
+			}
+			// Neighbour tables churn with ordinary ARP too; a sync that
+			// finds nothing to do is cheap.
+			notify(changed)
+		case u, ok := <-links:
+			if !ok {
+				return errors.New("link subscription closed")
+			}
+			if u.Attrs().Name == device || u.Header.Type == syscall.RTM_DELLINK {
+				notify(changed)
+			}
+		}
+	}
+}
+
+func notify(ch chan<- struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,195 @@
+package routing
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/roottest"
+)
+
+// newTestNS creates a network namespace with "eth0" (a veth; this kernel
+// may lack the dummy driver) holding
+// 192.168.10.11/24 and returns a netlink handle into it.
+func newTestNS(t *testing.T) (string, *netlink.Handle, netns.NsHandle) {
+	t.Helper()
+	roottest.Require(t)
+	name := fmt.Sprintf("podnet-rt-%d-%d", os.Getpid(), time.Now().UnixNano()%1e6)
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	nsh, err := netns.GetFromName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nsh.Close() })
+	h, err := netlink.NewHandleAt(nsh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	eth0 := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0", MTU: 1500}, PeerName: "eth0-peer"}
+	if err := h.LinkAdd(eth0); err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := netlink.ParseAddr("192.168.10.11/24")
+	if err := h.AddrAdd(eth0, addr); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.LinkSetUp(eth0); err != nil {
+		t.Fatal(err)
+	}
+	return name, h, nsh
+}
+
+func ipIn(t *testing.T, ns string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("ip", append([]string{"-n", ns}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip %v: %v: %s", args, err, out)
+	}
+	return string(out)
+}
+
+// TestNetlinkKernelStates applies the golden states to a real kernel (in a
+// namespace) and checks it reads back exactly the plan, a second apply
+// changes nothing, and `ip` shows what the design promises.
+func TestNetlinkKernelStates(t *testing.T) {
+	ns, h, _ := newTestNS(t)
+	k := NewNetlinkKernel(h)
+	r := &Reconciler{Kernel: k, Device: DefaultDevice}
+	for _, s := range states {
+		if s.cfg.UnderlayMTU != 1500 {
+			continue // eth0 here has MTU 1500; the kernel caps podnet.1 below it
+		}
+		p := Compute(s.cfg, s.nodes)
+		if _, err := r.Apply(p); err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		changes, err := r.Apply(p)
+		if err != nil || len(changes) != 0 {
+			t.Fatalf("%s: second apply changed %q (err %v)", s.name, changes, err)
+		}
+		checkKernelHolds(t, k, p)
+	}
+
+	p := Compute(config(BackendAuto), []*cluster.Node{self, node2, node4})
+	if _, err := r.Apply(p); err != nil {
+		t.Fatal(err)
+	}
+	link := ipIn(t, ns, "-d", "link", "show", "podnet.1")
+	for _, want := range []string{"mtu 1450", "vxlan id 1 local 192.168.10.11 dev eth0", "dstport 8472", "nolearning", "link/ether 0e:70:c0:a8:0a:0b"} {
+		if !strings.Contains(link, want) {
+			t.Errorf("ip link show podnet.1 lacks %q:\n%s", want, link)
+		}
+	}
+	routes := ipIn(t, ns, "route", "show", "proto", "98")
+	for _, want := range []string{"10.244.2.0/24 via 192.168.10.12 dev eth0", "10.244.4.0/24 via 10.244.4.0 dev podnet.1 onlink"} {
+		if !strings.Contains(routes, want) {
+			t.Errorf("routes lack %q:\n%s", want, routes)
+		}
+	}
+	if neigh := ipIn(t, ns, "neigh", "show", "dev", "podnet.1"); !strings.Contains(neigh, "10.244.4.0 lladdr 0e:70:c0:a8:14:0e PERMANENT") {
+		t.Errorf("neighbours:\n%s", neigh)
+	}
+	fdb, _ := exec.Command("ip", "netns", "exec", ns, "bridge", "fdb", "show", "dev", "podnet.1").CombinedOutput()
+	if !strings.Contains(string(fdb), "0e:70:c0:a8:14:0e dst 192.168.20.14 self permanent") {
+		t.Errorf("fdb:\n%s", fdb)
+	}
+
+	// A route that is not podnet's is never touched.
+	ipIn(t, ns, "route", "add", "10.99.0.0/16", "via", "192.168.10.1")
+	// Hand deletions come back with exactly the missing entries re-added.
+	ipIn(t, ns, "route", "del", "10.244.2.0/24")
+	ipIn(t, ns, "neigh", "del", "10.244.4.0", "dev", "podnet.1")
+	changes, err := r.Apply(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(changes)
+	want := []string{"replace route 10.244.2.0/24 via 192.168.10.12 dev eth0", "set neigh 10.244.4.0 lladdr 0e:70:c0:a8:14:0e dev podnet.1 permanent"}
+	if !slices.Equal(changes, want) {
+		t.Errorf("repair changes = %q, want %q", changes, want)
+	}
+	if !strings.Contains(ipIn(t, ns, "route", "show"), "10.99.0.0/16 via 192.168.10.1") {
+		t.Error("a foreign route was removed")
+	}
+
+	// host-gw backend: the device and everything on it go away.
+	if _, err := r.Apply(Compute(config(BackendHostGW), []*cluster.Node{self, node2})); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("ip", "-n", ns, "link", "show", "podnet.1").CombinedOutput(); err == nil {
+		t.Errorf("podnet.1 still exists with host-gw:\n%s", out)
+	}
+}
+
+func checkKernelHolds(t *testing.T, k Kernel, p Plan) {
+	t.Helper()
+	routes, err := k.Routes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sortRoutes := func(rs []Route) []string {
+		var out []string
+		for _, r := range rs {
+			out = append(out, r.String())
+		}
+		slices.Sort(out)
+		return out
+	}
+	if got, want := sortRoutes(routes), sortRoutes(p.Routes); !slices.Equal(got, want) {
+		t.Errorf("routes = %q, want %q", got, want)
+	}
+	if p.Device == nil {
+		return
+	}
+	d, err := k.VXLAN(p.Device.Name)
+	if err != nil || d == nil {
+		t.Fatalf("device: %v, %v", d, err)
+	}
+	if d.String() != p.Device.String() {
+		t.Errorf("device = %s, want %s", d, p.Device)
+	}
+	fdb, _ := k.FDB(p.Device.Name)
+	if len(fdb) != len(p.FDB) {
+		t.Errorf("fdb = %v, want %v", fdb, p.FDB)
+	}
+	neighs, _ := k.Neighs(p.Device.Name)
+	if len(neighs) != len(p.Neighs) {
+		t.Errorf("neighs = %v, want %v", neighs, p.Neighs)
+	}
+}
+
+func TestWatchSeesHandDeletion(t *testing.T) {
+	ns, h, nsh := newTestNS(t)
+	r := &Reconciler{Kernel: NewNetlinkKernel(h), Device: DefaultDevice}
+	if _, err := r.Apply(Compute(config(BackendAuto), []*cluster.Node{self, node2, node4})); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	changed := make(chan struct{}, 1)
+	done := make(chan error, 1)
+	go func() { done <- Watch(ctx, nsh, DefaultDevice, changed) }()
+	t.Cleanup(func() { cancel(); <-done })
+	time.Sleep(100 * time.Millisecond) // let the subscriptions start
+	for len(changed) > 0 {
+		<-changed
+	}
+	ipIn(t, ns, "route", "del", "10.244.2.0/24")
+	select {
+	case <-changed:
+	case <-time.After(2 * time.Second):
+		t.Fatal("no change signalled for a deleted route")
+	}
+}
