@@ -288,7 +288,7 @@ func TestLabLeavesHostAndNothingBehind(t *testing.T) {
 	}
 	workDir := l.WorkDir
 	namespaces := l.Namespaces()
-	var cgroups []string
+	cgroups := []string{l.OutsideHost.Cgroup}
 	for _, n := range l.Nodes {
 		cgroups = append(cgroups, n.Cgroup)
 	}
@@ -481,5 +481,117 @@ func waitFor(t *testing.T, timeout time.Duration, cond func() bool, what string)
 			t.Fatalf("timed out after %v waiting for %s", timeout, what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestLabEcho(t *testing.T) {
+	roottest.Require(t)
+	l := lab.Start(t, lab.Options{})
+	ctx := t.Context()
+	n1, n2, n4 := l.Node("node1"), l.Node("node2"), l.Node("node4")
+
+	if _, err := n2.StartEcho(lab.EchoOptions{HTTP: []string{":8080"}, TCP: []string{":8081"}, UDP: []string{":8082"}}); err != nil {
+		t.Fatal(err)
+	}
+	for proto, port := range map[string]string{"http": "8080", "tcp": "8081", "udp": "8082"} {
+		got, err := n1.Probe(ctx, proto, n2.IP.String()+":"+port)
+		if err != nil {
+			t.Errorf("node1 → node2 %s: %v", proto, err)
+			continue
+		}
+		if !strings.HasPrefix(got, "node2 "+n1.IP.String()+":") {
+			t.Errorf("node1 → node2 %s answered %q, want node2 seeing %s", proto, got, n1.IP)
+		}
+	}
+	// Nothing listens there: the probe must fail, and fast (refused).
+	if got, err := n1.Probe(ctx, "tcp", n2.IP.String()+":9"); err == nil {
+		t.Errorf("probe of a closed port answered %q", got)
+	}
+
+	// The outside reaches a node through the router without NAT.
+	if _, err := n4.StartEcho(lab.EchoOptions{TCP: []string{":80"}}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := l.OutsideHost.Probe(ctx, "tcp", n4.IP.String()+":80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(got, "node4 "+l.OutsideIP.String()+":") {
+		t.Errorf("outside → node4 answered %q, want node4 seeing %s", got, l.OutsideIP)
+	}
+
+	if lab.PluginSupportsADD(ctx, l.BinDir) != nil {
+		return
+	}
+	if err := n1.WriteNodeConfig(); err != nil {
+		t.Fatal(err)
+	}
+	a, err := n1.AddPod(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := n1.AddPod(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.StartEcho(lab.EchoOptions{UDP: []string{":53"}}); err != nil {
+		t.Fatal(err)
+	}
+	got, err = b.Probe(ctx, "udp", a.IP.String()+":53")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(got, "a "+b.IP.String()+":") {
+		t.Errorf("pod b → pod a udp answered %q, want a seeing %s", got, b.IP)
+	}
+}
+
+// TestLabDemo runs `podnet-lab demo` as `make demo` does, then keeps a lab
+// and removes it with `podnet-lab down`.
+func TestLabDemo(t *testing.T) {
+	roottest.Require(t)
+	ctx := t.Context()
+	bin := filepath.Join(t.TempDir(), "podnet-lab")
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/podnet-lab").CombinedOutput(); err != nil {
+		t.Fatalf("build podnet-lab: %v\n%s", err, out)
+	}
+	binDir := lab.Start(t, lab.Options{}).BinDir // the binaries under test, as New finds them
+
+	out, err := exec.CommandContext(ctx, bin, "demo", "--bin-dir", binDir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("podnet-lab demo: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "0 failed") || strings.Contains(string(out), "✗") {
+		t.Errorf("podnet-lab demo output:\n%s", out)
+	}
+
+	out, err = exec.CommandContext(ctx, bin, "demo", "--keep", "--bin-dir", binDir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("podnet-lab demo --keep: %v\n%s", err, out)
+	}
+	m := regexp.MustCompile(`lab (pn[0-9a-f]{4}) is kept up`).FindSubmatch(out)
+	if m == nil {
+		t.Fatalf("podnet-lab demo --keep did not say which lab it kept:\n%s", out)
+	}
+	prefix := string(m[1])
+	t.Cleanup(func() { exec.Command(bin, "down").Run() })
+	if got := labNetns(t, prefix); len(got) < 7 {
+		t.Errorf("kept lab %s has namespaces %v, want at least 7", prefix, got)
+	}
+	// A kept lab is not stale: the next lab leaves it alone.
+	lab.Start(t, lab.Options{})
+	if got := labNetns(t, prefix); len(got) < 7 {
+		t.Errorf("kept lab %s lost namespaces to the next New: %v", prefix, got)
+	}
+
+	out, err = exec.CommandContext(ctx, bin, "down").CombinedOutput()
+	if err != nil {
+		t.Fatalf("podnet-lab down: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "removed lab "+prefix) {
+		t.Errorf("podnet-lab down output %q does not name lab %s", out, prefix)
+	}
+	if got := labNetns(t, prefix); len(got) > 0 {
+		t.Errorf("after down, namespaces of %s remain: %v", prefix, got)
 	}
 }

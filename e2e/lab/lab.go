@@ -105,7 +105,11 @@ type Lab struct {
 	// OutsideIP is the address of the outside namespace.
 	OutsideIP netip.Addr
 	Nodes     []*Node
-	Segments  []Segment
+	// OutsideHost runs processes in the outside namespace (a client on the
+	// internet, an upstream DNS server). Only its Exec, Start, Ping, Probe
+	// and StartEcho are meaningful; it has no pods.
+	OutsideHost *Node
+	Segments    []Segment
 	BinDir    string
 	WorkDir   string
 
@@ -242,6 +246,12 @@ func newLab(o Options) (*Lab, error) {
 	l.Router = l.Prefix + "-router"
 	l.Outside = l.Prefix + "-outside"
 
+	l.OutsideHost = &Node{
+		Name: "outside", NS: l.Outside, IP: outsideIP, Subnet: OutsideNet, Gateway: outsideGW, Iface: "eth0",
+		Dir:    filepath.Join(l.WorkDir, "outside"),
+		Cgroup: filepath.Join(l.cgroupRoot, "podnet-"+l.Prefix+"-outside"),
+		lab:    l,
+	}
 	specs := o.Nodes
 	if len(specs) == 0 {
 		specs = DefaultNodes()
@@ -300,12 +310,12 @@ func (l *Lab) build(ctx context.Context) error {
 	if err := os.MkdirAll(l.StateDir(), 0o755); err != nil {
 		return fmt.Errorf("create state dir: %w", err)
 	}
-	for _, n := range l.Nodes {
+	for _, n := range l.hosts() {
 		if err := os.MkdirAll(n.Dir, 0o755); err != nil {
 			return fmt.Errorf("create node dir: %w", err)
 		}
 		if err := os.Mkdir(n.Cgroup, 0o755); err != nil {
-			return fmt.Errorf("create cgroup of node %s: %w", n.Name, err)
+			return fmt.Errorf("create cgroup of %s: %w", n.Name, err)
 		}
 	}
 	if err := l.buildNetwork(ctx); err != nil {
@@ -313,6 +323,9 @@ func (l *Lab) build(ctx context.Context) error {
 	}
 	return l.writeClusterState()
 }
+
+// hosts are the nodes and the outside host: everything with a cgroup.
+func (l *Lab) hosts() []*Node { return append(slices.Clone(l.Nodes), l.OutsideHost) }
 
 // Node returns the node called name, or nil.
 func (l *Lab) Node(name string) *Node {
@@ -408,7 +421,7 @@ func (l *Lab) Close() error {
 		for _, p := range procs {
 			p.kill()
 		}
-		for _, n := range l.Nodes {
+		for _, n := range l.hosts() {
 			if err := removeCgroup(n.Cgroup); err != nil {
 				errs = append(errs, err)
 			}

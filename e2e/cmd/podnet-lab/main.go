@@ -4,14 +4,21 @@
 //	podnet-lab demo [--keep]   build the lab, run the demo steps, tear down
 //	                           (--keep: leave it up for `podnet-lab down`)
 //	podnet-lab down            remove every kept lab (and stale ones)
+//
+// The lab also runs it inside pods and nodes:
+//
+//	podnet-lab serve --name NAME [--http ADDR] [--tcp ADDR] [--udp ADDR]
+//	podnet-lab probe [--timeout D] http|tcp|udp HOST:PORT
 package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -22,6 +29,12 @@ import (
 const usage = `usage:
   podnet-lab demo [--keep] [--bin-dir DIR]   build the lab, show what works, tear it down
   podnet-lab down                            remove every lab kept with --keep
+
+run by the lab inside pods and nodes:
+  podnet-lab serve --name NAME [--http ADDR]... [--tcp ADDR]... [--udp ADDR]...
+                                             echo server: answers "NAME CLIENT_IP:PORT"
+  podnet-lab probe [--timeout 2s] http|tcp|udp HOST:PORT
+                                             prints the echo server's answer
 `
 
 func main() {
@@ -39,6 +52,10 @@ func main() {
 		err = demoCmd(ctx, os.Args[2:])
 	case "down":
 		err = downCmd(os.Args[2:])
+	case "serve":
+		err = serveCmd(ctx, os.Args[2:])
+	case "probe":
+		err = probeCmd(ctx, os.Args[2:])
 	case "--version", "version":
 		fmt.Println("podnet-lab", version.String())
 	case "-h", "--help", "help":
@@ -76,4 +93,40 @@ func downCmd(args []string) error {
 		fmt.Println("no kept labs")
 	}
 	return err
+}
+
+func serveCmd(ctx context.Context, args []string) error {
+	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	var o lab.EchoOptions
+	fs.StringVar(&o.Name, "name", "", "name reported in every answer (default: the host name)")
+	fs.StringArrayVar(&o.HTTP, "http", nil, "HTTP listen address, e.g. :8080 (repeatable)")
+	fs.StringArrayVar(&o.TCP, "tcp", nil, "TCP listen address (repeatable)")
+	fs.StringArrayVar(&o.UDP, "udp", nil, "UDP listen address (repeatable)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if o.Name == "" {
+		o.Name, _ = os.Hostname()
+	}
+	return lab.ServeEcho(ctx, o, func() { fmt.Println(lab.EchoReady) })
+}
+
+func probeCmd(ctx context.Context, args []string) error {
+	fs := pflag.NewFlagSet("probe", pflag.ContinueOnError)
+	timeout := fs.Duration("timeout", lab.ProbeTimeout, "give up after this long")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 2 {
+		return errors.New("probe: want PROTO HOST:PORT")
+	}
+	if *timeout <= 0 || *timeout > time.Minute {
+		return fmt.Errorf("probe: --timeout %v: want 0 < timeout <= 1m", *timeout)
+	}
+	answer, err := lab.Probe(ctx, fs.Arg(0), fs.Arg(1), *timeout)
+	if err != nil {
+		return err
+	}
+	fmt.Println(answer)
+	return nil
 }
