@@ -1,0 +1,89 @@
+package iptables
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+)
+
+// Backends of the iptables command.
+const (
+	BackendNFT    = "nft"
+	BackendLegacy = "legacy"
+)
+
+// ExecRunner runs the iptables-<backend> commands. The commands inherit the
+// calling thread's network namespace.
+type ExecRunner struct {
+	Backend string // BackendNFT or BackendLegacy
+}
+
+func (r ExecRunner) cmd(tool string) string { return "iptables-" + r.Backend + tool }
+
+func run(name string, stdin []byte, args ...string) ([]byte, error) {
+	c := exec.Command(name, args...)
+	if stdin != nil {
+		c.Stdin = bytes.NewReader(stdin)
+	}
+	var out, stderr bytes.Buffer
+	c.Stdout, c.Stderr = &out, &stderr
+	if err := c.Run(); err != nil {
+		return nil, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return out.Bytes(), nil
+}
+
+// Restore implements Runner.
+func (r ExecRunner) Restore(data []byte) error {
+	_, err := run(r.cmd("-restore"), data, "--noflush", "-w", "5")
+	return err
+}
+
+// Save implements Runner.
+func (r ExecRunner) Save(table string) ([]byte, error) {
+	return run(r.cmd("-save"), nil, "-t", table)
+}
+
+// EnsureRule implements Runner.
+func (r ExecRunner) EnsureRule(table, chain string, args ...string) error {
+	check := append([]string{"-w", "5", "-t", table, "-C", chain}, args...)
+	if _, err := run(r.cmd(""), nil, check...); err == nil {
+		return nil
+	} else if ee := (*exec.ExitError)(nil); !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		return err
+	}
+	_, err := run(r.cmd(""), nil, append([]string{"-w", "5", "-t", table, "-I", chain, "1"}, args...)...)
+	return err
+}
+
+// DeleteRule implements Runner.
+func (r ExecRunner) DeleteRule(table, chain string, args ...string) error {
+	_, err := run(r.cmd(""), nil, append([]string{"-w", "5", "-t", table, "-D", chain}, args...)...)
+	return err
+}
+
+// DetectBackend picks the iptables backend the node already uses, the way
+// kube-proxy's iptables-wrapper does: the one holding more rules, nft on a
+// tie. A backend whose tools are missing is not chosen.
+func DetectBackend() string {
+	count := func(b string) int {
+		out, err := exec.Command("iptables-" + b + "-save").Output()
+		if err != nil {
+			return -1
+		}
+		n := 0
+		for _, l := range strings.Split(string(out), "\n") {
+			if strings.HasPrefix(l, "-") {
+				n++
+			}
+		}
+		return n
+	}
+	nft, legacy := count(BackendNFT), count(BackendLegacy)
+	if legacy > nft {
+		return BackendLegacy
+	}
+	return BackendNFT
+}

@@ -1,0 +1,502 @@
+package iptables_test
+
+import (
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/proxy"
+	"github.com/podnet/podnet/dataplane/proxy/iptables"
+	"github.com/podnet/podnet/dataplane/proxy/iptables/iptablestest"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+const nodeName = "node-a"
+
+var (
+	nodeIP      = netip.MustParseAddr("192.168.10.11")
+	podCIDR     = netip.MustParsePrefix("10.244.1.0/24")
+	clusterCIDR = netip.MustParsePrefix("10.244.0.0/16")
+	localAddrs  = []netip.Addr{nodeIP, netip.MustParseAddr("10.244.1.1"), netip.MustParseAddr("127.0.0.1")}
+	localPod    = netip.MustParseAddr("10.244.1.5")  // endpoint on this node
+	remotePod   = netip.MustParseAddr("10.244.2.7")  // endpoint on another node
+	clientPod   = netip.MustParseAddr("10.244.1.9")  // a pod that is no endpoint
+	outsider    = netip.MustParseAddr("192.168.20.5") // outside the cluster
+)
+
+func a(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+type svcOpt func(*cluster.Service)
+
+func svc(name, vip string, ports []cluster.ServicePort, opts ...svcOpt) *cluster.Service {
+	s := &cluster.Service{Namespace: "default", Name: name, Type: cluster.ServiceTypeClusterIP,
+		ClusterIPs: []netip.Addr{a(vip)}, Ports: ports}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+func tcp(port, nodePort uint16) cluster.ServicePort {
+	return cluster.ServicePort{Name: "p" + fmt.Sprint(port), Protocol: cluster.TCP, Port: port, NodePort: nodePort}
+}
+
+func port(name string, p cluster.Protocol, n uint16) cluster.ServicePort {
+	return cluster.ServicePort{Name: name, Protocol: p, Port: n}
+}
+
+type ep struct {
+	addr  netip.Addr
+	node  string
+	ready bool
+}
+
+func slice(s *cluster.Service, ports []cluster.EndpointPort, eps ...ep) *cluster.EndpointSlice {
+	es := &cluster.EndpointSlice{Namespace: s.Namespace, Name: s.Name + "-abc", ServiceName: s.Name, AddressType: "IPv4", Ports: ports}
+	for _, e := range eps {
+		es.Endpoints = append(es.Endpoints, cluster.Endpoint{Addresses: []netip.Addr{e.addr}, NodeName: e.node,
+			Ready: e.ready, Serving: e.ready})
+	}
+	return es
+}
+
+func epPort(name string, p cluster.Protocol, n uint16) cluster.EndpointPort {
+	return cluster.EndpointPort{Name: name, Protocol: p, Port: n}
+}
+
+// world builds ServicePorts for this node from Services and slices.
+func world(objs ...cluster.Object) map[cluster.Key][]*proxy.ServicePort {
+	st := cluster.NewStore()
+	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, objs)
+	state := proxy.NewState()
+	state.Update(st, nodeName, nil, true)
+	return state.Ports
+}
+
+func apply(t *testing.T, f *iptablestest.Fake, cfg iptables.Config, ports map[cluster.Key][]*proxy.ServicePort) *iptables.Proxier {
+	t.Helper()
+	p := iptables.NewProxier(cfg, f)
+	if _, err := p.Sync(ports, nil, true); err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+	return p
+}
+
+var defaultCfg = iptables.Config{ClusterCIDR: clusterCIDR}
+
+// The scenario used by the golden and tracer tests.
+func scenario() map[cluster.Key][]*proxy.ServicePort {
+	web := svc("web", "10.96.0.20", []cluster.ServicePort{tcp(80, 0), tcp(443, 0)})
+	webEPs := slice(web, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080), epPort("p443", cluster.TCP, 8443)},
+		ep{localPod, nodeName, true}, ep{remotePod, "node-b", true})
+	dns := svc("dns", "10.96.0.10", []cluster.ServicePort{port("dns", cluster.UDP, 53), port("dns-tcp", cluster.TCP, 53)})
+	dnsEPs := slice(dns, []cluster.EndpointPort{epPort("dns", cluster.UDP, 5353), epPort("dns-tcp", cluster.TCP, 5354)},
+		ep{remotePod, "node-b", true})
+	empty := svc("empty", "10.96.0.30", []cluster.ServicePort{tcp(80, 0)})
+	sctp := svc("sctp", "10.96.0.40", []cluster.ServicePort{port("s", cluster.SCTP, 9000)})
+	sctpEPs := slice(sctp, []cluster.EndpointPort{epPort("s", cluster.SCTP, 9001)}, ep{remotePod, "node-b", true})
+	np := svc("np", "10.96.0.50", []cluster.ServicePort{tcp(80, 30080)}, func(s *cluster.Service) {
+		s.Type = cluster.ServiceTypeNodePort
+		s.ExternalIPs = []netip.Addr{a("192.168.10.200")}
+	})
+	npEPs := slice(np, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{localPod, nodeName, true}, ep{remotePod, "node-b", true})
+	local := svc("local", "10.96.0.60", []cluster.ServicePort{tcp(80, 30060)}, func(s *cluster.Service) {
+		s.Type = cluster.ServiceTypeLoadBalancer
+		s.ExternalTrafficPolicyLocal = true
+		s.HealthCheckNodePort = 32000
+		s.LoadBalancerIPs = []netip.Addr{a("192.168.30.1")}
+		s.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("192.168.20.0/24")}
+	})
+	localEPs := slice(local, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{localPod, nodeName, true}, ep{remotePod, "node-b", true})
+	remoteOnly := svc("remote-only", "10.96.0.70", []cluster.ServicePort{tcp(80, 30070)}, func(s *cluster.Service) {
+		s.Type = cluster.ServiceTypeNodePort
+		s.ExternalTrafficPolicyLocal = true
+	})
+	remoteOnlyEPs := slice(remoteOnly, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{remotePod, "node-b", true})
+	itp := svc("itp", "10.96.0.80", []cluster.ServicePort{tcp(80, 0)}, func(s *cluster.Service) { s.InternalTrafficPolicyLocal = true })
+	itpEPs := slice(itp, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{localPod, nodeName, true}, ep{remotePod, "node-b", true})
+	itpNone := svc("itp-none", "10.96.0.81", []cluster.ServicePort{tcp(80, 0)}, func(s *cluster.Service) { s.InternalTrafficPolicyLocal = true })
+	itpNoneEPs := slice(itpNone, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{remotePod, "node-b", true})
+	sticky := svc("sticky", "10.96.0.90", []cluster.ServicePort{tcp(80, 0)}, func(s *cluster.Service) { s.SessionAffinityTimeout = 3 * time.Hour })
+	stickyEPs := slice(sticky, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{localPod, nodeName, true}, ep{remotePod, "node-b", true})
+	headless := &cluster.Service{Namespace: "default", Name: "headless", Headless: true, Ports: []cluster.ServicePort{tcp(80, 0)}}
+	other := svc("other-proxy", "10.96.0.99", []cluster.ServicePort{tcp(80, 0)}, func(s *cluster.Service) { s.ProxyName = "someone-else" })
+	otherEPs := slice(other, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{remotePod, "node-b", true})
+	return world(web, webEPs, dns, dnsEPs, empty, sctp, sctpEPs, np, npEPs, local, localEPs, remoteOnly, remoteOnlyEPs,
+		itp, itpEPs, itpNone, itpNoneEPs, sticky, stickyEPs, headless, other, otherEPs)
+}
+
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("read golden (run with -update to create): %v", err)
+	}
+	if string(want) != string(got) {
+		t.Errorf("%s differs from the golden file (-update to accept):\n%s", name, diff(string(want), string(got)))
+	}
+}
+
+func diff(want, got string) string {
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	var b strings.Builder
+	for i := 0; i < max(len(w), len(g)); i++ {
+		var wl, gl string
+		if i < len(w) {
+			wl = w[i]
+		}
+		if i < len(g) {
+			gl = g[i]
+		}
+		if wl != gl {
+			fmt.Fprintf(&b, "line %d:\n- %s\n+ %s\n", i+1, wl, gl)
+		}
+	}
+	return b.String()
+}
+
+func saveAll(t *testing.T, f *iptablestest.Fake) []byte {
+	t.Helper()
+	var out []byte
+	for _, tb := range []string{"filter", "nat"} {
+		b, err := f.Save(tb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, b...)
+	}
+	return out
+}
+
+func TestGoldenRules(t *testing.T) {
+	f := iptablestest.New()
+	apply(t, f, defaultCfg, scenario())
+	golden(t, "scenario.golden", saveAll(t, f))
+}
+
+func TestTrace(t *testing.T) {
+	f := iptablestest.New()
+	apply(t, f, defaultCfg, scenario())
+	fromPod := func(dst string, proto string, port uint16) iptablestest.Packet {
+		return iptablestest.Packet{Src: clientPod, Dst: a(dst), Proto: proto, DPort: port}
+	}
+	local, remote := localPod.String(), remotePod.String()
+	tests := []struct {
+		name    string
+		p       iptablestest.Packet
+		eps     []string // want endpoints (ip:port), sorted
+		masq    []string // endpoints reached masqueraded
+		verdict string
+	}{
+		{"clusterIP from a pod, both endpoints, source kept", fromPod("10.96.0.20", "tcp", 80),
+			[]string{local + ":8080", remote + ":8080"}, nil, "ACCEPT"},
+		{"second port of a multi-port Service", fromPod("10.96.0.20", "tcp", 443),
+			[]string{local + ":8443", remote + ":8443"}, nil, "ACCEPT"},
+		{"port not in the Service", fromPod("10.96.0.20", "tcp", 81), nil, nil, "ACCEPT"},
+		{"UDP 53 and TCP 53 are two services: UDP", fromPod("10.96.0.10", "udp", 53), []string{remote + ":5353"}, nil, "ACCEPT"},
+		{"UDP 53 and TCP 53 are two services: TCP", fromPod("10.96.0.10", "tcp", 53), []string{remote + ":5354"}, nil, "ACCEPT"},
+		{"SCTP", fromPod("10.96.0.40", "sctp", 9000), []string{remote + ":9001"}, nil, "ACCEPT"},
+		{"no endpoints: rejected", fromPod("10.96.0.30", "tcp", 80), nil, nil, "REJECT"},
+		{"clusterIP from the node itself is masqueraded",
+			iptablestest.Packet{Src: nodeIP, Dst: a("10.96.0.20"), Proto: "tcp", DPort: 80, FromHost: true},
+			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080", remote + ":8080"}, "ACCEPT"},
+		{"hairpin: an endpoint reaching itself is masqueraded, not when it lands elsewhere",
+			iptablestest.Packet{Src: localPod, Dst: a("10.96.0.20"), Proto: "tcp", DPort: 80},
+			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080"}, "ACCEPT"},
+		{"NodePort from outside, policy Cluster: any endpoint, masqueraded",
+			iptablestest.Packet{Src: outsider, Dst: nodeIP, Proto: "tcp", DPort: 30080},
+			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080", remote + ":8080"}, "ACCEPT"},
+		{"externalIP from outside",
+			iptablestest.Packet{Src: outsider, Dst: a("192.168.10.200"), Proto: "tcp", DPort: 80},
+			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080", remote + ":8080"}, "ACCEPT"},
+		{"NodePort policy Local from outside: local endpoint only, source kept",
+			iptablestest.Packet{Src: outsider, Dst: nodeIP, Proto: "tcp", DPort: 30060},
+			[]string{local + ":8080"}, nil, "ACCEPT"},
+		{"NodePort policy Local from a pod: any endpoint",
+			iptablestest.Packet{Src: clientPod, Dst: nodeIP, Proto: "tcp", DPort: 30060},
+			[]string{local + ":8080", remote + ":8080"}, nil, "ACCEPT"},
+		{"NodePort policy Local from the node: any endpoint, masqueraded",
+			iptablestest.Packet{Src: nodeIP, Dst: nodeIP, Proto: "tcp", DPort: 30060, FromHost: true},
+			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080", remote + ":8080"}, "ACCEPT"},
+		{"NodePort policy Local without a local endpoint: dropped",
+			iptablestest.Packet{Src: outsider, Dst: nodeIP, Proto: "tcp", DPort: 30070}, nil, nil, "DROP"},
+		{"load balancer IP from an allowed source range",
+			iptablestest.Packet{Src: outsider, Dst: a("192.168.30.1"), Proto: "tcp", DPort: 80},
+			[]string{local + ":8080"}, nil, "ACCEPT"},
+		{"load balancer IP from outside the source ranges: dropped",
+			iptablestest.Packet{Src: a("192.168.40.1"), Dst: a("192.168.30.1"), Proto: "tcp", DPort: 80}, nil, nil, "DROP"},
+		{"NodePort on a non-local address is not a NodePort",
+			iptablestest.Packet{Src: outsider, Dst: a("192.168.10.99"), Proto: "tcp", DPort: 30080}, nil, nil, "ACCEPT"},
+		{"internalTrafficPolicy Local: local endpoint only", fromPod("10.96.0.80", "tcp", 80), []string{local + ":8080"}, nil, "ACCEPT"},
+		{"internalTrafficPolicy Local without a local endpoint: dropped", fromPod("10.96.0.81", "tcp", 80), nil, nil, "DROP"},
+		{"Service of another proxy is left alone", fromPod("10.96.0.99", "tcp", 80), nil, nil, "ACCEPT"},
+		{"session affinity keeps both endpoints reachable", fromPod("10.96.0.90", "tcp", 80),
+			[]string{local + ":8080", remote + ":8080"}, nil, "ACCEPT"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tr := f.Trace(tt.p, localAddrs)
+			got := slices.Sorted(slices.Values(tr.Endpoints))
+			if !slices.Equal(got, tt.eps) {
+				t.Errorf("endpoints = %v, want %v", got, tt.eps)
+			}
+			if tr.Verdict != tt.verdict {
+				t.Errorf("verdict = %s, want %s", tr.Verdict, tt.verdict)
+			}
+			if tr.Verdict != "ACCEPT" {
+				return
+			}
+			var masq []string
+			for e, m := range tr.Masquerade {
+				if m && e != "" {
+					masq = append(masq, e)
+				}
+			}
+			slices.Sort(masq)
+			if !slices.Equal(masq, tt.masq) {
+				t.Errorf("masqueraded to %v, want %v", masq, tt.masq)
+			}
+		})
+	}
+}
+
+func TestMasqueradeAllAndNodePortAddresses(t *testing.T) {
+	f := iptablestest.New()
+	apply(t, f, iptables.Config{ClusterCIDR: clusterCIDR, MasqueradeAll: true,
+		NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.10.0/24")}}, scenario())
+	tr := f.Trace(iptablestest.Packet{Src: clientPod, Dst: a("10.96.0.20"), Proto: "tcp", DPort: 80}, localAddrs)
+	if len(tr.Endpoints) != 2 || !tr.Masquerade[tr.Endpoints[0]] || !tr.Masquerade[tr.Endpoints[1]] {
+		t.Errorf("masquerade-all: pod traffic not masqueraded: %+v", tr)
+	}
+	// 10.244.1.1 is local but outside --nodeport-addresses.
+	tr = f.Trace(iptablestest.Packet{Src: outsider, Dst: a("10.244.1.1"), Proto: "tcp", DPort: 30080}, localAddrs)
+	if len(tr.Endpoints) != 0 {
+		t.Errorf("NodePort answered on an address outside --nodeport-addresses: %v", tr.Endpoints)
+	}
+	tr = f.Trace(iptablestest.Packet{Src: outsider, Dst: nodeIP, Proto: "tcp", DPort: 30080}, localAddrs)
+	if len(tr.Endpoints) != 2 {
+		t.Errorf("NodePort on the node IP: endpoints %v, want 2", tr.Endpoints)
+	}
+}
+
+func TestFakeFailsLikeTheKernel(t *testing.T) {
+	f := iptablestest.New()
+	for _, bad := range []string{
+		"*nat\n:A - [0:0]\n-A A -j MISSING\nCOMMIT\n",
+		"*nat\n-A NOPE -j ACCEPT\nCOMMIT\n",
+		"*nat\n:A - [0:0]\n-A A -j DROP\nCOMMIT\n",
+		"*nat\n:A - [0:0]\n-A A -j DNAT --to-destination 1.2.3.4:80\nCOMMIT\n",
+	} {
+		if err := f.Restore([]byte(bad)); err == nil {
+			t.Errorf("restore accepted %q", bad)
+		}
+	}
+	if err := f.Restore([]byte("*nat\n:A - [0:0]\n:B - [0:0]\n-A A -j B\nCOMMIT\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Restore([]byte("*nat\n:B - [0:0]\n-X B\nCOMMIT\n")); err == nil {
+		t.Error("deleted a chain that is still referenced")
+	}
+	if err := f.Restore([]byte("*nat\n:A - [0:0]\n:B - [0:0]\n-X B\n-X A\nCOMMIT\n")); err != nil {
+		t.Errorf("flush and delete both: %v", err)
+	}
+	if c := f.Chains("nat"); slices.Contains(c, "A") || slices.Contains(c, "B") {
+		t.Errorf("chains left: %v", c)
+	}
+}
+
+// TestStates applies a sequence of states in order and in random orders;
+// whatever the path, the kernel must end up holding exactly what a fresh
+// full sync of the last state writes, and each partial sync must only
+// write the chains that changed.
+func TestStates(t *testing.T) {
+	mk := func(n int, eps ...netip.Addr) *cluster.Service { return svc(fmt.Sprintf("s%d", n), fmt.Sprintf("10.96.%d.%d", n/200, n%200+1), []cluster.ServicePort{tcp(80, 0)}) }
+	states := make([]map[cluster.Key][]*proxy.ServicePort, 0, 5)
+	for step := range 5 {
+		var objs []cluster.Object
+		for n := range 40 + step*7 {
+			s := mk(n)
+			if n%5 == step%5 {
+				s.Type = cluster.ServiceTypeNodePort
+				s.Ports[0].NodePort = uint16(30000 + n)
+			}
+			e := []ep{{a(fmt.Sprintf("10.244.%d.%d", n%3+1, n%250+2)), fmt.Sprintf("node-%d", n%3), true}}
+			if (n+step)%3 == 0 {
+				e = append(e, ep{a(fmt.Sprintf("10.244.9.%d", step+2)), nodeName, true})
+			}
+			if (n+step)%7 == 0 {
+				e = nil
+			}
+			objs = append(objs, s, slice(s, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, e...))
+		}
+		states = append(states, world(objs...))
+	}
+	want := func(i int) []byte {
+		f := iptablestest.New()
+		apply(t, f, defaultCfg, states[i])
+		return saveAll(t, f)
+	}
+	orders := [][]int{{0, 1, 2, 3, 4}}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 4 {
+		orders = append(orders, r.Perm(len(states)))
+	}
+	for _, order := range orders {
+		f := iptablestest.New()
+		p := iptables.NewProxier(defaultCfg, f)
+		for k, i := range order {
+			before := f.Restores
+			if _, err := p.Sync(states[i], nil, k == 0); err != nil {
+				t.Fatalf("order %v step %d: %v", order, k, err)
+			}
+			if got, w := saveAll(t, f), want(i); string(got) != string(w) {
+				t.Fatalf("order %v: after state %d the kernel differs from a fresh sync:\n%s", order, i, diff(string(w), string(got)))
+			}
+			if k > 0 && f.Restores != before+1 {
+				t.Errorf("partial sync used %d restores, want 1", f.Restores-before)
+			}
+		}
+	}
+}
+
+func TestPartialSyncRewritesOnlyChangedChains(t *testing.T) {
+	var objs []cluster.Object
+	for n := range 500 {
+		s := svc(fmt.Sprintf("s%d", n), fmt.Sprintf("10.96.%d.%d", n/200, n%200+1), []cluster.ServicePort{tcp(80, 0)})
+		objs = append(objs, s, slice(s, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)},
+			ep{a(fmt.Sprintf("10.244.2.%d", n%250+2)), "node-b", true}))
+	}
+	st := cluster.NewStore()
+	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, objs)
+	state := proxy.NewState()
+	state.Update(st, nodeName, nil, true)
+	f := iptablestest.New()
+	p := iptables.NewProxier(defaultCfg, f)
+	if _, err := p.Sync(state.Ports, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	full := len(f.Last)
+
+	// One endpoint of one Service changes.
+	es := slice(objs[2*123].(*cluster.Service), []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{a("10.244.3.3"), "node-c", true})
+	st.Upsert(es)
+	changed := state.Update(st, nodeName, map[cluster.Key]bool{es.ServiceKey(): true}, false)
+	if _, err := p.Sync(state.Ports, changed, false); err != nil {
+		t.Fatal(err)
+	}
+	chains := strings.Count(string(f.Last), "\n:")
+	if chains != 1 || !strings.Contains(string(f.Last), "10.244.3.3:8080") {
+		t.Errorf("partial sync wrote %d chains (%d of %d bytes), want the one leaf:\n%s", chains, len(f.Last), full, f.Last)
+	}
+	tr := f.Trace(iptablestest.Packet{Src: clientPod, Dst: a("10.96.0.124"), Proto: "tcp", DPort: 80}, localAddrs)
+	if !slices.Equal(tr.Endpoints, []string{"10.244.3.3:8080"}) {
+		t.Errorf("after the change the Service reaches %v", tr.Endpoints)
+	}
+
+	// A failure forces the next sync to be full.
+	st.Upsert(slice(objs[2*123].(*cluster.Service), []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{a("10.244.3.4"), "node-c", true}))
+	changed = state.Update(st, nodeName, map[cluster.Key]bool{es.ServiceKey(): true}, false)
+	f.FailNext = true
+	if _, err := p.Sync(state.Ports, changed, false); err == nil {
+		t.Fatal("injected failure not reported")
+	}
+	if _, err := p.Sync(state.Ports, nil, false); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.Last) < full*9/10 {
+		t.Errorf("sync after a failure wrote %d bytes, want a full sync (~%d)", len(f.Last), full)
+	}
+
+	// Someone flushes a leaf behind our back; the periodic full sync repairs it.
+	var leaf string
+	for _, c := range f.Chains("nat") {
+		if strings.HasPrefix(c, "PODSVC-D-") && strings.Contains(strings.Join(f.Rules("nat", c), "\n"), "10.96.0.124/32") {
+			leaf = c
+		}
+	}
+	f.DeleteChainRules("nat", leaf)
+	if tr := f.Trace(iptablestest.Packet{Src: clientPod, Dst: a("10.96.0.124"), Proto: "tcp", DPort: 80}, localAddrs); len(tr.Endpoints) != 0 {
+		t.Fatalf("leaf %q not emptied", leaf)
+	}
+	if _, err := p.Sync(state.Ports, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	if tr := f.Trace(iptablestest.Packet{Src: clientPod, Dst: a("10.96.0.124"), Proto: "tcp", DPort: 80}, localAddrs); !slices.Equal(tr.Endpoints, []string{"10.244.3.4:8080"}) {
+		t.Errorf("full sync did not repair %s: %v", leaf, tr.Endpoints)
+	}
+}
+
+// TestFirstPacketCost shows the dispatch tree: the rules a first packet
+// meets grow with log(n), not n.
+func TestFirstPacketCost(t *testing.T) {
+	cost := func(n int) int {
+		var objs []cluster.Object
+		for i := range n {
+			s := svc(fmt.Sprintf("s%d", i), fmt.Sprintf("10.%d.%d.%d", 96+i/65536, i/256%256, i%256), []cluster.ServicePort{tcp(80, 0)})
+			objs = append(objs, s, slice(s, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)},
+				ep{a("10.244.2.2"), "node-b", true}, ep{a("10.244.2.3"), "node-b", true}))
+		}
+		f := iptablestest.New()
+		apply(t, f, defaultCfg, world(objs...))
+		worst := 0
+		for i := 0; i < n; i += max(1, n/97) {
+			dst := a(fmt.Sprintf("10.%d.%d.%d", 96+i/65536, i/256%256, i%256))
+			tr := f.Trace(iptablestest.Packet{Src: clientPod, Dst: dst, Proto: "tcp", DPort: 80}, localAddrs)
+			if len(tr.Endpoints) != 2 {
+				t.Fatalf("n=%d: %s reaches %v", n, dst, tr.Endpoints)
+			}
+			worst = max(worst, tr.Rules)
+		}
+		return worst
+	}
+	small, big := cost(10), cost(10000)
+	t.Logf("rules met by a first packet: %d at 10 Services, %d at 10,000", small, big)
+	if big > 100 {
+		t.Errorf("first packet meets %d rules at 10,000 Services; a linear list would be ~30,000, the tree should stay under 100", big)
+	}
+}
+
+func TestRestartDeletesLeftoverChainsAndCleanup(t *testing.T) {
+	f := iptablestest.New()
+	apply(t, f, defaultCfg, scenario())
+	if !slices.ContainsFunc(f.Chains("nat"), func(c string) bool { return strings.HasPrefix(c, "PODSVC-E-") }) {
+		t.Fatal("scenario has no external chain")
+	}
+	// A new proxier (proxyd restarted) with only the web Service left.
+	ports := scenario()
+	for k := range ports {
+		if k.Name != "web" {
+			delete(ports, k)
+		}
+	}
+	apply(t, f, defaultCfg, ports)
+	for _, c := range f.Chains("nat") {
+		if strings.HasPrefix(c, "PODSVC-E-") || strings.HasPrefix(c, "PODSVC-S-") {
+			t.Errorf("leftover chain %s after restart", c)
+		}
+	}
+	if n := strings.Count(string(saveAll(t, f)), iptables.JumpComment); n != len(iptables.Jumps) {
+		t.Errorf("%d jumps from built-in chains, want %d", n, len(iptables.Jumps))
+	}
+	if err := iptables.Cleanup(f); err != nil {
+		t.Fatal(err)
+	}
+	if s := string(saveAll(t, f)); strings.Contains(s, "PODSVC") {
+		t.Errorf("cleanup left:\n%s", s)
+	}
+}

@@ -1,0 +1,232 @@
+// Package proxy turns the cluster's Services and EndpointSlices into the
+// backend-neutral desired state of a Service proxy: one ServicePort per
+// (Service, port), each with the endpoints this node must use for internal
+// and for external traffic, chosen the way kube-proxy chooses them (readiness,
+// serving-and-terminating fallback, traffic policies, topology).
+//
+// It also tracks which Services changed since the last sync (Tracker), runs
+// the sync loop around a Backend (Run), and serves healthCheckNodePorts.
+// Backends (proxy/iptables, proxy/ebpf) only turn ServicePorts into kernel
+// state; they never look at cluster objects.
+package proxy
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+)
+
+// PortName identifies one port of one Service.
+type PortName struct {
+	Service  cluster.Key
+	Port     string // spec.ports[].name, often ""
+	Protocol cluster.Protocol
+}
+
+func (n PortName) String() string {
+	return fmt.Sprintf("%s:%s/%s", n.Service, n.Port, n.Protocol)
+}
+
+// Endpoint is one backend of a ServicePort.
+type Endpoint struct {
+	Addr        netip.Addr
+	Port        uint16
+	Ready       bool
+	Serving     bool
+	Terminating bool
+	// Local is true when the endpoint runs on this node.
+	Local     bool
+	NodeName  string
+	Zone      string
+	HintZones []string
+	HintNodes []string
+}
+
+// AddrPort is the endpoint's address and port.
+func (e Endpoint) AddrPort() netip.AddrPort { return netip.AddrPortFrom(e.Addr, e.Port) }
+
+// ServicePort is one port of one Service, resolved for this node.
+type ServicePort struct {
+	Name      PortName
+	ClusterIP netip.Addr // the IPv4 cluster IP
+	Port      uint16
+	Protocol  cluster.Protocol
+	NodePort  uint16 // 0: none
+
+	ExternalIPs              []netip.Addr
+	LoadBalancerIPs          []netip.Addr
+	LoadBalancerSourceRanges []netip.Prefix
+
+	// AffinityTimeout is non-zero for sessionAffinity ClientIP.
+	AffinityTimeout     time.Duration
+	ExternalPolicyLocal bool
+	InternalPolicyLocal bool
+	HealthCheckNodePort uint16
+
+	// Endpoints holds every IPv4 endpoint of the port, sorted by address.
+	Endpoints []Endpoint
+	// ClusterEndpoints are the endpoints for traffic with policy Cluster,
+	// after readiness and topology; LocalEndpoints those for policy Local.
+	ClusterEndpoints []Endpoint
+	LocalEndpoints   []Endpoint
+	// HasEndpoints is false when no usable endpoint exists anywhere: traffic
+	// is then rejected rather than dropped.
+	HasEndpoints bool
+}
+
+// External reports whether the port is reachable from outside the cluster
+// network (NodePort, externalIPs, load-balancer IPs).
+func (sp *ServicePort) External() bool {
+	return sp.NodePort != 0 || len(sp.ExternalIPs) > 0 || len(sp.LoadBalancerIPs) > 0
+}
+
+// InternalEndpoints are the endpoints for traffic to the cluster IP.
+func (sp *ServicePort) InternalEndpoints() []Endpoint {
+	if sp.InternalPolicyLocal {
+		return sp.LocalEndpoints
+	}
+	return sp.ClusterEndpoints
+}
+
+// ExternalEndpoints are the endpoints for traffic from outside the cluster
+// to NodePorts, externalIPs and load-balancer IPs.
+func (sp *ServicePort) ExternalEndpoints() []Endpoint {
+	if sp.ExternalPolicyLocal {
+		return sp.LocalEndpoints
+	}
+	return sp.ClusterEndpoints
+}
+
+func (sp *ServicePort) usesClusterEndpoints() bool {
+	return !sp.InternalPolicyLocal || (sp.External() && !sp.ExternalPolicyLocal)
+}
+
+func (sp *ServicePort) usesLocalEndpoints() bool {
+	return sp.InternalPolicyLocal || (sp.External() && sp.ExternalPolicyLocal)
+}
+
+// NodeInfo is what endpoint selection needs to know about this node.
+type NodeInfo struct {
+	Name string
+	Zone string
+}
+
+// Handled reports whether this proxy implements svc: not headless, not
+// ExternalName, not claimed by another proxy, with an IPv4 cluster IP.
+func Handled(svc *cluster.Service) bool {
+	if svc == nil || svc.Headless || svc.ProxyName != "" || svc.Type == cluster.ServiceTypeExternalName {
+		return false
+	}
+	_, ok := clusterIPv4(svc)
+	return ok
+}
+
+func clusterIPv4(svc *cluster.Service) (netip.Addr, bool) {
+	for _, a := range svc.ClusterIPs {
+		if a.Is4() {
+			return a, true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// BuildServicePorts resolves one Service and its EndpointSlices for node.
+// It returns nil for Services this proxy leaves alone.
+func BuildServicePorts(svc *cluster.Service, eps []*cluster.EndpointSlice, node NodeInfo) []*ServicePort {
+	if !Handled(svc) {
+		return nil
+	}
+	vip, _ := clusterIPv4(svc)
+	var out []*ServicePort
+	for _, p := range svc.Ports {
+		sp := &ServicePort{
+			Name:                     PortName{Service: svc.Key(), Port: p.Name, Protocol: p.Protocol},
+			ClusterIP:                vip,
+			Port:                     p.Port,
+			Protocol:                 p.Protocol,
+			ExternalIPs:              only4(svc.ExternalIPs),
+			AffinityTimeout:          svc.SessionAffinityTimeout,
+			ExternalPolicyLocal:      svc.ExternalTrafficPolicyLocal,
+			InternalPolicyLocal:      svc.InternalTrafficPolicyLocal,
+			LoadBalancerSourceRanges: svc.LoadBalancerSourceRanges,
+		}
+		if svc.Type == cluster.ServiceTypeNodePort || svc.Type == cluster.ServiceTypeLoadBalancer {
+			sp.NodePort = p.NodePort
+		}
+		if svc.Type == cluster.ServiceTypeLoadBalancer {
+			sp.LoadBalancerIPs = only4(svc.LoadBalancerIPs)
+		}
+		if !sp.External() {
+			sp.ExternalPolicyLocal = false
+		}
+		if sp.ExternalPolicyLocal {
+			sp.HealthCheckNodePort = svc.HealthCheckNodePort
+		}
+		sp.Endpoints = collectEndpoints(p, eps, node.Name)
+		categorize(sp, svc.TrafficDistribution, node)
+		out = append(out, sp)
+	}
+	return out
+}
+
+func only4(addrs []netip.Addr) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range addrs {
+		if a.Is4() {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// collectEndpoints merges the slices' endpoints for one Service port: the
+// slice port with the same name and protocol gives the target port. An
+// address listed twice keeps its most usable entry.
+func collectEndpoints(p cluster.ServicePort, eps []*cluster.EndpointSlice, nodeName string) []Endpoint {
+	byAddr := make(map[netip.AddrPort]Endpoint)
+	for _, es := range eps {
+		if es.AddressType != "" && es.AddressType != "IPv4" {
+			continue
+		}
+		var port uint16
+		for _, ep := range es.Ports {
+			if ep.Name == p.Name && ep.Protocol == p.Protocol {
+				port = ep.Port
+				break
+			}
+		}
+		if port == 0 {
+			continue
+		}
+		for _, e := range es.Endpoints {
+			if len(e.Addresses) == 0 || !e.Addresses[0].Is4() {
+				continue
+			}
+			n := Endpoint{
+				Addr: e.Addresses[0], Port: port,
+				Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating,
+				Local: nodeName != "" && e.NodeName == nodeName, NodeName: e.NodeName, Zone: e.Zone,
+				HintZones: e.HintZones, HintNodes: e.HintNodes,
+			}
+			if old, ok := byAddr[n.AddrPort()]; ok && (old.Ready || !n.Ready && old.Serving) {
+				continue
+			}
+			byAddr[n.AddrPort()] = n
+		}
+	}
+	out := make([]Endpoint, 0, len(byAddr))
+	for _, e := range byAddr {
+		out = append(out, e)
+	}
+	slices.SortFunc(out, func(a, b Endpoint) int {
+		if c := a.Addr.Compare(b.Addr); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Port, b.Port)
+	})
+	return out
+}

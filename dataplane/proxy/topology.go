@@ -1,0 +1,105 @@
+package proxy
+
+import "slices"
+
+// categorize fills ClusterEndpoints, LocalEndpoints and HasEndpoints the way
+// kube-proxy does: ready endpoints, or serving-and-terminating ones when none
+// is ready; topology narrows the cluster set when it can.
+func categorize(sp *ServicePort, trafficDistribution string, node NodeInfo) {
+	if sp.usesClusterEndpoints() {
+		inTopology := topologyFilter(sp.Endpoints, trafficDistribution, node)
+		sp.ClusterEndpoints = filter(sp.Endpoints, func(e Endpoint) bool { return e.Ready && inTopology(e) })
+		if len(sp.ClusterEndpoints) == 0 {
+			sp.ClusterEndpoints = filter(sp.Endpoints, func(e Endpoint) bool {
+				return e.Serving && e.Terminating && inTopology(e)
+			})
+		}
+		sp.HasEndpoints = len(sp.ClusterEndpoints) > 0
+	}
+	if !sp.usesLocalEndpoints() {
+		return
+	}
+	var localReady, localTerminating bool
+	for _, e := range sp.Endpoints {
+		if e.Ready || e.Serving && e.Terminating {
+			sp.HasEndpoints = true
+		}
+		localReady = localReady || e.Local && e.Ready
+		localTerminating = localTerminating || e.Local && e.Serving && e.Terminating
+	}
+	switch {
+	case localReady:
+		sp.LocalEndpoints = filter(sp.Endpoints, func(e Endpoint) bool { return e.Local && e.Ready })
+	case localTerminating:
+		sp.LocalEndpoints = filter(sp.Endpoints, func(e Endpoint) bool { return e.Local && e.Serving && e.Terminating })
+	}
+}
+
+// topologyFilter returns which endpoints topology allows for this node.
+// EndpointSlice hints win when every ready endpoint carries them (what the
+// EndpointSlice controller writes for trafficDistribution); without hints
+// trafficDistribution is applied directly to the endpoints' node and zone,
+// so a state directory without a controller behaves the same. Topology is
+// ignored when it would leave no ready endpoint.
+func topologyFilter(eps []Endpoint, trafficDistribution string, node NodeInfo) func(Endpoint) bool {
+	all := func(Endpoint) bool { return true }
+	allNodeHints, allZoneHints, anyReady := true, true, false
+	forNode, forZone := false, false
+	for _, e := range eps {
+		if !e.Ready {
+			continue
+		}
+		anyReady = true
+		if len(e.HintNodes) == 0 {
+			allNodeHints = false
+		} else if slices.Contains(e.HintNodes, node.Name) {
+			forNode = true
+		}
+		if len(e.HintZones) == 0 {
+			allZoneHints = false
+		} else if slices.Contains(e.HintZones, node.Zone) {
+			forZone = true
+		}
+	}
+	if !anyReady {
+		return all
+	}
+	if allNodeHints && forNode {
+		return func(e Endpoint) bool { return slices.Contains(e.HintNodes, node.Name) }
+	}
+	if allZoneHints && forZone {
+		return func(e Endpoint) bool { return slices.Contains(e.HintZones, node.Zone) }
+	}
+	if allNodeHints || allZoneHints {
+		return all
+	}
+	sameNode := func(e Endpoint) bool { return e.Local }
+	sameZone := func(e Endpoint) bool { return node.Zone != "" && e.Zone == node.Zone }
+	hasReady := func(f func(Endpoint) bool) bool {
+		return slices.ContainsFunc(eps, func(e Endpoint) bool { return e.Ready && f(e) })
+	}
+	switch trafficDistribution {
+	case "PreferSameNode":
+		if hasReady(sameNode) {
+			return sameNode
+		}
+		if hasReady(sameZone) {
+			return sameZone
+		}
+	case "PreferSameZone", "PreferClose":
+		if hasReady(sameZone) {
+			return sameZone
+		}
+	}
+	return all
+}
+
+func filter(eps []Endpoint, keep func(Endpoint) bool) []Endpoint {
+	var out []Endpoint
+	for _, e := range eps {
+		if keep(e) {
+			out = append(out, e)
+		}
+	}
+	return out
+}

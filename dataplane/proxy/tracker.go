@@ -1,0 +1,125 @@
+package proxy
+
+import (
+	"reflect"
+	"sync"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+)
+
+// Tracker records which Services changed since the last sync. Its handler
+// only marks keys and signals; the sync loop does the work.
+type Tracker struct {
+	nodeName string
+	signal   chan struct{}
+
+	mu    sync.Mutex
+	dirty map[cluster.Key]bool
+	all   bool
+}
+
+// NewTracker subscribes to store. Everything starts dirty.
+func NewTracker(store *cluster.Store, nodeName string) *Tracker {
+	t := &Tracker{nodeName: nodeName, signal: make(chan struct{}, 1), dirty: make(map[cluster.Key]bool), all: true}
+	store.Subscribe(t.handle)
+	return t
+}
+
+func (t *Tracker) handle(ev cluster.Event) {
+	t.mu.Lock()
+	switch ev.Kind {
+	case cluster.KindService:
+		t.dirty[ev.Key] = true
+	case cluster.KindEndpointSlice:
+		for _, o := range []cluster.Object{ev.Old, ev.New} {
+			if es, ok := o.(*cluster.EndpointSlice); ok {
+				t.dirty[es.ServiceKey()] = true
+			}
+		}
+	case cluster.KindNode:
+		// This node's zone decides topology for every Service.
+		if ev.Key.Name == t.nodeName {
+			t.all = true
+		}
+	default:
+		t.mu.Unlock()
+		return
+	}
+	t.mu.Unlock()
+	select {
+	case t.signal <- struct{}{}:
+	default:
+	}
+}
+
+// Changed is signalled after a change is recorded.
+func (t *Tracker) Changed() <-chan struct{} { return t.signal }
+
+// Take returns and clears the recorded changes.
+func (t *Tracker) Take() (dirty map[cluster.Key]bool, all bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	dirty, all = t.dirty, t.all
+	t.dirty, t.all = make(map[cluster.Key]bool), false
+	return dirty, all
+}
+
+// State is the current set of ServicePorts, rebuilt incrementally.
+type State struct {
+	Ports map[cluster.Key][]*ServicePort
+	node  NodeInfo
+}
+
+// NewState returns an empty State.
+func NewState() *State { return &State{Ports: make(map[cluster.Key][]*ServicePort)} }
+
+// Update rebuilds the Services in dirty (every Service when all) from store
+// and returns the keys whose ports really changed.
+func (s *State) Update(store *cluster.Store, nodeName string, dirty map[cluster.Key]bool, all bool) map[cluster.Key]bool {
+	node := NodeInfo{Name: nodeName}
+	if n := store.Node(nodeName); n != nil {
+		node.Zone = n.Zone
+	}
+	if node != s.node {
+		all = true
+		s.node = node
+	}
+	if all {
+		dirty = make(map[cluster.Key]bool)
+		for k := range s.Ports {
+			dirty[k] = true
+		}
+		for _, svc := range store.Services() {
+			dirty[svc.Key()] = true
+		}
+	}
+	changed := make(map[cluster.Key]bool)
+	for key := range dirty {
+		ports := BuildServicePorts(store.Service(key), store.EndpointSlicesFor(key), node)
+		old, had := s.Ports[key]
+		if len(ports) == 0 {
+			if had {
+				delete(s.Ports, key)
+				changed[key] = true
+			}
+			continue
+		}
+		if had && reflect.DeepEqual(old, ports) {
+			continue
+		}
+		s.Ports[key] = ports
+		changed[key] = true
+	}
+	return changed
+}
+
+// Counts returns the number of ServicePorts and of distinct endpoints.
+func (s *State) Counts() (services, endpoints int) {
+	for _, ports := range s.Ports {
+		for _, sp := range ports {
+			services++
+			endpoints += len(sp.Endpoints)
+		}
+	}
+	return services, endpoints
+}
