@@ -110,8 +110,8 @@ type Lab struct {
 	// and StartEcho are meaningful; it has no pods.
 	OutsideHost *Node
 	Segments    []Segment
-	BinDir    string
-	WorkDir   string
+	BinDir      string
+	WorkDir     string
 
 	logf        func(format string, args ...any)
 	detached    bool
