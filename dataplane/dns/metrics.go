@@ -3,6 +3,7 @@ package dns
 import (
 	"encoding/binary"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	mdns "github.com/miekg/dns"
@@ -14,8 +15,8 @@ import (
 // atomic add.
 type Metrics struct {
 	requests        *prometheus.CounterVec
-	byType          map[uint16]*[17]prometheus.Counter
-	other           [17]prometheus.Counter
+	byType          map[uint16]*rcodeCounters
+	other           rcodeCounters
 	duration        prometheus.Histogram
 	cacheHits       prometheus.Counter
 	cacheMisses     prometheus.Counter
@@ -50,23 +51,12 @@ func NewMetrics(reg prometheus.Registerer, zone *Zone, cache *Cache, fwd *Forwar
 		}, []string{"upstream"}),
 		forwardRefused: prometheus.NewCounter(prometheus.CounterOpts{Name: "dnsd_forward_refused_total", Help: "Queries refused because too many were being forwarded."}),
 		forged:         prometheus.NewCounter(prometheus.CounterOpts{Name: "dnsd_forward_forged_answers_total", Help: "Upstream answers dropped because their ID or question did not match."}),
-		byType:         map[uint16]*[17]prometheus.Counter{},
-	}
-	rcodes := func(t string) *[17]prometheus.Counter {
-		var a [17]prometheus.Counter
-		for rc := range a {
-			name := mdns.RcodeToString[rc]
-			if name == "" {
-				name = strconv.Itoa(rc)
-			}
-			a[rc] = m.requests.WithLabelValues(t, name)
-		}
-		return &a
+		byType:         map[uint16]*rcodeCounters{},
 	}
 	for _, t := range countedTypes {
-		m.byType[t] = rcodes(mdns.TypeToString[t])
+		m.byType[t] = &rcodeCounters{vec: m.requests, qtype: mdns.TypeToString[t]}
 	}
-	m.other = *rcodes("other")
+	m.other = rcodeCounters{vec: m.requests, qtype: "other"}
 	reg.MustRegister(m.requests, m.duration, m.cacheHits, m.cacheMisses, m.cacheStale, m.cachePrefetch,
 		m.forwardRequests, m.forwardRefused, m.forged)
 	if cache != nil {
@@ -105,7 +95,7 @@ func (m *Metrics) observe(qtype uint16, resp []byte, start time.Time) {
 	if set == nil {
 		set = &m.other
 	}
-	set[rc].Inc()
+	set.inc(rc)
 	m.duration.Observe(time.Since(start).Seconds())
 }
 
@@ -117,4 +107,26 @@ func isBadVers(resp []byte) bool {
 	}
 	opt := resp[len(resp)-11:]
 	return opt[0] == 0 && binary.BigEndian.Uint16(opt[1:]) == typeOPT && opt[5] == 1
+}
+
+// rcodeCounters are one query type's request counters, by rcode, created on
+// first use so that /metrics lists only what happened.
+type rcodeCounters struct {
+	vec   *prometheus.CounterVec
+	qtype string
+	c     [17]atomic.Pointer[prometheus.Counter]
+}
+
+func (r *rcodeCounters) inc(rc int) {
+	p := r.c[rc].Load()
+	if p == nil {
+		name := mdns.RcodeToString[rc]
+		if name == "" {
+			name = strconv.Itoa(rc)
+		}
+		c := r.vec.WithLabelValues(r.qtype, name)
+		p = &c
+		r.c[rc].Store(p)
+	}
+	(*p).Inc()
 }

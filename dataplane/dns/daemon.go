@@ -1,0 +1,236 @@
+package dns
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/cluster/statedir"
+)
+
+// Config is everything dnsd is configured with (its flags).
+type Config struct {
+	Listen []string
+	Zone   ZoneOptions
+	// Upstreams as HOST:PORT; when empty, the nameservers of ResolvConf.
+	Upstreams  []string
+	ResolvConf string
+	Forward    ForwardOptions
+	Cache      CacheOptions
+	// NoCache turns the cache of forwarded answers off.
+	NoCache bool
+	// DNSServiceIP is the kube-dns VIP; an upstream there would be a loop.
+	DNSServiceIP netip.Addr
+	StateDir     string
+	Kubeconfig   string
+
+	MetricsAddress, HealthAddress, ReadyAddress string
+}
+
+// Validate checks the configuration, naming the field and value at fault.
+func (c *Config) Validate() error {
+	if c.StateDir == "" && c.Kubeconfig == "" {
+		return errors.New("state source: set --state-dir (or --kubeconfig)")
+	}
+	if c.Kubeconfig != "" {
+		return fmt.Errorf("kubeconfig %q: the Kubernetes API source is not available yet; use --state-dir", c.Kubeconfig)
+	}
+	if len(c.Listen) == 0 {
+		return errors.New("listen: at least one address is needed")
+	}
+	for _, l := range c.Listen {
+		if _, _, err := net.SplitHostPort(l); err != nil {
+			return fmt.Errorf("listen %q: %w", l, err)
+		}
+	}
+	for _, u := range c.Upstreams {
+		if _, err := parseUpstream(u); err != nil {
+			return err
+		}
+	}
+	d := strings.Trim(c.Zone.Domain, ".")
+	if d == "" || strings.Contains(d, "..") {
+		return fmt.Errorf("cluster domain %q: not a domain name", c.Zone.Domain)
+	}
+	return nil
+}
+
+func parseUpstream(s string) (netip.AddrPort, error) {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap, nil
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return netip.AddrPortFrom(a, 53), nil
+	}
+	return netip.AddrPort{}, fmt.Errorf("upstream %q: want IP:PORT or IP", s)
+}
+
+// ReadResolvConf returns the nameservers of a resolv.conf, port 53.
+func ReadResolvConf(path string) ([]netip.AddrPort, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("read resolv.conf: %w", err)
+	}
+	defer f.Close()
+	var out []netip.AddrPort
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) >= 2 && fields[0] == "nameserver" {
+			a, err := netip.ParseAddr(fields[1])
+			if err != nil {
+				continue
+			}
+			out = append(out, netip.AddrPortFrom(a, 53))
+		}
+	}
+	return out, sc.Err()
+}
+
+// RunDaemon runs dnsd until ctx ends: the state source, the zone index, the
+// forwarder, the DNS server and the HTTP endpoints.
+func RunDaemon(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	store := cluster.NewStore()
+	src := statedir.New(statedir.Options{Dir: cfg.StateDir, Store: store, Logger: log.With("source", "state-dir")})
+	zone := NewZone(store, cfg.Zone)
+
+	var ups []netip.AddrPort
+	for _, u := range cfg.Upstreams {
+		ap, _ := parseUpstream(u)
+		ups = append(ups, ap)
+	}
+	if len(ups) == 0 {
+		var err error
+		if ups, err = ReadResolvConf(cfg.ResolvConf); err != nil {
+			return err
+		}
+	}
+	fo := cfg.Forward
+	fo.Upstreams = ups
+	fo.Logger = log.With("part", "forward")
+	for _, l := range cfg.Listen {
+		if ap, err := netip.ParseAddrPort(l); err == nil {
+			fo.Forbidden = append(fo.Forbidden, ap)
+		}
+	}
+	if cfg.DNSServiceIP.IsValid() {
+		fo.Forbidden = append(fo.Forbidden, netip.AddrPortFrom(cfg.DNSServiceIP, 53))
+	}
+	fwd, err := NewForwarder(fo)
+	for _, r := range rejectedOf(fwd) {
+		log.Error("upstream rejected", "err", r)
+	}
+	if err != nil {
+		return err
+	}
+	log.Info("forwarding", "upstreams", fmt.Sprint(fwd.Upstreams()))
+	var cache *Cache
+	if !cfg.NoCache {
+		cache = NewCache(cfg.Cache)
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := NewMetrics(reg, zone, cache, fwd)
+	srv := NewServer(ServerOptions{Listen: cfg.Listen, Zone: zone, Forwarder: fwd, Cache: cache, Metrics: metrics, Logger: log})
+
+	var (
+		wg       sync.WaitGroup
+		errOnce  sync.Once
+		firstErr error
+		serving  = make(chan Listening, 1)
+		up       = make(chan struct{})
+	)
+	fail := func(err error) {
+		if err != nil && ctx.Err() == nil {
+			errOnce.Do(func() { firstErr = err })
+			cancel()
+		}
+	}
+	wg.Go(func() { fail(src.Run(ctx)) })
+	wg.Go(func() { zone.Run(ctx.Done()) })
+	wg.Go(func() { fwd.Run(ctx) })
+	wg.Go(func() { fail(srv.Run(ctx, serving)) })
+	wg.Go(func() {
+		select {
+		case l := <-serving:
+			log.Info("serving DNS", "udp", fmt.Sprint(l.UDP), "tcp", fmt.Sprint(l.TCP))
+			close(up)
+		case <-ctx.Done():
+		}
+	})
+
+	ready := func() error {
+		select {
+		case <-up:
+		default:
+			return errors.New("not listening yet")
+		}
+		select {
+		case <-store.Synced():
+			return nil
+		default:
+			return errors.New("cluster state not synced yet")
+		}
+	}
+	httpServe := func(addr string, h http.Handler) {
+		if addr == "" {
+			return
+		}
+		hs := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
+		wg.Go(func() {
+			<-ctx.Done()
+			hs.Close()
+		})
+		wg.Go(func() {
+			if err := hs.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				fail(fmt.Errorf("serve %s: %w", addr, err))
+			}
+		})
+	}
+	metricsMux := http.NewServeMux()
+	metricsMux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	httpServe(cfg.MetricsAddress, metricsMux)
+	healthMux := http.NewServeMux()
+	healthMux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "OK") })
+	httpServe(cfg.HealthAddress, healthMux)
+	readyMux := http.NewServeMux()
+	readyMux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) {
+		if err := ready(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "OK")
+	})
+	httpServe(cfg.ReadyAddress, readyMux)
+
+	wg.Wait()
+	return firstErr
+}
+
+func rejectedOf(f *Forwarder) []error {
+	if f == nil {
+		return nil
+	}
+	return f.Rejected()
+}
