@@ -1,0 +1,80 @@
+package hostnet
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/coreos/go-iptables/iptables"
+
+	"github.com/podnet/podnet/dataplane/roottest"
+)
+
+// TestRealIPTablesAndSysctls runs against a fresh network namespace: the
+// chains come out as designed, a second pass changes nothing (iptables -C
+// agrees with how the rules were written), and removal leaves no trace.
+func TestRealIPTablesAndSysctls(t *testing.T) {
+	roottest.Require(t)
+	name := fmt.Sprintf("podnet-hn-%d-%d", os.Getpid(), time.Now().UnixNano()%1e6)
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	netns, err := ns.GetNS("/run/netns/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer netns.Close()
+
+	err = netns.Do(func(ns.NetNS) error {
+		if err := EnsureSysctls(ProcSysctl{}, ExecModprobe); err != nil {
+			return err
+		}
+		if v, _ := (ProcSysctl{}).Get(sysctlForward); v != "1" {
+			return fmt.Errorf("ip_forward = %q", v)
+		}
+		ipt, err := iptables.New()
+		if err != nil {
+			return err
+		}
+		if changed, err := EnsureChains(ipt, rules); err != nil || !changed {
+			return fmt.Errorf("first ensure: changed %v, err %v", changed, err)
+		}
+		if changed, err := EnsureChains(ipt, rules); err != nil || changed {
+			return fmt.Errorf("second ensure: changed %v, err %v", changed, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	save, _ := exec.Command("ip", "netns", "exec", name, "iptables-save").CombinedOutput()
+	for _, want := range []string{
+		"-A POSTROUTING -m comment --comment podnet -j PODNET-POSTROUTING",
+		"-A PODNET-POSTROUTING -s 10.244.0.0/16 ! -d 224.0.0.0/4 -m comment --comment \"podnet: pods to outside the cluster\" -j MASQUERADE --random-fully",
+		"-A FORWARD -m comment --comment podnet -j PODNET-FORWARD",
+		"-A PODNET-FORWARD -d 10.244.0.0/16 -m comment --comment \"podnet: to pods\" -j ACCEPT",
+	} {
+		if !strings.Contains(string(save), want) {
+			t.Errorf("iptables-save lacks %q:\n%s", want, save)
+		}
+	}
+	err = netns.Do(func(ns.NetNS) error {
+		ipt, err := iptables.New()
+		if err != nil {
+			return err
+		}
+		return RemoveChains(ipt)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	save, _ = exec.Command("ip", "netns", "exec", name, "iptables-save").CombinedOutput()
+	if strings.Contains(string(save), "PODNET") {
+		t.Errorf("chains left after removal:\n%s", save)
+	}
+}
