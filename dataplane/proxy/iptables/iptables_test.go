@@ -27,9 +27,9 @@ var (
 	podCIDR     = netip.MustParsePrefix("10.244.1.0/24")
 	clusterCIDR = netip.MustParsePrefix("10.244.0.0/16")
 	localAddrs  = []netip.Addr{nodeIP, netip.MustParseAddr("10.244.1.1"), netip.MustParseAddr("127.0.0.1")}
-	localPod    = netip.MustParseAddr("10.244.1.5")  // endpoint on this node
-	remotePod   = netip.MustParseAddr("10.244.2.7")  // endpoint on another node
-	clientPod   = netip.MustParseAddr("10.244.1.9")  // a pod that is no endpoint
+	localPod    = netip.MustParseAddr("10.244.1.5")   // endpoint on this node
+	remotePod   = netip.MustParseAddr("10.244.2.7")   // endpoint on another node
+	clientPod   = netip.MustParseAddr("10.244.1.9")   // a pod that is no endpoint
 	outsider    = netip.MustParseAddr("192.168.20.5") // outside the cluster
 )
 
@@ -325,7 +325,9 @@ func TestFakeFailsLikeTheKernel(t *testing.T) {
 // full sync of the last state writes, and each partial sync must only
 // write the chains that changed.
 func TestStates(t *testing.T) {
-	mk := func(n int, eps ...netip.Addr) *cluster.Service { return svc(fmt.Sprintf("s%d", n), fmt.Sprintf("10.96.%d.%d", n/200, n%200+1), []cluster.ServicePort{tcp(80, 0)}) }
+	mk := func(n int, eps ...netip.Addr) *cluster.Service {
+		return svc(fmt.Sprintf("s%d", n), fmt.Sprintf("10.96.%d.%d", n/200, n%200+1), []cluster.ServicePort{tcp(80, 0)})
+	}
 	states := make([]map[cluster.Key][]*proxy.ServicePort, 0, 5)
 	for step := range 5 {
 		var objs []cluster.Object
