@@ -137,6 +137,7 @@ func add(c *Config, args *skel.CmdArgs, log *slog.Logger) (*current.Result, erro
 
 	att := ipam.Attachment{ContainerID: args.ContainerID, IfName: args.IfName}
 	gw := ipam.Gateway(pn.PodCIDR)
+	t0 := time.Now()
 	addr, fresh, br, err := c.allocate(pn, att, log)
 	if err != nil {
 		return nil, err
@@ -157,6 +158,7 @@ func add(c *Config, args *skel.CmdArgs, log *slog.Logger) (*current.Result, erro
 		}
 	}()
 
+	t1 := time.Now()
 	hostMAC, podMAC := link.RandomMAC(), link.MACFromIP(addr)
 	_, err = link.AddVeth(link.VethOptions{
 		HostName: hostName, HostMAC: hostMAC,
@@ -166,6 +168,7 @@ func add(c *Config, args *skel.CmdArgs, log *slog.Logger) (*current.Result, erro
 	if err != nil {
 		return nil, err
 	}
+	t2 := time.Now()
 	podAddr := netip.PrefixFrom(addr, pn.PodCIDR.Bits())
 	if err := link.ConfigurePod(podNS, link.PodIface{Name: args.IfName, Addr: podAddr, Gateway: gw}); err != nil {
 		return nil, err
@@ -174,7 +177,8 @@ func add(c *Config, args *skel.CmdArgs, log *slog.Logger) (*current.Result, erro
 		return nil, err
 	}
 	success = true
-	log.Info("attached", "addr", podAddr, "hostVeth", hostName, "fresh", fresh)
+	log.Info("attached", "addr", podAddr, "hostVeth", hostName, "fresh", fresh,
+		"ipam", t1.Sub(t0), "veth", t2.Sub(t1), "pod", time.Since(t2))
 
 	return &current.Result{
 		CNIVersion: current.ImplementedSpecVersion,
