@@ -230,18 +230,25 @@ func hostNetState(t *testing.T) map[string]string {
 		if err != nil {
 			t.Fatalf("%v: %v: %s", args, err, out)
 		}
-		state[strings.Join(args, " ")] = stableRules(string(out))
+		state[strings.Join(args, " ")] = stableNetState(string(out))
 	}
 	return state
 }
 
-// counters matches the [packets:bytes] of iptables-save chain lines.
-var counters = regexp.MustCompile(`\[\d+:\d+\]`)
+var (
+	// counters matches the [packets:bytes] of iptables-save chain lines.
+	counters = regexp.MustCompile(`\[\d+:\d+\]`)
+	// expires matches the remaining lifetime of routes learnt from router
+	// advertisements or DHCP.
+	expires = regexp.MustCompile(`expires -?\d+sec`)
+)
 
-// stableRules drops what iptables-save changes on every call: the "#"
-// comment lines carry the time of the dump, and the chain counters count
-// whatever traffic the host had meanwhile. Rules and policies stay.
-func stableRules(s string) string {
+// stableNetState drops what changes by itself between two calls while the
+// configuration stays the same: iptables-save's "#" comment lines carry the
+// time of the dump, its chain counters count whatever traffic the host had
+// meanwhile, and learnt routes count down their lifetime. Links, routes,
+// rules and policies stay.
+func stableNetState(s string) string {
 	var b strings.Builder
 	sc := bufio.NewScanner(strings.NewReader(s))
 	for sc.Scan() {
@@ -249,7 +256,8 @@ func stableRules(s string) string {
 		if strings.HasPrefix(line, "#") {
 			continue
 		}
-		b.WriteString(counters.ReplaceAllString(line, "[counters]"))
+		line = counters.ReplaceAllString(line, "[counters]")
+		b.WriteString(expires.ReplaceAllString(line, "expires"))
 		b.WriteByte('\n')
 	}
 	return b.String()
@@ -383,10 +391,20 @@ func TestLabRemovesCrashedRun(t *testing.T) {
 	if err := syscall.Kill(orphan, 0); err != nil {
 		t.Fatalf("the crashed run's orphan process %d is not running before the sweep: %v", orphan, err)
 	}
+	// A namespace of the family without any run record (its record lost
+	// with a cleaned /run, say) is stale too.
+	unrecorded := fmt.Sprintf("pn%04x", (os.Getpid()+1)&0xffff^0x5a5a)
+	if out, err := exec.Command("ip", "netns", "add", unrecorded+"-node1").CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", unrecorded+"-node1").Run() })
 
 	l := lab.Start(t, lab.Options{})
 	if got := labNetns(t, prefix); len(got) > 0 {
 		t.Errorf("namespaces of the crashed run survived the next New: %v", got)
+	}
+	if got := labNetns(t, unrecorded); len(got) > 0 {
+		t.Errorf("namespace of a run without a record survived the next New: %v", got)
 	}
 	cgroups, _ := filepath.Glob(filepath.Join(filepath.Dir(l.Nodes[0].Cgroup), "podnet-"+prefix+"-*"))
 	if len(cgroups) > 0 {

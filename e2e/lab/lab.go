@@ -159,7 +159,11 @@ type Node struct {
 // everything built so far is removed again.
 func New(ctx context.Context, o Options) (*Lab, error) {
 	start := time.Now()
-	l, err := newLab(o)
+	cgroupRoot, err := cgroup2Root()
+	if err != nil {
+		return nil, err
+	}
+	l, err := newLab(o, cgroupRoot)
 	if err != nil {
 		return nil, err
 	}
@@ -167,6 +171,9 @@ func New(ctx context.Context, o Options) (*Lab, error) {
 		l.logf("lab: removing stale labs: %v", err)
 	}
 	if err := writeRecord(runRecord{Prefix: l.Prefix, WorkDir: l.WorkDir, OwnsWorkDir: l.ownsWorkDir}); err != nil {
+		if l.ownsWorkDir {
+			os.RemoveAll(l.WorkDir)
+		}
 		return nil, err
 	}
 	if err := l.build(ctx); err != nil {
@@ -210,7 +217,9 @@ func Start(t testing.TB, o Options) *Lab {
 	return l
 }
 
-func newLab(o Options) (*Lab, error) {
+// newLab fills in the defaults and plans the lab; it creates nothing but
+// the work dir.
+func newLab(o Options, cgroupRoot string) (*Lab, error) {
 	l := &Lab{Prefix: o.Prefix, BinDir: o.BinDir, WorkDir: o.WorkDir, logf: o.Logf, detached: o.Detached, OutsideIP: outsideIP}
 	if l.logf == nil {
 		l.logf = func(string, ...any) {}
@@ -228,33 +237,22 @@ func newLab(o Options) (*Lab, error) {
 	if l.BinDir == "" {
 		l.BinDir = defaultBinDir()
 	}
-	cg, err := cgroup2Root()
-	if err != nil {
-		return nil, err
-	}
-	l.cgroupRoot = cg
-	if l.WorkDir == "" {
-		dir, err := os.MkdirTemp("", "podnet-lab-"+l.Prefix+"-")
-		if err != nil {
-			return nil, fmt.Errorf("create work dir: %w", err)
-		}
-		l.WorkDir, l.ownsWorkDir = dir, true
-	} else if err := os.MkdirAll(l.WorkDir, 0o755); err != nil {
-		return nil, fmt.Errorf("create work dir: %w", err)
-	}
+	l.cgroupRoot = cgroupRoot
 	l.Underlay = l.Prefix + "-underlay"
 	l.Router = l.Prefix + "-router"
 	l.Outside = l.Prefix + "-outside"
 
 	l.OutsideHost = &Node{
 		Name: "outside", NS: l.Outside, IP: outsideIP, Subnet: OutsideNet, Gateway: outsideGW, Iface: "eth0",
-		Dir:    filepath.Join(l.WorkDir, "outside"),
 		Cgroup: filepath.Join(l.cgroupRoot, "podnet-"+l.Prefix+"-outside"),
 		lab:    l,
 	}
 	specs := o.Nodes
 	if len(specs) == 0 {
 		specs = DefaultNodes()
+	}
+	if len(specs) > 254 {
+		return nil, fmt.Errorf("nodes: %d, at most 254", len(specs))
 	}
 	seen := map[string]bool{}
 	for i, s := range specs {
@@ -272,18 +270,42 @@ func newLab(o Options) (*Lab, error) {
 		if !pod.IsValid() {
 			pod = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i + 1), 0}), 24)
 		}
+		if s.IP.Masked().Overlaps(OutsideNet) {
+			return nil, fmt.Errorf("node %s: ip %v: overlaps the outside network %v", s.Name, s.IP, OutsideNet)
+		}
 		seg := l.segmentFor(s.IP.Masked())
-		if s.IP.Addr() == seg.Gateway {
-			return nil, fmt.Errorf("node %s: ip %v is the router's address on its segment", s.Name, s.IP)
+		if s.IP.Addr() == seg.Gateway || s.IP.Addr() == s.IP.Masked().Addr() {
+			return nil, fmt.Errorf("node %s: ip %v is the router's or the subnet's address", s.Name, s.IP)
 		}
 		n := &Node{
 			Name: s.Name, NS: l.Prefix + "-" + s.Name, IP: s.IP.Addr(), Subnet: s.IP.Masked(),
 			Gateway: seg.Gateway, Iface: "eth0", PodCIDR: pod, Zone: seg.Zone,
-			Dir:    filepath.Join(l.WorkDir, "nodes", s.Name),
 			Cgroup: filepath.Join(l.cgroupRoot, "podnet-"+l.Prefix+"-"+s.Name),
 			lab:    l,
 		}
 		l.Nodes = append(l.Nodes, n)
+	}
+	for i, a := range l.Segments {
+		for _, b := range l.Segments[i+1:] {
+			if a.Subnet.Overlaps(b.Subnet) {
+				return nil, fmt.Errorf("nodes: subnets %v and %v overlap", a.Subnet, b.Subnet)
+			}
+		}
+	}
+
+	// Last, so that invalid options leave nothing behind.
+	if l.WorkDir == "" {
+		dir, err := os.MkdirTemp("", "podnet-lab-"+l.Prefix+"-")
+		if err != nil {
+			return nil, fmt.Errorf("create work dir: %w", err)
+		}
+		l.WorkDir, l.ownsWorkDir = dir, true
+	} else if err := os.MkdirAll(l.WorkDir, 0o755); err != nil {
+		return nil, fmt.Errorf("create work dir: %w", err)
+	}
+	l.OutsideHost.Dir = filepath.Join(l.WorkDir, "outside")
+	for _, n := range l.Nodes {
+		n.Dir = filepath.Join(l.WorkDir, "nodes", n.Name)
 	}
 	return l, nil
 }
