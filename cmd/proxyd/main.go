@@ -2,27 +2,131 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"log/slog"
+	"net/netip"
 	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
 
 	"github.com/spf13/pflag"
 
+	"github.com/podnet/podnet/dataplane/agent"
+	"github.com/podnet/podnet/dataplane/nodeconfig"
+	"github.com/podnet/podnet/dataplane/routing"
 	"github.com/podnet/podnet/dataplane/version"
 )
 
 func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	hostname, _ := os.Hostname()
 	fs := pflag.NewFlagSet("proxyd", pflag.ContinueOnError)
-	showVersion := fs.Bool("version", false, "print the version and exit")
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		if err == pflag.ErrHelp {
-			os.Exit(0)
+	var (
+		o                 agent.Options
+		clusterCIDR       string
+		backend           string
+		proxyMode         string
+		nodePortAddresses []string
+		masqueradeAll     bool
+		cleanup           bool
+		showVersion       bool
+		logLevel          string
+	)
+	fs.StringVar(&o.NodeName, "node-name", hostname, "this node's name in the cluster state")
+	fs.StringVar(&o.StateDir, "state-dir", "/etc/podnet/state", "directory of Kubernetes objects (YAML/JSON) to read the cluster state from")
+	fs.StringVar(&clusterCIDR, "cluster-cidr", "10.244.0.0/16", "the pod network of the whole cluster")
+	fs.StringVar(&backend, "backend", string(routing.BackendAuto), "how to reach other nodes' pods: auto (host-gw on this node's subnet, VXLAN beyond), host-gw or vxlan")
+	fs.IntVar(&o.VXLANVNI, "vxlan-vni", routing.DefaultVNI, "VXLAN network identifier")
+	fs.IntVar(&o.VXLANPort, "vxlan-port", routing.DefaultPort, "VXLAN UDP port")
+	fs.StringVar(&o.Iface, "iface", "", "underlay interface (default: the interface holding the node's InternalIP)")
+	fs.StringVar(&o.NodeConfigPath, "node-config", nodeconfig.DefaultPath, "where to write the node config for the CNI plugin")
+	fs.BoolVar(&o.Masquerade, "masquerade", true, "masquerade pod traffic leaving the cluster CIDR to the node's address")
+	fs.StringVar(&proxyMode, "proxy-mode", "iptables", "Service proxy: iptables, ebpf or none")
+	fs.StringVar(&o.HealthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz (empty disables)")
+	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics (empty disables)")
+	fs.DurationVar(&o.SyncPeriod, "sync-period", 30*time.Second, "full resync period of routes and rules")
+	fs.DurationVar(&o.MinSyncPeriod, "min-sync-period", time.Second, "minimum time between syncs")
+	fs.StringSliceVar(&nodePortAddresses, "nodeport-addresses", nil, "CIDRs whose node addresses accept NodePorts (default: all)")
+	fs.BoolVar(&masqueradeAll, "masquerade-all", false, "masquerade all traffic sent to Service IPs")
+	fs.BoolVar(&cleanup, "cleanup", false, "remove everything proxyd installed and exit")
+	fs.BoolVar(&showVersion, "version", false, "print the version and exit")
+	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return 0
 		}
-		os.Exit(2)
+		return 2
 	}
-	if *showVersion {
+	if showVersion {
 		fmt.Println("proxyd", version.String())
-		return
+		return 0
 	}
-	fmt.Fprintln(os.Stderr, "proxyd: not implemented yet")
-	os.Exit(1)
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+		fmt.Fprintf(os.Stderr, "proxyd: --log-level: %v\n", err)
+		return 2
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	if cleanup {
+		err := errors.Join(agent.Cleanup(logger), cleanupServiceProxy(logger))
+		if err != nil {
+			logger.Error("cleanup", "err", err)
+			return 1
+		}
+		return 0
+	}
+
+	var err error
+	if o.ClusterCIDR, err = netip.ParsePrefix(clusterCIDR); err != nil {
+		fmt.Fprintf(os.Stderr, "proxyd: --cluster-cidr: %v\n", err)
+		return 2
+	}
+	o.ClusterCIDR = o.ClusterCIDR.Masked()
+	o.Backend = routing.Backend(backend)
+	switch proxyMode {
+	case "iptables", "ebpf", "none":
+	default:
+		fmt.Fprintf(os.Stderr, "proxyd: --proxy-mode: %q is not iptables, ebpf or none\n", proxyMode)
+		return 2
+	}
+	var npa []netip.Prefix
+	for _, s := range nodePortAddresses {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "proxyd: --nodeport-addresses: %v\n", err)
+			return 2
+		}
+		npa = append(npa, p.Masked())
+	}
+	o.Logger = logger
+	o.ServiceProxy = func(ctx context.Context, env agent.ServiceProxyEnv) error {
+		return runServiceProxy(ctx, serviceProxyOptions{
+			Mode: proxyMode, NodeName: o.NodeName, ClusterCIDR: o.ClusterCIDR,
+			NodePortAddresses: npa, MasqueradeAll: masqueradeAll,
+			SyncPeriod: o.SyncPeriod, MinSyncPeriod: o.MinSyncPeriod,
+			Store: env.Store, Health: env.Health, Metrics: env.Metrics, Logger: env.Logger,
+		})
+	}
+	if err := o.Validate(); err != nil {
+		fmt.Fprintf(os.Stderr, "proxyd: %v\n", err)
+		return 2
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	logger.Info("proxyd starting", "version", version.String(), "node", o.NodeName, "backend", o.Backend, "proxyMode", proxyMode)
+	if err := agent.Run(ctx, o); err != nil {
+		logger.Error("proxyd failed", "err", err)
+		return 1
+	}
+	logger.Info("proxyd stopped")
+	return 0
 }

@@ -1,0 +1,441 @@
+// Package agent is proxyd's node agent: it reads the cluster state, gives
+// the node its pod network (the node config for the CNI plugin, routes to
+// every other node's pods, sysctls, masquerading) and runs the Service
+// proxy beside it, with /healthz and /metrics.
+//
+// The node network is reconciled, never rebuilt: every sync computes the
+// routing plan from the Nodes and changes only what differs, triggered by
+// Node changes, by netlink events (someone removed a route) and by the
+// periodic resync.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/coreos/go-iptables/iptables"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/cluster/statedir"
+	"github.com/podnet/podnet/dataplane/health"
+	"github.com/podnet/podnet/dataplane/hostnet"
+	"github.com/podnet/podnet/dataplane/nodeconfig"
+	"github.com/podnet/podnet/dataplane/routing"
+)
+
+// ServiceProxy runs the Service proxy until ctx ends. main supplies it, so
+// the proxy backends stay out of this package's imports.
+type ServiceProxy func(ctx context.Context, env ServiceProxyEnv) error
+
+// ServiceProxyEnv is what the agent shares with the Service proxy.
+type ServiceProxyEnv struct {
+	Store   *cluster.Store
+	Health  *health.Checker
+	Metrics prometheus.Registerer
+	Logger  *slog.Logger
+}
+
+// Options configure the agent. Defaults are the flags' defaults.
+type Options struct {
+	NodeName       string
+	StateDir       string
+	ClusterCIDR    netip.Prefix
+	Backend        routing.Backend
+	VXLANVNI       int
+	VXLANPort      int
+	Iface          string // "" = the interface holding the node's InternalIP
+	NodeConfigPath string
+	Masquerade     bool
+	SyncPeriod     time.Duration
+	MinSyncPeriod  time.Duration
+	HealthzAddr    string // "" disables
+	MetricsAddr    string // "" disables
+	ServiceProxy   ServiceProxy
+	Logger         *slog.Logger
+}
+
+// Validate names the first option that is wrong.
+func (o Options) Validate() error {
+	switch {
+	case o.NodeName == "":
+		return errors.New("--node-name: empty")
+	case o.StateDir == "":
+		return errors.New("--state-dir: empty (the state directory is the only cluster state source so far)")
+	case !o.ClusterCIDR.IsValid() || !o.ClusterCIDR.Addr().Is4():
+		return fmt.Errorf("--cluster-cidr: %v is not an IPv4 prefix", o.ClusterCIDR)
+	case o.NodeConfigPath == "":
+		return errors.New("--node-config: empty")
+	case o.SyncPeriod <= 0:
+		return fmt.Errorf("--sync-period: %v must be positive", o.SyncPeriod)
+	case o.MinSyncPeriod < 0 || o.MinSyncPeriod > o.SyncPeriod:
+		return fmt.Errorf("--min-sync-period: %v must be between 0 and --sync-period", o.MinSyncPeriod)
+	}
+	switch o.Backend {
+	case routing.BackendAuto, routing.BackendHostGW, routing.BackendVXLAN:
+	default:
+		return fmt.Errorf("--backend: %q is not auto, host-gw or vxlan", o.Backend)
+	}
+	if o.VXLANVNI < 1 || o.VXLANVNI > 1<<24-1 {
+		return fmt.Errorf("--vxlan-vni: %d out of range 1-16777215", o.VXLANVNI)
+	}
+	if o.VXLANPort < 1 || o.VXLANPort > 65535 {
+		return fmt.Errorf("--vxlan-port: %d out of range 1-65535", o.VXLANPort)
+	}
+	return nil
+}
+
+// Health component names.
+const (
+	componentState   = "cluster-state"
+	componentNetwork = "node-network"
+)
+
+// Run runs the agent until ctx ends.
+func Run(ctx context.Context, o Options) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	log := o.Logger
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	checker := health.NewChecker()
+	checker.Set(componentState, errors.New("cluster state not loaded yet"))
+	checker.Set(componentNetwork, errors.New("node network not synced yet"))
+
+	store := cluster.NewStore()
+	src := statedir.New(statedir.Options{Dir: o.StateDir, Store: store, Logger: log.With("component", "statedir")})
+
+	h, err := netlink.NewHandle()
+	if err != nil {
+		return fmt.Errorf("open netlink: %w", err)
+	}
+	defer h.Close()
+	ipt, err := iptables.New()
+	if err != nil {
+		return fmt.Errorf("iptables: %w", err)
+	}
+	n := &nodeNet{
+		o:       o,
+		log:     log.With("component", "node-network"),
+		store:   store,
+		health:  checker,
+		nl:      h,
+		rec:     &routing.Reconciler{Kernel: routing.NewNetlinkKernel(h), Device: routing.DefaultDevice},
+		ipt:     ipt,
+		sysctl:  hostnet.ProcSysctl{},
+		mod:     hostnet.ExecModprobe,
+		metrics: newMetrics(reg, src),
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errc := make(chan error, 8)
+	goRun := func(name string, f func(context.Context) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(ctx); err != nil && ctx.Err() == nil {
+				errc <- fmt.Errorf("%s: %w", name, err)
+			}
+		}()
+	}
+	// Listen before anything else so a port conflict fails at start.
+	for _, srv := range []struct {
+		name, addr, path string
+		h                http.Handler
+	}{
+		{"healthz", o.HealthzAddr, "/healthz", checker},
+		{"metrics", o.MetricsAddr, "/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})},
+	} {
+		if srv.addr == "" {
+			continue
+		}
+		ln, err := net.Listen("tcp", srv.addr)
+		if err != nil {
+			return fmt.Errorf("listen %s on %s: %w", srv.name, srv.addr, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle(srv.path, srv.h)
+		s := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		goRun(srv.name, func(ctx context.Context) error {
+			go func() { <-ctx.Done(); s.Close() }()
+			if err := s.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+		log.Info("serving", "what", srv.name, "addr", ln.Addr().String())
+	}
+
+	goRun("state directory", src.Run)
+	goRun("state sync", func(ctx context.Context) error {
+		select {
+		case <-store.Synced():
+			checker.Set(componentState, nil)
+			log.Info("cluster state loaded", "dir", o.StateDir, "nodes", len(store.Nodes()), "services", len(store.Services()))
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	goRun("node network", n.run)
+	if o.ServiceProxy != nil {
+		goRun("service proxy", func(ctx context.Context) error {
+			return o.ServiceProxy(ctx, ServiceProxyEnv{Store: store, Health: checker, Metrics: reg, Logger: log.With("component", "service-proxy")})
+		})
+	}
+
+	select {
+	case <-ctx.Done():
+		wg.Wait()
+		return nil
+	case err := <-errc:
+		cancel()
+		wg.Wait()
+		return err
+	}
+}
+
+type nodeNet struct {
+	o       Options
+	log     *slog.Logger
+	store   *cluster.Store
+	health  *health.Checker
+	nl      *netlink.Handle
+	rec     *routing.Reconciler
+	ipt     hostnet.IPTables
+	sysctl  hostnet.Sysctl
+	mod     hostnet.Modprobe
+	metrics *metrics
+
+	lastPlan    string
+	lastProblem string
+}
+
+func (n *nodeNet) run(ctx context.Context) error {
+	select {
+	case <-n.store.Synced():
+	case <-ctx.Done():
+		return nil
+	}
+	trigger := make(chan struct{}, 1)
+	n.store.Subscribe(func(ev cluster.Event) {
+		if ev.Kind == cluster.KindNode {
+			notify(trigger)
+		}
+	})
+	go func() {
+		if err := routing.Watch(ctx, netns.None(), routing.DefaultDevice, trigger); err != nil && ctx.Err() == nil {
+			n.log.Warn("netlink watch failed; relying on the periodic resync", "err", err)
+		}
+	}()
+	ticker := time.NewTicker(n.o.SyncPeriod)
+	defer ticker.Stop()
+	var last time.Time
+	notify(trigger)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		case <-trigger:
+			// Bursts (a state file with many Nodes, our own netlink
+			// echoes) coalesce into one sync per MinSyncPeriod.
+			if wait := n.o.MinSyncPeriod - time.Since(last); wait > 0 {
+				select {
+				case <-time.After(wait):
+				case <-ctx.Done():
+					return nil
+				}
+				// Drain what arrived meanwhile; this sync covers it.
+				select {
+				case <-trigger:
+				default:
+				}
+			}
+		}
+		last = time.Now()
+		n.sync()
+	}
+}
+
+func notify(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// sync does one reconciliation and records its outcome in health and
+// metrics.
+func (n *nodeNet) sync() {
+	start := time.Now()
+	err := n.syncOnce()
+	n.metrics.syncs.Inc()
+	n.metrics.syncDuration.Observe(time.Since(start).Seconds())
+	if err != nil {
+		n.metrics.syncErrors.Inc()
+		if err.Error() != n.lastProblem {
+			n.log.Warn("node network not ready", "err", err)
+		}
+		n.lastProblem = err.Error()
+		n.health.Set(componentNetwork, err)
+		return
+	}
+	if n.lastProblem != "" {
+		n.log.Info("node network ready")
+	}
+	n.lastProblem = ""
+	n.health.Set(componentNetwork, nil)
+}
+
+// underlay finds the interface holding ip, its subnet and MTU.
+func (n *nodeNet) underlay(ip netip.Addr) (string, netip.Prefix, int, error) {
+	links, err := n.nl.LinkList()
+	if err != nil {
+		return "", netip.Prefix{}, 0, fmt.Errorf("list links: %w", err)
+	}
+	for _, l := range links {
+		if n.o.Iface != "" && l.Attrs().Name != n.o.Iface {
+			continue
+		}
+		addrs, err := n.nl.AddrList(l, netlink.FAMILY_V4)
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			got, _ := netip.AddrFromSlice(a.IP)
+			if got.Unmap() == ip {
+				ones, _ := a.Mask.Size()
+				return l.Attrs().Name, netip.PrefixFrom(ip, ones).Masked(), l.Attrs().MTU, nil
+			}
+		}
+	}
+	if n.o.Iface != "" {
+		return "", netip.Prefix{}, 0, fmt.Errorf("--iface %s does not hold the node's InternalIP %s", n.o.Iface, ip)
+	}
+	return "", netip.Prefix{}, 0, fmt.Errorf("no interface holds the node's InternalIP %s (set --iface)", ip)
+}
+
+func (n *nodeNet) syncOnce() error {
+	self := n.store.Node(n.o.NodeName)
+	if self == nil {
+		return fmt.Errorf("node %q is not in the cluster state", n.o.NodeName)
+	}
+	ip, ok := self.InternalIP()
+	if !ok {
+		return fmt.Errorf("node %q has no IPv4 InternalIP", n.o.NodeName)
+	}
+	iface, subnet, mtu, err := n.underlay(ip)
+	if err != nil {
+		return err
+	}
+	cfg := routing.Config{
+		NodeName: n.o.NodeName, Backend: n.o.Backend, NodeIP: ip, NodeSubnet: subnet,
+		Iface: iface, UnderlayMTU: mtu, Device: routing.DefaultDevice, VNI: n.o.VXLANVNI, Port: n.o.VXLANPort,
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	var errs []error
+	if err := hostnet.EnsureSysctls(n.sysctl, n.mod); err != nil {
+		errs = append(errs, err)
+	}
+	if changed, err := hostnet.EnsureChains(n.ipt, hostnet.Rules{ClusterCIDR: n.o.ClusterCIDR, Masquerade: n.o.Masquerade}); err != nil {
+		errs = append(errs, fmt.Errorf("iptables: %w", err))
+	} else if changed {
+		n.log.Info("iptables chains written", "chains", []string{hostnet.ChainPostrouting, hostnet.ChainForward})
+	}
+
+	plan := routing.Compute(cfg, n.store.Nodes())
+	if s := plan.String(); s != n.lastPlan {
+		n.lastPlan = s
+		for _, sk := range plan.Skipped {
+			n.log.Warn("peer not routed", "reason", sk)
+		}
+	}
+	changes, err := n.rec.Apply(plan)
+	for _, c := range changes {
+		n.log.Info("node network changed", "change", c)
+	}
+	n.metrics.changes.Add(float64(len(changes)))
+	if err != nil {
+		errs = append(errs, fmt.Errorf("routes: %w", err))
+	}
+	var vx, gw int
+	for _, p := range plan.Peers {
+		if p.VXLAN {
+			vx++
+		} else {
+			gw++
+		}
+	}
+	n.metrics.peers.WithLabelValues("vxlan").Set(float64(vx))
+	n.metrics.peers.WithLabelValues("host-gw").Set(float64(gw))
+
+	if !plan.PodCIDR.IsValid() {
+		errs = append(errs, fmt.Errorf("node %q has no spec.podCIDR yet; pods cannot be started until it has one", n.o.NodeName))
+	} else if err := n.writeNodeConfig(nodeconfig.Config{PodCIDR: plan.PodCIDR, ClusterCIDR: n.o.ClusterCIDR, MTU: cfg.PodMTU()}); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (n *nodeNet) writeNodeConfig(c nodeconfig.Config) error {
+	if have, err := nodeconfig.Read(n.o.NodeConfigPath); err == nil && reflect.DeepEqual(have, c) {
+		return nil
+	} else if err != nil && !errors.Is(err, nodeconfig.ErrNotFound) {
+		n.log.Warn("rewriting unreadable node config", "path", n.o.NodeConfigPath, "err", err)
+	}
+	if err := nodeconfig.Write(n.o.NodeConfigPath, c); err != nil {
+		return err
+	}
+	n.log.Info("node config written", "path", n.o.NodeConfigPath, "podCIDR", c.PodCIDR, "clusterCIDR", c.ClusterCIDR, "mtu", c.MTU)
+	return nil
+}
+
+// Cleanup removes what the node agent created: podnet's iptables chains,
+// the VXLAN device and podnet's routes. The node config stays, so pods that
+// still run keep a consistent view.
+func Cleanup(logger *slog.Logger) error {
+	var errs []error
+	if ipt, err := iptables.New(); err != nil {
+		errs = append(errs, err)
+	} else if err := hostnet.RemoveChains(ipt); err != nil {
+		errs = append(errs, err)
+	}
+	h, err := netlink.NewHandle()
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	defer h.Close()
+	k := routing.NewNetlinkKernel(h)
+	rec := &routing.Reconciler{Kernel: k, Device: routing.DefaultDevice}
+	// An empty plan without a device: the reconciler removes everything
+	// tagged as podnet's.
+	changes, err := rec.Apply(routing.Plan{})
+	for _, c := range changes {
+		logger.Info("cleanup", "change", c)
+	}
+	if err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,41 @@
+package agent
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/podnet/podnet/dataplane/cluster/statedir"
+)
+
+type metrics struct {
+	syncs        prometheus.Counter
+	syncErrors   prometheus.Counter
+	syncDuration prometheus.Histogram
+	changes      prometheus.Counter
+	peers        *prometheus.GaugeVec
+}
+
+func newMetrics(reg prometheus.Registerer, src *statedir.Source) *metrics {
+	m := &metrics{
+		syncs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "podnet_node_network_syncs_total", Help: "Node network reconciliations run.",
+		}),
+		syncErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "podnet_node_network_sync_errors_total", Help: "Node network reconciliations that ended with an error.",
+		}),
+		syncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "podnet_node_network_sync_duration_seconds", Help: "Duration of node network reconciliations.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		changes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "podnet_node_network_changes_total", Help: "Routes, neighbour, FDB entries and links added, changed or removed.",
+		}),
+		peers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "podnet_peers", Help: "Other nodes this node routes pods to, by backend.",
+		}, []string{"backend"}),
+	}
+	fileErrors := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "podnet_state_file_errors", Help: "State directory files that currently do not parse.",
+	}, func() float64 { return float64(len(src.FileErrors())) })
+	reg.MustRegister(m.syncs, m.syncErrors, m.syncDuration, m.changes, m.peers, fileErrors)
+	return m
+}
