@@ -169,7 +169,7 @@ func TestRealApplyInNamespace(t *testing.T) {
 					return err
 				}
 				var err error
-				save, err = exec.Command("iptables-"+backend+"-save").Output()
+				save, err = exec.Command("iptables-" + backend + "-save").Output()
 				return err
 			}); err != nil {
 				t.Fatal(err)
