@@ -104,7 +104,7 @@ func TestBenchCNI(t *testing.T) {
 		if s.list, err = libcni.NetworkConfFromBytes(conf); err != nil {
 			t.Fatal(err)
 		}
-		s.c = libcni.NewCNIConfigWithCacheDir(s.path, filepath.Join(dir, "cache"), nil)
+		s.c = libcni.NewCNIConfigWithCacheDir(s.path, filepath.Join(dir, "cache"), newExec())
 		for range parallel {
 			s.pods = append(s.pods, newNetNS(t, "bpod"))
 		}

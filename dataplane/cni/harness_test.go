@@ -17,8 +17,10 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -179,7 +181,7 @@ func newTestNode(t testing.TB, o nodeOptions) *testNode {
 	if err != nil {
 		t.Fatalf("parse conflist: %v", err)
 	}
-	n.cni = libcni.NewCNIConfigWithCacheDir([]string{pluginDir(t)}, filepath.Join(n.dir, "cache"), nil)
+	n.cni = libcni.NewCNIConfigWithCacheDir([]string{pluginDir(t)}, filepath.Join(n.dir, "cache"), newExec())
 	t.Cleanup(func() {
 		if t.Failed() {
 			if log, err := os.ReadFile(filepath.Join(n.dir, "cni.log")); err == nil {
@@ -188,6 +190,12 @@ func newTestNode(t testing.TB, o nodeOptions) *testNode {
 		}
 	})
 	return n
+}
+
+// newExec is libcni's default exec, made up front: libcni creates it lazily
+// without a lock, which races when one CNIConfig is used concurrently.
+func newExec() invoke.Exec {
+	return &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
 }
 
 func tail(b []byte, n int) []byte {
@@ -277,7 +285,7 @@ func (n *testNode) status() error {
 func (n *testNode) gc(valid []types.GCAttachment, freshCache bool) error {
 	c := n.cni
 	if freshCache {
-		c = libcni.NewCNIConfigWithCacheDir([]string{pluginDir(n.t)}, n.t.TempDir(), nil)
+		c = libcni.NewCNIConfigWithCacheDir([]string{pluginDir(n.t)}, n.t.TempDir(), newExec())
 	}
 	return n.inNode(func() error {
 		return c.GCNetworkList(context.Background(), n.list, &libcni.GCArgs{ValidAttachments: valid})

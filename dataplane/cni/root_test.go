@@ -106,6 +106,16 @@ func TestAddCheckDelEveryVersion(t *testing.T) {
 				if len(addrs) != 1 || addrs[0] != netip.MustParsePrefix("10.244.3.1/24") {
 					t.Errorf("cbr0 addresses %v, want [10.244.3.1/24]", addrs)
 				}
+				if br.Attrs().HardwareAddr.String() != "0a:58:0a:f4:03:01" || r.Interfaces[0].Mac != "0a:58:0a:f4:03:01" {
+					t.Errorf("cbr0 MAC %s (result %s), want the fixed 0a:58:0a:f4:03:01", br.Attrs().HardwareAddr, r.Interfaces[0].Mac)
+				}
+				fwd, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+				if err != nil {
+					return err
+				}
+				if strings.TrimSpace(string(fwd)) != "1" {
+					t.Errorf("ip_forward in the node is %q, want 1", fwd)
+				}
 				return nil
 			})
 
@@ -124,6 +134,19 @@ func TestAddCheckDelEveryVersion(t *testing.T) {
 				err := n.check(pod, "ctr-a", "eth0")
 				if err == nil || !strings.Contains(err.Error(), "MTU 1300, want 1400") {
 					t.Errorf("CHECK after changing the pod MTU: %v, want an error naming MTU 1300", err)
+				}
+				// So are a missing address and route.
+				inNS(t, pod, func() error {
+					l, err := netlink.LinkByName("eth0")
+					if err != nil {
+						return err
+					}
+					return link.DelAddr(l, netip.PrefixFrom(addr, 24))
+				})
+				err = n.check(pod, "ctr-a", "eth0")
+				if err == nil || !strings.Contains(err.Error(), "want "+netip.PrefixFrom(addr, 24).String()) ||
+					!strings.Contains(err.Error(), "no default route via 10.244.3.1") {
+					t.Errorf("CHECK after removing the pod address: %v, want it to name the address and the route", err)
 				}
 			}
 
@@ -418,5 +441,56 @@ func TestGCRemovesWhatIsNotValid(t *testing.T) {
 	}
 	if err := n.check(pods[1], "ctr-1", "eth0"); err != nil {
 		t.Errorf("CHECK of the valid attachment after GC: %v", err)
+	}
+}
+
+func TestFailedAddUndoesEverything(t *testing.T) {
+	t.Parallel()
+	n := newTestNode(t, nodeOptions{})
+	pod := newNetNS(t, "pod")
+	// The pod already has an eth0 that is not podnet's: the veth cannot be
+	// created after the address was taken.
+	inNS(t, pod, func() error {
+		return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "eth0", TxQLen: -1}})
+	})
+	_, err := n.add(pod, "ctr-fail", "eth0")
+	if err == nil || !strings.Contains(err.Error(), "already exists in the pod") {
+		t.Fatalf("ADD over a foreign eth0: %v, want an error saying it exists", err)
+	}
+	if al := n.allocations(); len(al) != 0 {
+		t.Errorf("failed ADD kept allocations %v", al)
+	}
+	if linkExists(t, n.ns, link.HostVethName("ctr-fail", "eth0")) {
+		t.Error("failed ADD left the host veth")
+	}
+	inNS(t, pod, func() error {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		if _, ok := l.(*netlink.Bridge); !ok {
+			t.Errorf("the pod's own eth0 was replaced by a %s", l.Type())
+		}
+		return nil
+	})
+}
+
+func TestGCContinuesPastErrors(t *testing.T) {
+	t.Parallel()
+	n := newTestNode(t, nodeOptions{})
+	pod := newNetNS(t, "pod")
+	n.mustAdd(pod, "ctr-stale", "eth0")
+	// A store that cannot be read: GC still removes the stale veth and
+	// reports the store error.
+	store := filepath.Join(n.dir, "ipam", "podnet", "allocations.json")
+	if err := os.WriteFile(store, []byte("{not json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := n.gc(nil, true)
+	if err == nil || !strings.Contains(err.Error(), "allocations.json") {
+		t.Errorf("GC with a broken store: %v, want an error naming the store", err)
+	}
+	if linkExists(t, n.ns, link.HostVethName("ctr-stale", "eth0")) {
+		t.Error("GC stopped at the store error and left the stale veth")
 	}
 }
