@@ -89,10 +89,29 @@ func TestPluginBinaryErrorCodes(t *testing.T) {
 	if _, code, msg := execPlugin(t, with("CNI_COMMAND", "CHECK"), conf(`,"subnet":"10.9.0.0/24"`)); code != 7 || !strings.Contains(msg, "prevResult") {
 		t.Errorf("CHECK without prevResult: code %d %q, want 7", code, msg)
 	}
-	// DEL of something never added is fine even without a netns or node config.
-	if _, code, msg := execPlugin(t, with("CNI_COMMAND", "DEL", "CNI_NETNS", ""), conf("")); code != 0 {
-		t.Errorf("DEL of an unknown container: code %d %q", code, msg)
+	if _, code, msg := execPlugin(t, with("CNI_COMMAND", "GC"), conf("")); code != 7 || !strings.Contains(msg, "cni.dev/valid-attachments") {
+		t.Errorf("GC without the valid attachments list: code %d %q, want 7", code, msg)
 	}
+}
+
+// TestPluginBinaryVerbsWithoutState runs the verbs that look at links in a
+// node namespace of their own: they must succeed on a node that has nothing.
+func TestPluginBinaryVerbsWithoutState(t *testing.T) {
+	node := newTestNode(t, nodeOptions{noNodeConfig: true})
+	dir := t.TempDir()
+	conf := `{"cniVersion":"1.1.0","name":"podnet","type":"podnet","dataDir":"` + dir + `/ipam","nodeConfig":"` + dir + `/node.json"`
+	env := map[string]string{"CNI_PATH": dir, "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0"}
+	inNS(t, node.ns, func() error {
+		env["CNI_COMMAND"] = "DEL" // no netns, no node config, never added
+		if _, code, msg := execPlugin(t, env, conf+"}"); code != 0 {
+			t.Errorf("DEL of an unknown container: code %d %q", code, msg)
+		}
+		env["CNI_COMMAND"] = "GC"
+		if _, code, msg := execPlugin(t, env, conf+`,"cni.dev/valid-attachments":[]}`); code != 0 {
+			t.Errorf("GC with an empty list on an empty node: code %d %q", code, msg)
+		}
+		return nil
+	})
 }
 
 func TestPluginBinaryCLI(t *testing.T) {

@@ -44,6 +44,10 @@ type Config struct {
 	LogFile string `json:"logFile"`
 	// BootIDFile is read to detect reboots; tests point it elsewhere.
 	BootIDFile string `json:"bootIDFile"`
+
+	// hasValidAttachments tells GC's "none is valid" (an empty or null
+	// list) from a config without the list at all.
+	hasValidAttachments bool
 }
 
 // DefaultConfig is the config before the runtime's JSON is applied.
@@ -97,6 +101,15 @@ func ParseConfig(data []byte) (*Config, error) {
 		}
 		if err := json.Unmarshal(v, f.target); err != nil {
 			return nil, invalidf("%s: want %s, got %s", f.field, fieldKinds[f.field], v)
+		}
+	}
+	if _, ok := raw["cni.dev/valid-attachments"]; ok {
+		c.hasValidAttachments = true
+	} else if v, ok := raw["cni.dev/attachments"]; ok {
+		// The name an early version of the 1.1 spec used.
+		c.hasValidAttachments = true
+		if err := json.Unmarshal(v, &c.ValidAttachments); err != nil {
+			return nil, invalidf("cni.dev/attachments: want a list of {containerID, ifname}, got %s", v)
 		}
 	}
 	if v, ok := raw["subnet"]; ok && string(v) != "null" {

@@ -470,6 +470,10 @@ func cmdStatus(args *skel.CmdArgs) error {
 
 func cmdGC(args *skel.CmdArgs) error {
 	return run("GC", args, func(c *Config, log *slog.Logger) error {
+		if !c.hasValidAttachments {
+			return types.NewError(types.ErrInvalidNetworkConfig,
+				"GC config has no cni.dev/valid-attachments; refusing to treat every attachment as stale", "")
+		}
 		valid := make(map[ipam.Attachment]bool, len(c.ValidAttachments))
 		validVeths := make(map[string]bool, len(c.ValidAttachments))
 		for _, a := range c.ValidAttachments {

@@ -494,3 +494,22 @@ func TestGCContinuesPastErrors(t *testing.T) {
 		t.Error("GC stopped at the store error and left the stale veth")
 	}
 }
+
+func TestBridgeNameTakenByAnotherDevice(t *testing.T) {
+	t.Parallel()
+	n := newTestNode(t, nodeOptions{})
+	inNS(t, n.ns, func() error {
+		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "cbr0", TxQLen: -1}, PeerName: "cbr0peer", PeerTxQLen: -1})
+	})
+	pod := newNetNS(t, "pod")
+	_, err := n.add(pod, "ctr-x", "eth0")
+	if err == nil || !strings.Contains(err.Error(), "cbr0 exists and is a veth device, not a bridge") {
+		t.Fatalf("ADD with cbr0 taken by a veth: %v", err)
+	}
+	if al := n.allocations(); len(al) != 0 {
+		t.Errorf("failed ADD kept allocations %v", al)
+	}
+	if linkExists(t, pod, "eth0") {
+		t.Error("failed ADD left an interface in the pod")
+	}
+}
