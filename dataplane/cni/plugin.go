@@ -231,6 +231,11 @@ func (c *Config) ensureBridge(txn *ipam.Txn, pn podNetwork, log *slog.Logger) (n
 	if err != nil {
 		return nil, err
 	}
+	// The node MTU may have changed since the bridge was made (the gateway
+	// side of every pod's traffic uses the bridge's MTU).
+	if err := link.SetMTU(br, pn.MTU); err != nil {
+		return nil, err
+	}
 	family := netlink.FAMILY_V4
 	if gw.Is6() {
 		family = netlink.FAMILY_V6

@@ -378,9 +378,9 @@ func TestStaleBridgeAddressIsReplaced(t *testing.T) {
 		t.Errorf("cbr0 addresses %v, want only 10.244.1.1/24", got)
 	}
 
-	// The podCIDR changes while a pod still uses the old range: ADD says
-	// so and keeps the old address; after that pod's DEL it succeeds.
-	n.writeNodeConfig("10.244.2.0/24", 1450)
+	// The podCIDR (and MTU) change while a pod still uses the old range:
+	// ADD says so and keeps the old address; after that pod's DEL it succeeds.
+	n.writeNodeConfig("10.244.2.0/24", 1400)
 	pod2 := newNetNS(t, "pod")
 	_, err := n.add(pod2, "ctr-2", "eth0")
 	if cniCode(err) != types.ErrTryAgainLater || !strings.Contains(err.Error(), "10.244.1.1/24") || !strings.Contains(err.Error(), "ctr-1") {
@@ -396,6 +396,13 @@ func TestStaleBridgeAddressIsReplaced(t *testing.T) {
 	if got := bridgeAddrs(t, n); len(got) != 1 || got[0] != netip.MustParsePrefix("10.244.2.1/24") {
 		t.Errorf("cbr0 addresses %v, want only 10.244.2.1/24", got)
 	}
+	inNS(t, n.ns, func() error {
+		br, err := netlink.LinkByName("cbr0")
+		if err == nil && br.Attrs().MTU != 1400 {
+			t.Errorf("cbr0 MTU %d after the node MTU changed to 1400", br.Attrs().MTU)
+		}
+		return err
+	})
 	if err := ping(pod2, netip.MustParseAddr("10.244.2.1")); err != nil {
 		t.Errorf("ping the new gateway: %v", err)
 	}

@@ -140,6 +140,18 @@ func DelAddr(l netlink.Link, p netip.Prefix) error {
 	return nil
 }
 
+// SetMTU sets l's MTU if it differs.
+func SetMTU(l netlink.Link, mtu int) error {
+	if l.Attrs().MTU == mtu {
+		return nil
+	}
+	if err := netlink.LinkSetMTU(l, mtu); err != nil {
+		return fmt.Errorf("set MTU of %s to %d: %w", l.Attrs().Name, mtu, err)
+	}
+	l.Attrs().MTU = mtu
+	return nil
+}
+
 // SetMAC sets l's hardware address if it differs.
 func SetMAC(l netlink.Link, mac net.HardwareAddr) error {
 	if l.Attrs().HardwareAddr.String() == mac.String() {
