@@ -569,9 +569,14 @@ func TestLabEcho(t *testing.T) {
 func TestLabDemo(t *testing.T) {
 	roottest.Require(t)
 	ctx := t.Context()
-	bin := filepath.Join(t.TempDir(), "podnet-lab")
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/podnet-lab").CombinedOutput(); err != nil {
-		t.Fatalf("build podnet-lab: %v\n%s", err, out)
+	// `make test` sets PODNET_BIN to the binaries it has just built; run by
+	// hand, the test builds the command from this tree.
+	bin := filepath.Join(os.Getenv("PODNET_BIN"), "podnet-lab")
+	if os.Getenv("PODNET_BIN") == "" {
+		bin = filepath.Join(t.TempDir(), "podnet-lab")
+		if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/podnet-lab").CombinedOutput(); err != nil {
+			t.Fatalf("build podnet-lab: %v\n%s", err, out)
+		}
 	}
 	binDir := lab.Start(t, lab.Options{}).BinDir // the binaries under test, as New finds them
 
@@ -611,5 +616,29 @@ func TestLabDemo(t *testing.T) {
 	}
 	if got := labNetns(t, prefix); len(got) > 0 {
 		t.Errorf("after down, namespaces of %s remain: %v", prefix, got)
+	}
+}
+
+func TestLabStartProxyd(t *testing.T) {
+	roottest.Require(t)
+	l := lab.Start(t, lab.Options{})
+	n := l.Node("node3")
+	if _, err := os.Stat(n.NodeConfigPath()); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("node config exists before proxyd ran: %v", err)
+	}
+	p, err := n.StartProxyd(t.Context(), "--proxy-mode", "none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(readFile(t, n.NodeConfigPath()), `"podCIDR": "10.244.3.0/24"`) {
+		t.Errorf("node config proxyd wrote: %s", readFile(t, n.NodeConfigPath()))
+	}
+	procs := readFile(t, filepath.Join(n.Cgroup, "cgroup.procs"))
+	if !strings.Contains(procs, strconv.Itoa(p.Pid())+"\n") {
+		t.Errorf("proxyd (pid %d) is not in %s (%q)", p.Pid(), n.Cgroup, procs)
+	}
+	// A proxyd that cannot start reports why instead of hanging.
+	if _, err := l.Node("node2").StartProxyd(t.Context(), "--backend", "carrier-pigeon"); err == nil || !strings.Contains(err.Error(), "carrier-pigeon") {
+		t.Errorf("StartProxyd with a bad flag: err = %v, want proxyd's complaint", err)
 	}
 }

@@ -3,6 +3,7 @@ package lab
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -80,4 +81,44 @@ func probeWith(ctx context.Context, l *Lab, proto, addr string, exec func(contex
 		return "", err
 	}
 	return strings.TrimSpace(out), nil
+}
+
+// ProxydReadyTimeout bounds how long StartProxyd waits for the node config.
+const ProxydReadyTimeout = 10 * time.Second
+
+// StartProxyd runs the node agent (BinDir/proxyd) on the node, wired to the
+// lab: --node-name, --state-dir and --node-config point at the node and the
+// lab's state dir; args come after them (and so override them). It returns
+// once proxyd has written the node config, the sign that the CNI plugin can
+// add pods, or with proxyd's output if it exits or the config does not
+// appear within ProxydReadyTimeout.
+func (n *Node) StartProxyd(ctx context.Context, args ...string) (*Proc, error) {
+	l := n.lab
+	argv := append([]string{
+		filepath.Join(l.BinDir, "proxyd"),
+		"--node-name", n.Name,
+		"--state-dir", l.StateDir(),
+		"--node-config", n.NodeConfigPath(),
+	}, args...)
+	p, err := n.Start("proxyd", argv...)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, ProxydReadyTimeout)
+	defer cancel()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, err := os.Stat(n.NodeConfigPath()); err == nil {
+			return p, nil
+		}
+		select {
+		case <-p.Done():
+			return nil, fmt.Errorf("proxyd on %s exited before writing %s: %v\n%s", n.Name, n.NodeConfigPath(), p.Wait(ctx), strings.TrimSpace(p.Output()))
+		case <-ctx.Done():
+			p.kill()
+			return nil, fmt.Errorf("proxyd on %s: no node config after %v: %w\n%s", n.Name, ProxydReadyTimeout, ctx.Err(), strings.TrimSpace(p.Output()))
+		case <-tick.C:
+		}
+	}
 }

@@ -7,10 +7,13 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/podnet/podnet/dataplane/nodeconfig"
 	"github.com/podnet/podnet/e2e/lab"
 )
 
@@ -27,18 +30,22 @@ type step struct {
 	run   func(ctx context.Context, d *demo) error
 }
 
-// steps is the demo, in order. To show more (pod ↔ pod across nodes once
-// proxyd routes, Service VIPs, NodePort, `dig @10.96.0.10 kubernetes.default`
-// from a pod), append a step; pods made by earlier steps are in d.pods.
+// steps is the demo, in order. To show more (Service VIPs, NodePort,
+// `dig @10.96.0.10 kubernetes.default` from a pod), append a step; what
+// earlier steps set up is in demo (d.pods, d.proxyd).
 var steps = []step{
 	{"nodes reach each other and the outside over the underlay", nodeMatrix},
-	{"pods on node1 reach each other and their node over cbr0", podsOnOneNode},
+	{"proxyd on every node: node config and routes to the other nodes' pods", startProxyd},
+	{"two pods on node1 reach each other and their node over cbr0", podsOnOneNode},
+	{"a pod on every node: pod ↔ pod across nodes, and out to the internet", podsAcrossNodes},
 }
 
 type demo struct {
 	lab  *lab.Lab
 	out  io.Writer
 	pods []*lab.Pod
+	// proxyd is set once proxyd runs on every node.
+	proxyd bool
 }
 
 // skipError marks a step that could not run yet; it does not fail the demo.
@@ -150,6 +157,58 @@ func nodeMatrix(ctx context.Context, d *demo) error {
 	return pingMatrix(ctx, d.out, rows, cols)
 }
 
+// startProxyd starts proxyd on every node, all at once, and shows the node
+// config each one wrote for the CNI plugin.
+func startProxyd(ctx context.Context, d *demo) error {
+	l := d.lab
+	if _, err := os.Stat(filepath.Join(l.BinDir, "proxyd")); err != nil {
+		return skipError{fmt.Sprintf("no proxyd binary (%v)", err)}
+	}
+	mode := "iptables"
+	procs, err := startProxydEverywhere(ctx, l, mode)
+	if err != nil && strings.Contains(err.Error(), "not available yet") {
+		// The Service proxy is still being built; routing alone is worth
+		// showing. Start over cleanly without it. Once the mode exists this
+		// branch is never taken.
+		for _, p := range procs {
+			p.Stop()
+		}
+		for _, n := range l.Nodes {
+			os.Remove(n.NodeConfigPath())
+		}
+		mode = "none"
+		fmt.Fprintf(d.out, "  (the iptables Service proxy is not available yet: running proxyd with --proxy-mode none)\n")
+		_, err = startProxydEverywhere(ctx, l, mode)
+	}
+	if err != nil {
+		return err
+	}
+	for _, n := range l.Nodes {
+		c, err := nodeconfig.Read(n.NodeConfigPath())
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(d.out, "  %s: proxyd --proxy-mode %s wrote podCIDR %s, MTU %d\n", n.Name, mode, c.PodCIDR, c.MTU)
+	}
+	d.proxyd = true
+	return nil
+}
+
+// startProxydEverywhere starts proxyd on every node at once. It returns the
+// processes that started and the errors of those that did not.
+func startProxydEverywhere(ctx context.Context, l *lab.Lab, mode string) ([]*lab.Proc, error) {
+	procs := make([]*lab.Proc, len(l.Nodes))
+	errs := make([]error, len(l.Nodes))
+	var wg sync.WaitGroup
+	for i, n := range l.Nodes {
+		wg.Go(func() {
+			procs[i], errs[i] = n.StartProxyd(ctx, "--proxy-mode", mode)
+		})
+	}
+	wg.Wait()
+	return slices.DeleteFunc(procs, func(p *lab.Proc) bool { return p == nil }), errors.Join(errs...)
+}
+
 // podsOnOneNode adds two pods to node1 through the CNI plugin and lets them
 // ping each other and their node.
 func podsOnOneNode(ctx context.Context, d *demo) error {
@@ -158,24 +217,61 @@ func podsOnOneNode(ctx context.Context, d *demo) error {
 		return skipError{fmt.Sprintf("the CNI plugin cannot add pods yet (%v)", err)}
 	}
 	n := l.Nodes[0]
-	if _, err := os.Stat(n.NodeConfigPath()); errors.Is(err, os.ErrNotExist) {
-		// No proxyd has written the node config: write it as proxyd would.
+	if !d.proxyd {
+		// No proxyd wrote the node config: write it as proxyd would.
 		if err := n.WriteNodeConfig(); err != nil {
 			return err
 		}
 	}
 	var rows []endpoint
 	for _, name := range []string{"a", "b"} {
-		p, err := n.AddPod(ctx, name)
+		p, err := d.addPod(ctx, n, name)
 		if err != nil {
 			return err
 		}
-		d.pods = append(d.pods, p)
-		fmt.Fprintf(d.out, "  pod %s on %s: %s (netns %s)\n", p.Name, n.Name, p.IP, p.NS)
-		rows = append(rows, endpoint{"pod " + p.Name, p.NSPath(), p.IP})
+		rows = append(rows, endpoint{p.Node.Name + "/" + p.Name, p.NSPath(), p.IP})
 	}
 	cols := append(rows[:len(rows):len(rows)], endpoint{name: n.Name, ip: n.IP})
 	return pingMatrix(ctx, d.out, rows, cols)
+}
+
+// podsAcrossNodes adds a pod to every other node; every pod pings every pod
+// (host-gw between nodes on one segment, VXLAN to the other segment) and the
+// outside (masqueraded to its node's address).
+func podsAcrossNodes(ctx context.Context, d *demo) error {
+	l := d.lab
+	if !d.proxyd || len(d.pods) == 0 {
+		return skipError{"needs proxyd on every node and the pods of the step before"}
+	}
+	rows := []endpoint{}
+	for _, p := range d.pods[:1] {
+		rows = append(rows, endpoint{p.Node.Name + "/" + p.Name, p.NSPath(), p.IP})
+	}
+	for _, n := range l.Nodes[1:] {
+		p, err := d.addPod(ctx, n, "a")
+		if err != nil {
+			return err
+		}
+		rows = append(rows, endpoint{p.Node.Name + "/" + p.Name, p.NSPath(), p.IP})
+	}
+	n := l.Nodes[0]
+	routes, err := n.Exec(ctx, "ip", "-4", "route", "show", "root", lab.ClusterCIDR.String())
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(d.out, "  %s's routes to pods:\n%s\n", n.Name, indent(routes, "    "))
+	cols := append(rows[:len(rows):len(rows)], endpoint{name: "outside", ip: l.OutsideIP})
+	return pingMatrix(ctx, d.out, rows, cols)
+}
+
+func (d *demo) addPod(ctx context.Context, n *lab.Node, name string) (*lab.Pod, error) {
+	p, err := n.AddPod(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	d.pods = append(d.pods, p)
+	fmt.Fprintf(d.out, "  pod %s/%s: %s (netns %s)\n", n.Name, p.Name, p.IP, p.NS)
+	return p, nil
 }
 
 // pingMatrix pings every column from every row at once (bounded: one Ping
@@ -235,5 +331,9 @@ func fmtRTT(d time.Duration) string {
 }
 
 func indent(s, prefix string) string {
-	return prefix + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n"+prefix)
+	var b strings.Builder
+	for line := range strings.Lines(strings.TrimRight(s, "\n")) {
+		b.WriteString(prefix + strings.TrimRight(line, " \n") + "\n")
+	}
+	return strings.TrimSuffix(b.String(), "\n")
 }
