@@ -5,10 +5,13 @@
 // The layout differs from kube-proxy's where kube-proxy is slow:
 //
 //   - Dispatch is a prefix tree, not a list. PODSVC-SERVICES and the
-//     PODSVC-D-<prefix> chains below it split the frontend addresses
-//     (cluster, external and load-balancer IPs) 4 bits at a time, so a first
-//     packet meets at most 16 rules per level and ~log16(n) levels, then a
-//     leaf of at most 8 frontends.
+//     PODSVC-D-<prefix> chains below it split the cluster IPs 4 bits at a
+//     time, so a first packet meets at most 16 rules per level and
+//     ~log16(n) levels, then a leaf of at most 16 Service ports. External
+//     and load-balancer IPs have a tree of their own (PODSVC-X-<prefix>).
+//   - Masquerading traffic to cluster IPs from outside the cluster CIDR
+//     takes one rule per leaf, not one per Service: the leaf marks, and
+//     POSTROUTING masquerades marked packets that were DNATed.
 //   - No chain per endpoint. A ClusterIP-only port's endpoints are DNAT rules
 //     with -m statistic right in its leaf; ports with external entry points
 //     or Local traffic policies get a few chains of their own (PODSVC-S-,
@@ -125,10 +128,11 @@ func NewGenerator(cfg Config) *Generator {
 
 // portRules is what one ServicePort contributes.
 type portRules struct {
-	frontends []frontend          // entries for the dispatch tree
-	nodePorts []string            // rules in PODSVC-NODEPORTS
-	chains    map[string][]string // its own nat chains
-	hairpin   []netip.Addr        // local endpoint addresses
+	clusterFronts  []frontend          // entries for the cluster IP tree
+	externalFronts []frontend          // entries for the external IP tree
+	nodePorts      []string            // rules in PODSVC-NODEPORTS
+	chains         map[string][]string // its own nat chains
+	hairpin        []netip.Addr        // local endpoint addresses
 }
 
 // frontend is the rules matching one destination address.
@@ -147,7 +151,7 @@ func (g *Generator) Generate(ports map[cluster.Key][]*proxy.ServicePort) Ruleset
 
 	nat := make(map[string][]string)
 	cache := make(map[*proxy.ServicePort]*portRules, len(g.cache))
-	var fronts []frontend
+	var fronts, extFronts []frontend
 	var nodePorts []string
 	hairpin := make(map[netip.Addr]bool)
 	for _, k := range keys {
@@ -157,7 +161,8 @@ func (g *Generator) Generate(ports map[cluster.Key][]*proxy.ServicePort) Ruleset
 				pr = g.portRules(sp)
 			}
 			cache[sp] = pr
-			fronts = append(fronts, pr.frontends...)
+			fronts = append(fronts, pr.clusterFronts...)
+			extFronts = append(extFronts, pr.externalFronts...)
 			nodePorts = append(nodePorts, pr.nodePorts...)
 			for name, rules := range pr.chains {
 				nat[name] = rules
@@ -169,8 +174,20 @@ func (g *Generator) Generate(ports map[cluster.Key][]*proxy.ServicePort) Ruleset
 	}
 	g.cache = cache
 
-	sort.SliceStable(fronts, func(i, j int) bool { return fronts[i].addr.Less(fronts[j].addr) })
-	nat[ChainServices] = append(buildTree(fronts, nat), g.nodePortJumps()...)
+	var services []string
+	for _, tr := range []struct {
+		fronts []frontend
+		name   string
+		head   func(netip.Prefix) []string
+	}{{fronts, "PODSVC-D-", g.leafHead}, {extFronts, "PODSVC-X-", nil}} {
+		if len(tr.fronts) == 0 {
+			continue
+		}
+		sort.SliceStable(tr.fronts, func(i, j int) bool { return tr.fronts[i].addr.Less(tr.fronts[j].addr) })
+		t := tree{chains: nat, name: tr.name, head: tr.head}
+		services = append(services, t.build(tr.fronts, commonPrefix(tr.fronts))...)
+	}
+	nat[ChainServices] = append(services, g.nodePortJumps()...)
 	nat[ChainNodePorts] = nodePorts
 
 	var post []string
@@ -185,7 +202,7 @@ func (g *Generator) Generate(ports map[cluster.Key][]*proxy.ServicePort) Ruleset
 	post = append(post,
 		fmt.Sprintf("-m mark ! --mark %#x/%#x -j RETURN", MarkMasq, MarkMasq),
 		fmt.Sprintf("-j MARK --xor-mark %#x", MarkMasq),
-		"-j MASQUERADE --random-fully")
+		"-m conntrack --ctstate DNAT -j MASQUERADE --random-fully")
 	nat[ChainPostrouting] = post
 
 	filter := map[string][]string{
@@ -243,27 +260,19 @@ func (g *Generator) portRules(sp *proxy.ServicePort) *portRules {
 		return "-j " + chain
 	}
 
-	// Cluster IP.
+	// Cluster IP; the leaf it lands in marks it for masquerading.
 	m := match(sp.ClusterIP)
 	var rules []string
 	internal, internalChain := sp.ClusterEndpoints, svcChain
 	if sp.InternalPolicyLocal {
 		internal, internalChain = sp.LocalEndpoints, localChain
 	}
-	if sp.HasEndpoints && len(internal) > 0 {
-		switch {
-		case g.cfg.MasqueradeAll:
-			rules = append(rules, m+" "+fmt.Sprintf(markFmt, MarkMasq))
-		case g.cfg.ClusterCIDR.IsValid():
-			rules = append(rules, fmt.Sprintf("%s ! -s %s %s", m, g.cfg.ClusterCIDR.Masked(), fmt.Sprintf(markFmt, MarkMasq)))
-		}
-	}
 	if own || !sp.HasEndpoints || len(internal) == 0 {
 		rules = append(rules, m+" "+target(internal, internalChain))
 	} else {
 		rules = endpointRules(rules, m, sp, internal)
 	}
-	pr.frontends = append(pr.frontends, frontend{sp.ClusterIP, rules})
+	pr.clusterFronts = append(pr.clusterFronts, frontend{sp.ClusterIP, rules})
 	for _, e := range internal {
 		if e.Local {
 			pr.hairpin = append(pr.hairpin, e.Addr)
@@ -293,6 +302,7 @@ func (g *Generator) portRules(sp *proxy.ServicePort) *portRules {
 		ext = append(ext,
 			"-m addrtype --src-type LOCAL "+fmt.Sprintf(markFmt, MarkMasq),
 			"-m addrtype --src-type LOCAL "+clusterTarget,
+			fmt.Sprintf("-j MARK --and-mark %#x", ^uint32(MarkMasq)),
 			target(sp.LocalEndpoints, localChain))
 	default:
 		ext = []string{fmt.Sprintf(markFmt, MarkMasq), target(sp.ClusterEndpoints, svcChain)}
@@ -304,7 +314,7 @@ func (g *Generator) portRules(sp *proxy.ServicePort) *portRules {
 		}
 	}
 	for _, ip := range sp.ExternalIPs {
-		pr.frontends = append(pr.frontends, frontend{ip, []string{match(ip) + " -j " + extChain}})
+		pr.externalFronts = append(pr.externalFronts, frontend{ip, []string{match(ip) + " -j " + extChain}})
 	}
 	lbTarget := extChain
 	if len(sp.LoadBalancerIPs) > 0 && len(sp.LoadBalancerSourceRanges) > 0 {
@@ -318,7 +328,7 @@ func (g *Generator) portRules(sp *proxy.ServicePort) *portRules {
 		pr.chains[lbTarget] = append(fw, fmt.Sprintf(markFmt, MarkDrop))
 	}
 	for _, ip := range sp.LoadBalancerIPs {
-		pr.frontends = append(pr.frontends, frontend{ip, []string{match(ip) + " -j " + lbTarget}})
+		pr.externalFronts = append(pr.externalFronts, frontend{ip, []string{match(ip) + " -j " + lbTarget}})
 	}
 	if sp.NodePort != 0 {
 		pr.nodePorts = []string{fmt.Sprintf("%s --dport %d -j %s", proto, sp.NodePort, extChain)}
@@ -372,25 +382,48 @@ func hash(s string) string {
 func portHash(n proxy.PortName) string { return hash(n.String()) }
 
 const (
-	leafMax = 8 // frontends in a leaf chain
-	fanBits = 4 // address bits split per tree level
+	leafMax = 16 // Service ports in a leaf chain
+	fanBits = 4  // address bits split per tree level
 )
 
-// buildTree returns the rules of the tree's root and adds its inner chains
-// to nat. fronts must be sorted by address.
-func buildTree(fronts []frontend, nat map[string][]string) []string {
+// leafHead is the rule at the top of every cluster IP leaf: traffic to a
+// cluster IP from outside the cluster CIDR (or any, with MasqueradeAll) is
+// marked for masquerading.
+func (g *Generator) leafHead(p netip.Prefix) []string {
+	switch {
+	case g.cfg.MasqueradeAll:
+		return []string{fmt.Sprintf("-d %s %s", p, fmt.Sprintf(markFmt, MarkMasq))}
+	case g.cfg.ClusterCIDR.IsValid():
+		return []string{fmt.Sprintf("-d %s ! -s %s %s", p, g.cfg.ClusterCIDR.Masked(), fmt.Sprintf(markFmt, MarkMasq))}
+	}
+	return nil
+}
+
+// tree builds a dispatch tree of chains named name+<prefix>.
+type tree struct {
+	chains map[string][]string
+	name   string
+	head   func(netip.Prefix) []string // rules opening each leaf; may be nil
+}
+
+func (t tree) leaf(fronts []frontend, p netip.Prefix) []string {
+	var out []string
+	if t.head != nil {
+		out = append(out, t.head(p)...)
+	}
+	for _, f := range fronts {
+		out = append(out, f.rules...)
+	}
+	return out
+}
+
+// build returns the rules of the node for fronts (sorted by address, all
+// within p), adding the chains below it.
+func (t tree) build(fronts []frontend, p netip.Prefix) []string {
 	if len(fronts) <= leafMax || fronts[0].addr == fronts[len(fronts)-1].addr {
-		var out []string
-		for _, f := range fronts {
-			out = append(out, f.rules...)
-		}
-		return out
+		return t.leaf(fronts, p)
 	}
-	lo, hi := addrBits(fronts[0].addr), addrBits(fronts[len(fronts)-1].addr)
-	common := 0
-	for common < 32 && (lo^hi)&(1<<(31-common)) == 0 {
-		common++
-	}
+	common := p.Bits()
 	bits := min(fanBits, 32-common)
 	var out []string
 	for i := 0; i < len(fronts); {
@@ -401,18 +434,28 @@ func buildTree(fronts []frontend, nat map[string][]string) []string {
 		}
 		group := fronts[i:j]
 		if group[0].addr == group[len(group)-1].addr && len(group) <= 2 {
-			for _, f := range group {
-				out = append(out, f.rules...)
-			}
+			// One address: its rules go inline, no chain.
+			out = append(out, t.leaf(group, netip.PrefixFrom(group[0].addr, 32))...)
 		} else {
-			prefix := netip.PrefixFrom(group[0].addr, common+bits).Masked()
-			name := fmt.Sprintf("PODSVC-D-%08X-%d", addrBits(prefix.Addr()), prefix.Bits())
-			nat[name] = buildTree(group, nat)
-			out = append(out, fmt.Sprintf("-d %s -j %s", prefix, name))
+			sub := commonPrefix(group)
+			name := fmt.Sprintf("%s%08X-%d", t.name, addrBits(sub.Addr()), sub.Bits())
+			t.chains[name] = t.build(group, sub)
+			out = append(out, fmt.Sprintf("-d %s -j %s", sub, name))
 		}
 		i = j
 	}
 	return out
+}
+
+// commonPrefix is the longest prefix holding every address of fronts
+// (sorted).
+func commonPrefix(fronts []frontend) netip.Prefix {
+	lo, hi := addrBits(fronts[0].addr), addrBits(fronts[len(fronts)-1].addr)
+	common := 0
+	for common < 32 && (lo^hi)&(1<<(31-common)) == 0 {
+		common++
+	}
+	return netip.PrefixFrom(fronts[0].addr, common).Masked()
 }
 
 func addrBits(a netip.Addr) uint32 {

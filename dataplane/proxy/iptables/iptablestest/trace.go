@@ -85,6 +85,7 @@ func (f *Fake) Trace(p Packet, local []netip.Addr) Trace {
 	for _, d := range dests {
 		pt := *tr
 		pt.mark = mark
+		pt.dnat = d != ""
 		if d != "" {
 			ap, err := netip.ParseAddrPort(d)
 			if err == nil {
@@ -110,6 +111,7 @@ type tracer struct {
 	local []netip.Addr
 	mark  uint32
 	count int
+	dnat  bool // the packet was DNATed (conntrack state DNAT)
 }
 
 type rule struct {
@@ -171,6 +173,8 @@ func (t *tracer) applyMark(r rule) {
 	switch {
 	case r.opt("--or-mark") != "":
 		t.mark |= num(r.opt("--or-mark"))
+	case r.opt("--and-mark") != "":
+		t.mark &= num(r.opt("--and-mark"))
 	case r.opt("--xor-mark") != "":
 		t.mark ^= num(r.opt("--xor-mark"))
 	case r.opt("--set-xmark") != "":
@@ -222,7 +226,8 @@ func (t *tracer) matches(r rule) bool {
 		case "--rcheck":
 			ok = false
 		case "--ctstate":
-			ok = slices.Contains(strings.Split(a[i+1], ","), "NEW")
+			states := strings.Split(a[i+1], ",")
+			ok = slices.Contains(states, "NEW") || t.dnat && slices.Contains(states, "DNAT")
 			i++
 		case "-j", "-g":
 			return true

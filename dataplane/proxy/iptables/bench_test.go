@@ -1,0 +1,166 @@
+package iptables_test
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/proxy"
+	"github.com/podnet/podnet/dataplane/proxy/iptables"
+	"github.com/podnet/podnet/dataplane/roottest"
+)
+
+// benchState is n ClusterIP Services × eps endpoints; Service 0 points at
+// the lab's real server (10.244.1.5:8080), the rest at addresses that
+// never answer.
+func benchState(n, eps int) (*cluster.Store, *proxy.State) {
+	var objs []cluster.Object
+	for i := range n {
+		vip := fmt.Sprintf("10.%d.%d.%d", 96+i/65000, i/250%260, i%250+1)
+		s := svc(fmt.Sprintf("s%05d", i), vip, []cluster.ServicePort{tcp(80, 0)})
+		var e []ep
+		for j := range eps {
+			e = append(e, ep{a(fmt.Sprintf("10.%d.%d.%d", 245+j, i/250, i%250+1)), "node-b", true})
+		}
+		if i == n-1 {
+			e = []ep{{a("10.244.1.5"), "node-b", true}}
+		}
+		objs = append(objs, s, slice(s, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, e...))
+	}
+	st := cluster.NewStore()
+	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, objs)
+	state := proxy.NewState()
+	state.Update(st, nodeName, nil, true)
+	return st, state
+}
+
+func lastVIP(n int) string {
+	i := n - 1
+	return fmt.Sprintf("10.%d.%d.%d:80", 96+i/65000, i/250%260, i%250+1)
+}
+
+func maxRSSKiB(who int) int64 {
+	var ru syscall.Rusage
+	syscall.Getrusage(who, &ru)
+	return ru.Maxrss
+}
+
+// connectTimes returns sorted TCP connect durations to addr from a namespace.
+func connectTimes(t *testing.T, from ns.NetNS, addr string, n int) []time.Duration {
+	var out []time.Duration
+	err := from.Do(func(ns.NetNS) error {
+		for range n {
+			start := time.Now()
+			c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+			if err != nil {
+				return err
+			}
+			out = append(out, time.Since(start))
+			c.(*net.TCPConn).SetLinger(0)
+			c.Close()
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func pct(d []time.Duration, p float64) time.Duration { return d[int(float64(len(d)-1)*p)] }
+
+// TestBenchServices measures sync times, rule counts and first-packet
+// latency at scale. It is a benchmark, not a test: scripts/bench-services.sh
+// runs it with PODNET_BENCH=1; make test skips it.
+func TestBenchServices(t *testing.T) {
+	if os.Getenv("PODNET_BENCH") == "" {
+		t.Skip("benchmark; run scripts/bench-services.sh")
+	}
+	roottest.Require(t)
+	backends := strings.Fields(os.Getenv("PODNET_BENCH_BACKENDS"))
+	if len(backends) == 0 {
+		backends = []string{iptables.BackendNFT, iptables.BackendLegacy}
+	}
+	sizes := []int{1000, 5000, 10000}
+	if s := os.Getenv("PODNET_BENCH_SIZES"); s != "" {
+		sizes = nil
+		for _, f := range strings.Fields(s) {
+			n, _ := strconv.Atoi(f)
+			sizes = append(sizes, n)
+		}
+	}
+	const eps = 10
+	fmt.Printf("| backend | Services × endpoints | full sync | one endpoint changed | nat rules | nat chains | proxy RSS | iptables-restore RSS |\n|---|---|---|---|---|---|---|---|\n")
+	for _, backend := range backends {
+		for _, n := range sizes {
+			l := newNetnsLab(t, fmt.Sprintf("b%s%d", backend[:1], n))
+			st, state := benchState(n, eps)
+			p := iptables.NewProxier(defaultCfg, iptables.ExecRunner{Backend: backend})
+			var res proxy.SyncResult
+			start := time.Now()
+			if err := l.node.Do(func(ns.NetNS) error {
+				var err error
+				res, err = p.Sync(state.Ports, nil, true)
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			full := time.Since(start)
+
+			// One endpoint of one Service in the middle changes.
+			key := cluster.Key{Namespace: "default", Name: fmt.Sprintf("s%05d", n/2)}
+			s := st.Service(key)
+			st.Upsert(slice(s, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{a("10.250.250.250"), "node-c", true}))
+			changed := state.Update(st, nodeName, map[cluster.Key]bool{key: true}, false)
+			start = time.Now()
+			if err := l.node.Do(func(ns.NetNS) error {
+				_, err := p.Sync(state.Ports, changed, false)
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			partial := time.Since(start)
+			var save []byte
+			l.node.Do(func(ns.NetNS) error {
+				save, _ = exec.Command("iptables-"+backend+"-save", "-t", "nat").Output()
+				return nil
+			})
+			chains := len(iptables.ProxyChains(save))
+			fmt.Printf("| %s | %d × %d | %.2f s | %.0f ms | %d | %d | %d MiB | %d MiB |\n", backend, n, eps,
+				full.Seconds(), float64(partial.Microseconds())/1000, res.Rules["nat"], chains,
+				maxRSSKiB(syscall.RUSAGE_SELF)/1024, maxRSSKiB(syscall.RUSAGE_CHILDREN)/1024)
+		}
+	}
+
+	// First-packet latency: TCP connect through a ClusterIP to a real
+	// server, at 10 and at 10,000 Services (the Service probed is the last
+	// one, deepest in the dispatch tree).
+	fmt.Printf("\n| backend | Services | connect p50 | connect p99 |\n|---|---|---|---|\n")
+	for _, backend := range backends {
+		for _, n := range []int{10, 10000} {
+			l := newNetnsLab(t, fmt.Sprintf("l%s%d", backend[:1], n))
+			l.serve(t, "10.244.1.5:8080")
+			_, state := benchState(n, eps)
+			p := iptables.NewProxier(defaultCfg, iptables.ExecRunner{Backend: backend})
+			if err := l.node.Do(func(ns.NetNS) error { _, err := p.Sync(state.Ports, nil, true); return err }); err != nil {
+				t.Fatal(err)
+			}
+			connectTimes(t, l.client, lastVIP(n), 200) // warm up
+			d := connectTimes(t, l.client, lastVIP(n), 2000)
+			fmt.Printf("| %s | %d | %d µs | %d µs |\n", backend, n, pct(d, 0.5).Microseconds(), pct(d, 0.99).Microseconds())
+		}
+	}
+	_ = netip.Addr{}
+}
