@@ -391,7 +391,7 @@ func (n *nodeNet) syncOnce() error {
 	n.metrics.peers.WithLabelValues("host-gw").Set(float64(gw))
 
 	if !plan.PodCIDR.IsValid() {
-		errs = append(errs, fmt.Errorf("node %q has no spec.podCIDR yet; pods cannot be started until it has one", n.o.NodeName))
+		errs = append(errs, fmt.Errorf("node %q has no spec.podCIDR yet (pods cannot start until it has one)", n.o.NodeName))
 	} else if err := n.writeNodeConfig(nodeconfig.Config{PodCIDR: plan.PodCIDR, ClusterCIDR: n.o.ClusterCIDR, MTU: cfg.PodMTU()}); err != nil {
 		errs = append(errs, err)
 	}
