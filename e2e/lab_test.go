@@ -285,6 +285,9 @@ func TestLabLeavesHostAndNothingBehind(t *testing.T) {
 	if _, err := l.Node("node1").Start("sleeper", "sleep", "60"); err != nil {
 		t.Fatal(err)
 	}
+	if err := l.Node("node2").SetResolvConf("nameserver 203.0.113.10\n"); err != nil {
+		t.Fatal(err)
+	}
 	if lab.PluginSupportsADD(ctx, l.BinDir) == nil {
 		n := l.Node("node1")
 		if err := n.WriteNodeConfig(); err != nil {
@@ -321,6 +324,9 @@ func TestLabLeavesHostAndNothingBehind(t *testing.T) {
 		if _, err := os.Stat(cg); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("after Close: cgroup %s remains (%v)", cg, err)
 		}
+	}
+	if _, err := os.Stat(filepath.Join("/etc/netns", l.Node("node2").NS)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after Close: /etc/netns/%s remains (%v)", l.Node("node2").NS, err)
 	}
 	if _, err := os.Stat(workDir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("after Close: work dir %s remains (%v)", workDir, err)
@@ -454,6 +460,16 @@ func TestLabPods(t *testing.T) {
 	if a.IP == b.IP {
 		t.Fatalf("both pods got %s", a.IP)
 	}
+	const resolv = "nameserver 10.96.0.10\nsearch default.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n"
+	if err := b.SetResolvConf(resolv); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := b.Exec(ctx, "cat", "/etc/resolv.conf"); err != nil || out != resolv {
+		t.Errorf("pod b /etc/resolv.conf = %q (%v), want %q", out, err, resolv)
+	}
+	if out, err := a.Exec(ctx, "cat", "/etc/resolv.conf"); err == nil && out == resolv {
+		t.Errorf("pod a sees pod b's resolv.conf")
+	}
 	if _, err := a.Ping(ctx, b.IP); err != nil {
 		t.Errorf("pod a → pod b: %v", err)
 	}
@@ -465,6 +481,9 @@ func TestLabPods(t *testing.T) {
 	}
 	if got := labNetns(t, b.NS); len(got) > 0 || slicesContains(labNetns(t, l.Prefix), b.NS) {
 		t.Errorf("pod namespace %s still there after DeletePod", b.NS)
+	}
+	if _, err := os.Stat(filepath.Join("/etc/netns", b.NS)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("/etc/netns/%s still there after DeletePod (%v)", b.NS, err)
 	}
 	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()

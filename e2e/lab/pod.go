@@ -177,6 +177,16 @@ func (l *Lab) Pods() []*Pod {
 	return slices.Clone(l.pods)
 }
 
+// SetResolvConf gives the pod its own /etc/resolv.conf, as the kubelet
+// does (ClusterFirst: nameserver 10.96.0.10, the cluster search path): every
+// process started by Exec or Start sees it.
+func (p *Pod) SetResolvConf(text string) error { return setResolvConf(p.NS, text) }
+
+// SetResolvConf gives the node's processes their own /etc/resolv.conf, so
+// that dnsd on the node forwards to an upstream inside the lab, never to the
+// host's resolver.
+func (n *Node) SetResolvConf(text string) error { return setResolvConf(n.NS, text) }
+
 // NSPath is the path of the pod's network namespace.
 func (p *Pod) NSPath() string { return netnsPath(p.NS) }
 

@@ -130,6 +130,14 @@ func listRunObjects() (runObjects, error) {
 	if err != nil {
 		return objs, err
 	}
+	// A run's /etc/netns files may outlive its namespaces when it crashed
+	// between removing the two; deleteNetns removes both.
+	etc, _ := os.ReadDir(etcNetnsDir)
+	for _, e := range etc {
+		if !slices.Contains(names, e.Name()) {
+			names = append(names, e.Name())
+		}
+	}
 	for _, n := range names {
 		if prefix, _, ok := strings.Cut(n, "-"); ok {
 			objs.netns[prefix] = append(objs.netns[prefix], n)
