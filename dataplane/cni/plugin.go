@@ -39,10 +39,69 @@ import (
 // VersionInfo lists the CNI spec versions the plugin speaks.
 var VersionInfo = version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 
-// Funcs are the verbs for skel.PluginMainFuncs.
+// Funcs are the verbs for skel.PluginMainFuncs, changing the kernel over
+// netlink.
 func Funcs() skel.CNIFuncs {
-	return skel.CNIFuncs{Add: cmdAdd, Del: cmdDel, Check: cmdCheck, Status: cmdStatus, GC: cmdGC}
+	p := &plugin{host: netlinkHost{}}
+	return skel.CNIFuncs{Add: p.cmdAdd, Del: p.cmdDel, Check: p.cmdCheck, Status: cmdStatus, GC: p.cmdGC}
 }
+
+// plugin runs the verbs against a nodeHost.
+type plugin struct {
+	host nodeHost
+}
+
+// nodeHost is every change the verbs make to the node and its pods, so
+// tests can make each one fail; netlinkHost is the real one. Reads that only
+// CHECK needs go to netlink directly.
+type nodeHost interface {
+	OpenNetNS(path string) (ns.NetNS, error)
+	// Bridge returns the bridge, creating it up with mtu and mac if missing.
+	Bridge(name string, mtu int, mac net.HardwareAddr) (netlink.Link, error)
+	SetMTU(l netlink.Link, mtu int) error
+	SetMAC(l netlink.Link, mac net.HardwareAddr) error
+	Addrs(l netlink.Link, family int) ([]netip.Prefix, error)
+	AddAddr(l netlink.Link, p netip.Prefix) error
+	DelAddr(l netlink.Link, p netip.Prefix) error
+	AddVeth(o link.VethOptions) error
+	// DelLink deletes a link by name, reporting whether it existed.
+	DelLink(name string) (bool, error)
+	// HostVeths lists the names of the host-side veths podnet made.
+	HostVeths() ([]string, error)
+	ConfigurePod(podNS ns.NetNS, p link.PodIface) error
+	EnableForwarding(v4 bool) error
+}
+
+type netlinkHost struct{}
+
+func (netlinkHost) OpenNetNS(path string) (ns.NetNS, error) { return ns.GetNS(path) }
+func (netlinkHost) Bridge(name string, mtu int, mac net.HardwareAddr) (netlink.Link, error) {
+	return link.Bridge(name, mtu, mac)
+}
+func (netlinkHost) SetMTU(l netlink.Link, mtu int) error              { return link.SetMTU(l, mtu) }
+func (netlinkHost) SetMAC(l netlink.Link, mac net.HardwareAddr) error { return link.SetMAC(l, mac) }
+func (netlinkHost) Addrs(l netlink.Link, family int) ([]netip.Prefix, error) {
+	return link.Addrs(l, family)
+}
+func (netlinkHost) AddAddr(l netlink.Link, p netip.Prefix) error { return link.AddAddr(l, p) }
+func (netlinkHost) DelAddr(l netlink.Link, p netip.Prefix) error { return link.DelAddr(l, p) }
+func (netlinkHost) AddVeth(o link.VethOptions) error {
+	_, err := link.AddVeth(o)
+	return err
+}
+func (netlinkHost) DelLink(name string) (bool, error) { return link.DelByName(name) }
+func (netlinkHost) HostVeths() ([]string, error) {
+	veths, err := link.HostVeths()
+	names := make([]string, 0, len(veths))
+	for _, v := range veths {
+		names = append(names, v.Attrs().Name)
+	}
+	return names, err
+}
+func (netlinkHost) ConfigurePod(podNS ns.NetNS, p link.PodIface) error {
+	return link.ConfigurePod(podNS, p)
+}
+func (netlinkHost) EnableForwarding(v4 bool) error { return enableForwarding(v4) }
 
 // run decodes the config, opens the log and runs one verb, logging how it
 // went.
@@ -109,12 +168,12 @@ func (c *Config) resolveNetwork() (podNetwork, error) {
 	return pn, nil
 }
 
-func cmdAdd(args *skel.CmdArgs) error {
+func (p *plugin) cmdAdd(args *skel.CmdArgs) error {
 	var res *current.Result
 	var cniVersion string
 	err := run("ADD", args, func(c *Config, log *slog.Logger) error {
 		var err error
-		res, err = add(c, args, log)
+		res, err = p.add(c, args, log)
 		cniVersion = c.CNIVersion
 		return err
 	})
@@ -124,12 +183,12 @@ func cmdAdd(args *skel.CmdArgs) error {
 	return types.PrintResult(res, cniVersion)
 }
 
-func add(c *Config, args *skel.CmdArgs, log *slog.Logger) (*current.Result, error) {
+func (p *plugin) add(c *Config, args *skel.CmdArgs, log *slog.Logger) (*current.Result, error) {
 	pn, err := c.resolveNetwork()
 	if err != nil {
 		return nil, err
 	}
-	podNS, err := ns.GetNS(args.Netns)
+	podNS, err := p.host.OpenNetNS(args.Netns)
 	if err != nil {
 		return nil, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_NETNS %s: %v", args.Netns, err), "")
 	}
@@ -138,7 +197,7 @@ func add(c *Config, args *skel.CmdArgs, log *slog.Logger) (*current.Result, erro
 	att := ipam.Attachment{ContainerID: args.ContainerID, IfName: args.IfName}
 	gw := ipam.Gateway(pn.PodCIDR)
 	t0 := time.Now()
-	addr, fresh, br, err := c.allocate(pn, att, log)
+	addr, fresh, br, err := p.allocate(c, pn, att, log)
 	if err != nil {
 		return nil, err
 	}
@@ -148,7 +207,7 @@ func add(c *Config, args *skel.CmdArgs, log *slog.Logger) (*current.Result, erro
 		if success {
 			return
 		}
-		if _, err := link.DelByName(hostName); err != nil {
+		if _, err := p.host.DelLink(hostName); err != nil {
 			log.Warn("rollback: delete host veth", "err", err)
 		}
 		if fresh {
@@ -160,7 +219,7 @@ func add(c *Config, args *skel.CmdArgs, log *slog.Logger) (*current.Result, erro
 
 	t1 := time.Now()
 	hostMAC, podMAC := link.RandomMAC(), link.MACFromIP(addr)
-	_, err = link.AddVeth(link.VethOptions{
+	err = p.host.AddVeth(link.VethOptions{
 		HostName: hostName, HostMAC: hostMAC,
 		PodName: args.IfName, PodMAC: podMAC, PodNS: podNS,
 		MTU: pn.MTU, Bridge: br, Hairpin: c.HairpinMode,
@@ -170,10 +229,10 @@ func add(c *Config, args *skel.CmdArgs, log *slog.Logger) (*current.Result, erro
 	}
 	t2 := time.Now()
 	podAddr := netip.PrefixFrom(addr, pn.PodCIDR.Bits())
-	if err := link.ConfigurePod(podNS, link.PodIface{Name: args.IfName, Addr: podAddr, Gateway: gw}); err != nil {
+	if err := p.host.ConfigurePod(podNS, link.PodIface{Name: args.IfName, Addr: podAddr, Gateway: gw}); err != nil {
 		return nil, err
 	}
-	if err := enableForwarding(addr.Is4()); err != nil {
+	if err := p.host.EnableForwarding(addr.Is4()); err != nil {
 		return nil, err
 	}
 	success = true
@@ -198,7 +257,7 @@ func add(c *Config, args *skel.CmdArgs, log *slog.Logger) (*current.Result, erro
 
 // allocate takes (or finds) the attachment's address and makes sure the
 // bridge is there with the gateway address, all under the store lock.
-func (c *Config) allocate(pn podNetwork, att ipam.Attachment, log *slog.Logger) (netip.Addr, bool, netlink.Link, error) {
+func (p *plugin) allocate(c *Config, pn podNetwork, att ipam.Attachment, log *slog.Logger) (netip.Addr, bool, netlink.Link, error) {
 	txn, err := c.openStore(log)
 	if err != nil {
 		return netip.Addr{}, false, nil, err
@@ -211,7 +270,7 @@ func (c *Config) allocate(pn podNetwork, att ipam.Attachment, log *slog.Logger) 
 	if err != nil {
 		return netip.Addr{}, false, nil, err
 	}
-	br, err := c.ensureBridge(txn, pn, log)
+	br, err := p.ensureBridge(c, txn, pn, log)
 	if err != nil {
 		return netip.Addr{}, false, nil, err
 	}
@@ -224,23 +283,23 @@ func (c *Config) allocate(pn podNetwork, att ipam.Attachment, log *slog.Logger) 
 // ensureBridge creates the bridge if missing and gives it the gateway
 // address. An address from an earlier podCIDR is replaced once no pod holds
 // an address in its range; while some do, ADD fails with "try again".
-func (c *Config) ensureBridge(txn *ipam.Txn, pn podNetwork, log *slog.Logger) (netlink.Link, error) {
+func (p *plugin) ensureBridge(c *Config, txn *ipam.Txn, pn podNetwork, log *slog.Logger) (netlink.Link, error) {
 	gw := ipam.Gateway(pn.PodCIDR)
 	mac := link.MACFromIP(gw)
-	br, err := link.Bridge(c.Bridge, pn.MTU, mac)
+	br, err := p.host.Bridge(c.Bridge, pn.MTU, mac)
 	if err != nil {
 		return nil, err
 	}
 	// The node MTU may have changed since the bridge was made (the gateway
 	// side of every pod's traffic uses the bridge's MTU).
-	if err := link.SetMTU(br, pn.MTU); err != nil {
+	if err := p.host.SetMTU(br, pn.MTU); err != nil {
 		return nil, err
 	}
 	family := netlink.FAMILY_V4
 	if gw.Is6() {
 		family = netlink.FAMILY_V6
 	}
-	addrs, err := link.Addrs(br, family)
+	addrs, err := p.host.Addrs(br, family)
 	if err != nil {
 		return nil, err
 	}
@@ -263,15 +322,15 @@ func (c *Config) ensureBridge(txn *ipam.Txn, pn podNetwork, log *slog.Logger) (n
 				c.Bridge, a, want, len(users), strings.Join(users[:min(len(users), 3)], ", ")), "")
 		}
 		log.Info("replacing stale bridge address", "bridge", c.Bridge, "old", a, "new", want)
-		if err := link.DelAddr(br, a); err != nil {
+		if err := p.host.DelAddr(br, a); err != nil {
 			return nil, err
 		}
 	}
 	if !have {
-		if err := link.AddAddr(br, want); err != nil {
+		if err := p.host.AddAddr(br, want); err != nil {
 			return nil, err
 		}
-		if err := link.SetMAC(br, mac); err != nil {
+		if err := p.host.SetMAC(br, mac); err != nil {
 			return nil, err
 		}
 		br.Attrs().HardwareAddr = mac
@@ -315,30 +374,34 @@ func defaultRoute(a netip.Addr) *net.IPNet {
 	return &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
 }
 
-func cmdDel(args *skel.CmdArgs) error {
+func (p *plugin) cmdDel(args *skel.CmdArgs) error {
 	return run("DEL", args, func(c *Config, log *slog.Logger) error {
-		// The link goes first: an address is never free while a live
-		// interface still holds it. Deleting the host side removes the pod
-		// side too, so a vanished netns needs no special case.
-		hostName := link.HostVethName(args.ContainerID, args.IfName)
-		existed, err := link.DelByName(hostName)
-		if err != nil {
-			return err
-		}
-		if existed {
-			log.Info("deleted host veth", "name", hostName)
-		}
-		return c.release(ipam.Attachment{ContainerID: args.ContainerID, IfName: args.IfName}, log)
+		return p.del(c, args, log)
 	})
 }
 
-func cmdCheck(args *skel.CmdArgs) error {
+func (p *plugin) del(c *Config, args *skel.CmdArgs, log *slog.Logger) error {
+	// The link goes first: an address is never free while a live interface
+	// still holds it. Deleting the host side removes the pod side too, so a
+	// vanished netns needs no special case.
+	hostName := link.HostVethName(args.ContainerID, args.IfName)
+	existed, err := p.host.DelLink(hostName)
+	if err != nil {
+		return err
+	}
+	if existed {
+		log.Info("deleted host veth", "name", hostName)
+	}
+	return c.release(ipam.Attachment{ContainerID: args.ContainerID, IfName: args.IfName}, log)
+}
+
+func (p *plugin) cmdCheck(args *skel.CmdArgs) error {
 	return run("CHECK", args, func(c *Config, log *slog.Logger) error {
-		return check(c, args, log)
+		return p.check(c, args, log)
 	})
 }
 
-func check(c *Config, args *skel.CmdArgs, log *slog.Logger) error {
+func (p *plugin) check(c *Config, args *skel.CmdArgs, log *slog.Logger) error {
 	if c.PrevResult == nil {
 		return types.NewError(types.ErrInvalidNetworkConfig, "CHECK needs prevResult, the config has none", "")
 	}
@@ -412,7 +475,7 @@ func check(c *Config, args *skel.CmdArgs, log *slog.Logger) error {
 		}
 	}
 
-	podNS, err := ns.GetNS(args.Netns)
+	podNS, err := p.host.OpenNetNS(args.Netns)
 	if err != nil {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_NETNS %s: %v", args.Netns, err), "")
 	}
@@ -473,51 +536,56 @@ func cmdStatus(args *skel.CmdArgs) error {
 	})
 }
 
-func cmdGC(args *skel.CmdArgs) error {
+func (p *plugin) cmdGC(args *skel.CmdArgs) error {
 	return run("GC", args, func(c *Config, log *slog.Logger) error {
-		if !c.hasValidAttachments {
-			return types.NewError(types.ErrInvalidNetworkConfig,
-				"GC config has no cni.dev/valid-attachments; refusing to treat every attachment as stale", "")
-		}
-		valid := make(map[ipam.Attachment]bool, len(c.ValidAttachments))
-		validVeths := make(map[string]bool, len(c.ValidAttachments))
-		for _, a := range c.ValidAttachments {
-			valid[ipam.Attachment{ContainerID: a.ContainerID, IfName: a.IfName}] = true
-			validVeths[link.HostVethName(a.ContainerID, a.IfName)] = true
-		}
-		var errs []error
-		// Veths first, as in DEL: no address is freed while its interface lives.
-		veths, err := link.HostVeths()
-		if err != nil {
-			errs = append(errs, err)
-		}
-		for _, v := range veths {
-			name := v.Attrs().Name
-			if validVeths[name] {
-				continue
-			}
-			if _, err := link.DelByName(name); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			log.Info("gc: deleted host veth", "name", name)
-		}
-		txn, err := c.openStore(log)
-		if err != nil {
-			return errors.Join(append(errs, err)...)
-		}
-		defer txn.Close()
-		dropped := txn.Retain(func(al ipam.Allocation) bool { return valid[al.Attachment] })
-		if err := txn.Commit(); err != nil {
-			errs = append(errs, err)
-		} else {
-			for _, al := range dropped {
-				log.Info("gc: released", "addr", al.Addr, "attachment", al.Attachment.String())
-			}
-		}
-		if len(errs) > 0 {
-			return fmt.Errorf("gc: %w", errors.Join(errs...))
-		}
-		return nil
+		return p.gc(c, log)
 	})
+}
+
+// gc releases every allocation and deletes every host veth that belongs to
+// no valid attachment, going on past errors and reporting them all.
+func (p *plugin) gc(c *Config, log *slog.Logger) error {
+	if !c.hasValidAttachments {
+		return types.NewError(types.ErrInvalidNetworkConfig,
+			"GC config has no cni.dev/valid-attachments; refusing to treat every attachment as stale", "")
+	}
+	valid := make(map[ipam.Attachment]bool, len(c.ValidAttachments))
+	validVeths := make(map[string]bool, len(c.ValidAttachments))
+	for _, a := range c.ValidAttachments {
+		valid[ipam.Attachment{ContainerID: a.ContainerID, IfName: a.IfName}] = true
+		validVeths[link.HostVethName(a.ContainerID, a.IfName)] = true
+	}
+	var errs []error
+	// Veths first, as in DEL: no address is freed while its interface lives.
+	veths, err := p.host.HostVeths()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, name := range veths {
+		if validVeths[name] {
+			continue
+		}
+		if _, err := p.host.DelLink(name); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		log.Info("gc: deleted host veth", "name", name)
+	}
+	txn, err := c.openStore(log)
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	defer txn.Close()
+	dropped := txn.Retain(func(al ipam.Allocation) bool { return valid[al.Attachment] })
+	if err := txn.Commit(); err != nil {
+		errs = append(errs, err)
+	} else {
+		for _, al := range dropped {
+			log.Info("gc: released", "addr", al.Addr, "attachment", al.Attachment.String())
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("gc: %w", errors.Join(errs...))
+	}
+	return nil
 }
