@@ -423,8 +423,14 @@ func (t tree) build(fronts []frontend, p netip.Prefix) []string {
 	if len(fronts) <= leafMax || fronts[0].addr == fronts[len(fronts)-1].addr {
 		return t.leaf(fronts, p)
 	}
+	// Split into about len/leafMax children (at most 16): leaves end up
+	// nearly full instead of a dense range splitting into tiny ones.
 	common := p.Bits()
-	bits := min(fanBits, 32-common)
+	bits := 1
+	for bits < fanBits && len(fronts) > leafMax<<bits {
+		bits++
+	}
+	bits = min(bits, 32-common)
 	var out []string
 	for i := 0; i < len(fronts); {
 		key := addrBits(fronts[i].addr) >> (32 - common - bits)
