@@ -369,6 +369,22 @@ func TestRoutingAuto(t *testing.T) {
 	}
 	c.matrix(ctx)
 
+	t.Run("a host FORWARD policy of DROP does not cut pods off", func(t *testing.T) {
+		for _, n := range c.nodes {
+			if _, err := n.Exec(ctx, "iptables", "-P", "FORWARD", "DROP"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.matrix(ctx)
+		out, err := n1.Exec(ctx, "iptables", "-nvxL", "PODNET-FORWARD")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !regexp.MustCompile(`(?m)^\s+[1-9]\d*\s+\d+\s+ACCEPT`).MatchString(out) {
+			t.Errorf("PODNET-FORWARD accepted nothing:\n%s", out)
+		}
+	})
+
 	t.Run("metrics", func(t *testing.T) {
 		code, body, err := rtHTTPGet(n1.NSPath(), "127.0.0.1:10249", "/metrics")
 		if err != nil || code != 200 {

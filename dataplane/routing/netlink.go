@@ -298,6 +298,15 @@ func Watch(ctx context.Context, ns netns.NsHandle, device string, changed chan<-
 	if err := netlink.LinkSubscribeWithOptions(links, done, netlink.LinkSubscribeOptions{Namespace: &ns, ErrorCallback: errFn}); err != nil {
 		return fmt.Errorf("subscribe to links: %w", err)
 	}
+	// The device's index, to tell its neighbour events from the rest; the
+	// link subscription keeps it current as the device comes and goes.
+	devIndex := 0
+	if h, err := netlink.NewHandleAt(ns); err == nil {
+		if l, err := h.LinkByName(device); err == nil {
+			devIndex = l.Attrs().Index
+		}
+		h.Close()
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -309,18 +318,26 @@ func Watch(ctx context.Context, ns netns.NsHandle, device string, changed chan<-
 			if u.Protocol == Protocol || u.Type == syscall.RTM_DELROUTE && u.Table == unix.RT_TABLE_MAIN {
 				notify(changed)
 			}
-		case _, ok := <-neighs:
+		case u, ok := <-neighs:
 			if !ok {
 				return errors.New("neighbour subscription closed")
 			}
-			// Neighbour tables churn with ordinary ARP too; a sync that
-			// finds nothing to do is cheap.
-			notify(changed)
+			// Ordinary ARP churns on every other interface; only the
+			// device's entries (neighbours and FDB) are podnet's.
+			if devIndex != 0 && u.LinkIndex == devIndex {
+				notify(changed)
+			}
 		case u, ok := <-links:
 			if !ok {
 				return errors.New("link subscription closed")
 			}
-			if u.Attrs().Name == device || u.Header.Type == syscall.RTM_DELLINK {
+			if u.Attrs().Name == device {
+				devIndex = u.Attrs().Index
+				if u.Header.Type == syscall.RTM_DELLINK {
+					devIndex = 0
+				}
+				notify(changed)
+			} else if u.Header.Type == syscall.RTM_DELLINK {
 				notify(changed)
 			}
 		}
