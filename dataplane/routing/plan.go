@@ -138,7 +138,9 @@ type Neigh struct {
 	MAC net.HardwareAddr
 }
 
-func (n Neigh) String() string { return fmt.Sprintf("%s lladdr %s dev %s permanent", n.IP, n.MAC, n.Dev) }
+func (n Neigh) String() string {
+	return fmt.Sprintf("%s lladdr %s dev %s permanent", n.IP, n.MAC, n.Dev)
+}
 
 // FDB is a permanent forwarding entry on the VXLAN device: frames for MAC
 // go to the VTEP at Dst.
@@ -148,7 +150,9 @@ type FDB struct {
 	Dst netip.Addr
 }
 
-func (f FDB) String() string { return fmt.Sprintf("%s dev %s dst %s self permanent", f.MAC, f.Dev, f.Dst) }
+func (f FDB) String() string {
+	return fmt.Sprintf("%s dev %s dst %s self permanent", f.MAC, f.Dev, f.Dst)
+}
 
 // Peer is one other node as the plan sees it.
 type Peer struct {

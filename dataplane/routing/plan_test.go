@@ -128,12 +128,14 @@ func TestReconcileRepairs(t *testing.T) {
 	want := k.Dump()
 
 	tests := []struct {
-		name  string
+		name   string
 		break_ func()
-		fixes int
+		fixes  int
 	}{
 		{"route deleted", func() { _ = k.DeleteRoute(p.Routes[0]) }, 1},
-		{"route changed", func() { _ = k.ReplaceRoute(Route{Dst: p.Routes[1].Dst, Gw: netip.MustParseAddr("192.168.10.99"), Dev: "eth0"}) }, 1},
+		{"route changed", func() {
+			_ = k.ReplaceRoute(Route{Dst: p.Routes[1].Dst, Gw: netip.MustParseAddr("192.168.10.99"), Dev: "eth0"})
+		}, 1},
 		{"neigh wrong MAC", func() { n := p.Neighs[0]; n.MAC = VTEPMAC(netip.MustParseAddr("1.2.3.4")); _ = k.SetNeigh(n) }, 1},
 		{"stray neigh and fdb", func() {
 			_ = k.SetNeigh(Neigh{Dev: DefaultDevice, IP: netip.MustParseAddr("10.244.77.0"), MAC: VTEPMAC(netip.MustParseAddr("1.2.3.4"))})
