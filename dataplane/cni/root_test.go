@@ -162,8 +162,39 @@ func TestAddCheckDelEveryVersion(t *testing.T) {
 			if err := n.del(pod, "ctr-a", "eth0"); err != nil {
 				t.Errorf("second DEL: %v", err)
 			}
+
+			// ADD twice for one attachment keeps its address.
+			pod2 := newNetNS(t, "pod")
+			first := podAddr(t, mustConvert(t, mustAddV(t, n, pod2, "ctr-b")))
+			second := podAddr(t, mustConvert(t, mustAddV(t, n, pod2, "ctr-b")))
+			if first != second {
+				t.Errorf("repeated ADD gave %s, then %s", first, second)
+			}
+			if al := n.allocations(); len(al) != 1 {
+				t.Errorf("allocations after a repeated ADD: %v, want one", al)
+			}
+			// DEL after the runtime deleted the netns.
+			path := pod2.Path()
+			deleteNetNS(t, pod2)
+			if err := n.inNode(func() error {
+				return n.cni.DelNetworkList(t.Context(), n.list, rtPath(path, "ctr-b", "eth0"))
+			}); err != nil {
+				t.Errorf("DEL after the netns was deleted: %v", err)
+			}
+			if al := n.allocations(); len(al) != 0 || linkExists(t, n.ns, link.HostVethName("ctr-b", "eth0")) {
+				t.Errorf("DEL after the netns was deleted left allocations %v or the host veth", al)
+			}
 		})
 	}
+}
+
+func mustAddV(t testing.TB, n *testNode, pod ns.NetNS, cid string) types.Result {
+	t.Helper()
+	res, err := n.add(pod, cid, "eth0")
+	if err != nil {
+		t.Fatalf("ADD %s: %v", cid, err)
+	}
+	return res
 }
 
 func mustConvert(t testing.TB, res types.Result) *current.Result {
