@@ -579,6 +579,23 @@ func TestRoutingVXLAN(t *testing.T) {
 	if err := rtPingDF(c.pods["node1"].NSPath(), c.pods["node2"].IP, 1400); err != nil {
 		t.Error(err)
 	}
+
+	// proxyd --cleanup removes its device, routes and chains.
+	if err := c.proxyd["node1"].Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := n1.Exec(t.Context(), filepath.Join(c.lab.BinDir, "proxyd"), "--cleanup", "--proxy-mode", "none"); err != nil {
+		t.Fatalf("proxyd --cleanup: %v\n%s", err, out)
+	}
+	if r := c.routes(n1); strings.TrimSpace(r) != "" {
+		t.Errorf("routes left after --cleanup:\n%s", r)
+	}
+	if out, err := n1.Exec(t.Context(), "ip", "link", "show", "podnet.1"); err == nil {
+		t.Errorf("podnet.1 left after --cleanup:\n%s", out)
+	}
+	if out, _ := n1.Exec(t.Context(), "iptables-save"); strings.Contains(out, "PODNET-") {
+		t.Errorf("chains left after --cleanup:\n%s", out)
+	}
 }
 
 // TestRoutingHostGW forces host-gw among the nodes of one segment.

@@ -1,0 +1,43 @@
+package agent
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/podnet/podnet/dataplane/routing"
+)
+
+func TestOptionsValidate(t *testing.T) {
+	good := Options{
+		NodeName: "node1", StateDir: "/state", ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"),
+		Backend: routing.BackendAuto, VXLANVNI: 1, VXLANPort: 8472, NodeConfigPath: "/run/podnet/node.json",
+		SyncPeriod: 30 * time.Second, MinSyncPeriod: time.Second,
+	}
+	if err := good.Validate(); err != nil {
+		t.Fatalf("good options: %v", err)
+	}
+	tests := []struct {
+		field  string
+		change func(*Options)
+	}{
+		{"--node-name", func(o *Options) { o.NodeName = "" }},
+		{"--state-dir", func(o *Options) { o.StateDir = "" }},
+		{"--cluster-cidr", func(o *Options) { o.ClusterCIDR = netip.MustParsePrefix("fd00::/64") }},
+		{"--node-config", func(o *Options) { o.NodeConfigPath = "" }},
+		{"--sync-period", func(o *Options) { o.SyncPeriod = 0 }},
+		{"--min-sync-period", func(o *Options) { o.MinSyncPeriod = time.Minute }},
+		{"--backend", func(o *Options) { o.Backend = "ipip" }},
+		{"--vxlan-vni", func(o *Options) { o.VXLANVNI = 1 << 24 }},
+		{"--vxlan-port", func(o *Options) { o.VXLANPort = 0 }},
+	}
+	for _, tt := range tests {
+		o := good
+		tt.change(&o)
+		err := o.Validate()
+		if err == nil || !strings.Contains(err.Error(), tt.field) {
+			t.Errorf("%s: err = %v, want one naming the flag", tt.field, err)
+		}
+	}
+}
