@@ -15,7 +15,6 @@ package cni
 import (
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -123,17 +122,23 @@ func run(verb string, args *skel.CmdArgs, fn func(*Config, *slog.Logger) error) 
 	return nil
 }
 
-// logger opens the log file; without one, only warnings reach stderr.
+// logger opens the log file. Without one, or if it cannot be opened, only
+// warnings and errors reach stderr, which the runtime keeps on failure.
 func (c *Config) logger() (*slog.Logger, func()) {
+	stderr := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if c.LogFile == "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), func() {}
+		return stderr, func() {}
 	}
-	if err := os.MkdirAll(filepath.Dir(c.LogFile), 0o755); err == nil {
-		if f, err := os.OpenFile(c.LogFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644); err == nil {
-			return slog.New(slog.NewTextHandler(f, nil)).With("pid", os.Getpid()), func() { f.Close() }
-		}
+	if err := os.MkdirAll(filepath.Dir(c.LogFile), 0o755); err != nil {
+		stderr.Warn("cannot create log directory", "err", err)
+		return stderr, func() {}
 	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil)), func() {}
+	f, err := os.OpenFile(c.LogFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		stderr.Warn("cannot open log file", "err", err)
+		return stderr, func() {}
+	}
+	return slog.New(slog.NewTextHandler(f, nil)).With("pid", os.Getpid()), func() { f.Close() }
 }
 
 func (c *Config) ipamOptions() ipam.Options {
