@@ -50,7 +50,11 @@ func TestMain(m *testing.M) {
 func pluginDir(t testing.TB) string {
 	t.Helper()
 	if d := os.Getenv("PODNET_BIN"); d != "" {
-		if _, err := os.Stat(filepath.Join(d, "podnet")); err == nil {
+		// The Makefile's bin/ directory, or the binary itself.
+		if filepath.Base(d) == "podnet" {
+			d = filepath.Dir(d)
+		}
+		if st, err := os.Stat(filepath.Join(d, "podnet")); err == nil && st.Mode().IsRegular() {
 			return d
 		}
 	}
