@@ -112,8 +112,8 @@ func (c *Cache) shard(key []byte) *cacheShard {
 	return &c.shards[maphash.Bytes(c.seed, key)%cacheShards]
 }
 
-// get returns the entry for key and whether it is still fresh.
-func (c *Cache) get(key []byte) (*cacheEntry, bool) {
+// get returns the entry for key and whether it is still fresh at now.
+func (c *Cache) get(key []byte, now time.Time) (*cacheEntry, bool) {
 	sh := c.shard(key)
 	sh.mu.RLock()
 	e := sh.m[string(key)]
@@ -121,7 +121,7 @@ func (c *Cache) get(key []byte) (*cacheEntry, bool) {
 	if e == nil {
 		return nil, false
 	}
-	return e, c.now().Sub(e.stored) < e.ttl
+	return e, now.Sub(e.stored) < e.ttl
 }
 
 // usableStale reports whether e may still be served stale.
@@ -131,7 +131,7 @@ func (c *Cache) usableStale(e *cacheEntry) bool {
 
 // wantsPrefetch counts a hit and reports whether the caller should refresh
 // the entry now (it then owns the refresh until put replaces the entry).
-func (c *Cache) wantsPrefetch(e *cacheEntry) bool {
+func (c *Cache) wantsPrefetch(e *cacheEntry, now time.Time) bool {
 	if c.opts.PrefetchHits <= 0 {
 		return false
 	}
@@ -139,7 +139,7 @@ func (c *Cache) wantsPrefetch(e *cacheEntry) bool {
 	if int(h) < c.opts.PrefetchHits || e.ttl < 10*time.Second {
 		return false
 	}
-	left := e.ttl - c.now().Sub(e.stored)
+	left := e.ttl - now.Sub(e.stored)
 	if left > e.ttl/10 {
 		return false
 	}
@@ -240,14 +240,14 @@ func dropOPT(rrs []mdns.RR) []mdns.RR {
 
 // reply writes the entry as the answer to r: the client's ID, RD and CD
 // bits and question (its case), TTLs aged; stale answers get staleTTL.
-func (c *Cache) reply(buf []byte, e *cacheEntry, r *request, stale bool) []byte {
+func (c *Cache) reply(buf []byte, e *cacheEntry, r *request, stale bool, now time.Time) []byte {
 	buf = append(buf[:0], e.msg...)
 	binary.BigEndian.PutUint16(buf, r.id)
 	f := binary.BigEndian.Uint16(buf[2:])
 	f = f&^(flagRD|flagCD) | r.flags&(flagRD|flagCD)
 	binary.BigEndian.PutUint16(buf[2:], f)
 	copy(buf[headerLen:], r.qname)
-	age := uint32(c.now().Sub(e.stored) / time.Second)
+	age := uint32(now.Sub(e.stored) / time.Second)
 	for i, o := range e.ttlOffs {
 		t := staleTTL
 		if !stale {

@@ -441,18 +441,20 @@ func (s *Server) forward(ctx context.Context, pkt []byte, r *request, sc *scratc
 		return errorReply(sc.resp, r, rcodeRefused), false
 	}
 	var e *cacheEntry
+	var now time.Time
 	if c != nil {
+		now = c.now()
 		sc.key = cacheKey(sc.key, r)
 		var fresh bool
-		if e, fresh = c.get(sc.key); fresh {
+		if e, fresh = c.get(sc.key, now); fresh {
 			c.hits.Add(1)
 			if s.opts.Metrics != nil {
 				s.opts.Metrics.cacheHits.Inc()
 			}
-			if c.wantsPrefetch(e) {
+			if c.wantsPrefetch(e, now) {
 				s.prefetch(ctx, pkt, r, sc.key, e)
 			}
-			return c.reply(sc.resp, e, r, false), false
+			return c.reply(sc.resp, e, r, false, now), false
 		}
 	}
 	if !block {
@@ -481,13 +483,13 @@ func (s *Server) forward(ctx context.Context, pkt []byte, r *request, sc *scratc
 			if s.opts.Metrics != nil {
 				s.opts.Metrics.cacheStale.Inc()
 			}
-			return c.reply(sc.resp, e, r, true), false
+			return c.reply(sc.resp, e, r, true, c.now()), false
 		}
 		return errorReply(sc.resp, r, rcodeServFail), false
 	}
 	if c != nil {
 		if ne := c.put(sc.key, m); ne != nil {
-			return c.reply(sc.resp, ne, r, false), false
+			return c.reply(sc.resp, ne, r, false, c.now()), false
 		}
 	}
 	return msgReply(sc.resp, r, m), false

@@ -39,7 +39,7 @@ func NewMetrics(reg prometheus.Registerer, zone *Zone, cache *Cache, fwd *Forwar
 			Name: "dnsd_requests_total", Help: "DNS requests answered, by query type and response code.",
 		}, []string{"type", "rcode"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "dnsd_request_duration_seconds", Help: "Time to answer a request.",
+			Name: "dnsd_request_duration_seconds", Help: "Time to answer a request (sampled: one request in eight).",
 			Buckets: prometheus.ExponentialBuckets(0.00001, 4, 10),
 		}),
 		cacheHits:     prometheus.NewCounter(prometheus.CounterOpts{Name: "dnsd_cache_hits_total", Help: "Forwarded names answered from the cache."}),
@@ -96,7 +96,9 @@ func (m *Metrics) observe(qtype uint16, resp []byte, start time.Time) {
 		set = &m.other
 	}
 	set.inc(rc)
-	m.duration.Observe(time.Since(start).Seconds())
+	if !start.IsZero() {
+		m.duration.Observe(time.Since(start).Seconds())
+	}
 }
 
 // isBadVers reports whether the response's OPT record carries BADVERS.

@@ -1,0 +1,69 @@
+package dns
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"testing"
+
+	mdns "github.com/miekg/dns"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+)
+
+// BenchmarkServe measures the query path without sockets: a cluster A
+// record, a search-path miss and a cached forwarded name.
+func BenchmarkServe(b *testing.B) {
+	st := testState()
+	for i := range 10000 {
+		st.Upsert(&cluster.Service{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i),
+			ClusterIPs: addrs(fmt.Sprintf("10.97.%d.%d", i/250, i%250+1)),
+			Ports:      []cluster.ServicePort{{Name: "http", Protocol: cluster.TCP, Port: 80}}})
+	}
+	z := NewZone(st, ZoneOptions{ShortNames: true})
+	z.Flush()
+	fwd, err := NewForwarder(ForwardOptions{Upstreams: addrPorts("192.0.2.1:53")})
+	if err != nil {
+		b.Fatal(err)
+	}
+	cache := NewCache(CacheOptions{})
+	s := NewServer(ServerOptions{Zone: z, Forwarder: fwd, Cache: cache})
+	cached := new(mdns.Msg)
+	cached.SetQuestion("www.example.test.", mdns.TypeA)
+	reply := new(mdns.Msg)
+	reply.SetReply(cached)
+	reply.Answer = aRecords("www.example.test.", 1)
+	pkt, _ := cached.Pack()
+	var r request
+	var lower [256]byte
+	parseRequest(pkt, lower[:], &r)
+	cache.put(cacheKey(nil, &r), reply)
+	for _, c := range []struct{ name, q string }{
+		{"cluster", "svc-4242.bench.svc.cluster.local."},
+		{"nxdomain", "svc-4242.bench.bench.svc.cluster.local."},
+		{"cached", "www.example.test."},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			q := new(mdns.Msg)
+			q.SetQuestion(c.q, mdns.TypeA)
+			pkt, _ := q.Pack()
+			ctx := context.Background()
+			sc := s.pool.Get().(*scratch)
+			b.ReportAllocs()
+			for b.Loop() {
+				resp, async := s.serve(ctx, pkt, sc, false, false)
+				if resp == nil || async {
+					b.Fatal("no answer")
+				}
+			}
+		})
+	}
+}
+
+func addrPorts(ss ...string) []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, s := range ss {
+		out = append(out, netip.MustParseAddrPort(s))
+	}
+	return out
+}
