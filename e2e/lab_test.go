@@ -583,8 +583,9 @@ func TestLabEcho(t *testing.T) {
 	}
 }
 
-// TestLabDemo runs `podnet-lab demo` as `make demo` does, then keeps a lab
-// and removes it with `podnet-lab down`.
+// TestLabDemo runs `podnet-lab demo --keep` as `make demo KEEP=1` does:
+// every step must pass, the lab must stay up (and survive the next lab's
+// sweep), and `podnet-lab down` must remove it.
 func TestLabDemo(t *testing.T) {
 	roottest.Require(t)
 	ctx := t.Context()
@@ -597,26 +598,22 @@ func TestLabDemo(t *testing.T) {
 			t.Fatalf("build podnet-lab: %v\n%s", err, out)
 		}
 	}
-	binDir := lab.Start(t, lab.Options{}).BinDir // the binaries under test, as New finds them
+	l := lab.Start(t, lab.Options{})
+	binDir := l.BinDir // the binaries under test, as New finds them
 
-	out, err := exec.CommandContext(ctx, bin, "demo", "--bin-dir", binDir).CombinedOutput()
-	if err != nil {
-		t.Fatalf("podnet-lab demo: %v\n%s", err, out)
-	}
-	if !strings.Contains(string(out), "0 failed") || strings.Contains(string(out), "✗") {
-		t.Errorf("podnet-lab demo output:\n%s", out)
-	}
-
-	out, err = exec.CommandContext(ctx, bin, "demo", "--keep", "--bin-dir", binDir).CombinedOutput()
+	out, err := exec.CommandContext(ctx, bin, "demo", "--keep", "--bin-dir", binDir).CombinedOutput()
 	if err != nil {
 		t.Fatalf("podnet-lab demo --keep: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), " 0 failed, 0 skipped") || strings.Contains(string(out), "✗") {
+		t.Errorf("podnet-lab demo: a step failed or was skipped:\n%s", out)
 	}
 	m := regexp.MustCompile(`lab (pn[0-9a-f]{4}) is kept up`).FindSubmatch(out)
 	if m == nil {
 		t.Fatalf("podnet-lab demo --keep did not say which lab it kept:\n%s", out)
 	}
 	prefix := string(m[1])
-	t.Cleanup(func() { exec.Command(bin, "down").Run() })
+	t.Cleanup(func() { exec.Command(bin, "down", prefix).Run() })
 	if got := labNetns(t, prefix); len(got) < 7 {
 		t.Errorf("kept lab %s has namespaces %v, want at least 7", prefix, got)
 	}
@@ -626,7 +623,8 @@ func TestLabDemo(t *testing.T) {
 		t.Errorf("kept lab %s lost namespaces to the next New: %v", prefix, got)
 	}
 
-	out, err = exec.CommandContext(ctx, bin, "down").CombinedOutput()
+	// Only this lab: a developer's own kept lab is not the test's to remove.
+	out, err = exec.CommandContext(ctx, bin, "down", prefix).CombinedOutput()
 	if err != nil {
 		t.Fatalf("podnet-lab down: %v\n%s", err, out)
 	}
@@ -635,6 +633,11 @@ func TestLabDemo(t *testing.T) {
 	}
 	if got := labNetns(t, prefix); len(got) > 0 {
 		t.Errorf("after down, namespaces of %s remain: %v", prefix, got)
+	}
+	// The kept lab's processes (proxyd, dnsd, echo servers) are gone with
+	// their cgroups: the kernel removes only empty ones.
+	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(l.Nodes[0].Cgroup), "podnet-"+prefix+"-*")); len(left) > 0 {
+		t.Errorf("after down, cgroups of %s remain: %v", prefix, left)
 	}
 }
 

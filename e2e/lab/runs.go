@@ -253,9 +253,10 @@ func Kept() ([]KeptLab, error) {
 	return kept, nil
 }
 
-// Down removes every kept lab and every stale one, and returns the prefixes
-// of the kept labs it removed.
-func Down(logf func(string, ...any)) ([]string, error) {
+// Down removes the kept labs with the given prefixes, or every kept lab if
+// none are given, and every stale one. It returns the prefixes of the kept
+// labs it removed.
+func Down(logf func(string, ...any), prefixes ...string) ([]string, error) {
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}
@@ -270,7 +271,7 @@ func Down(logf func(string, ...any)) ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, r := range recs {
-		if !r.Kept {
+		if !r.Kept || len(prefixes) > 0 && !slices.Contains(prefixes, r.Prefix) {
 			continue
 		}
 		if err := removeRun(objs, r); err != nil {

@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -30,14 +29,15 @@ type step struct {
 	run   func(ctx context.Context, d *demo) error
 }
 
-// steps is the demo, in order. To show more (Service VIPs, NodePort,
-// `dig @10.96.0.10 kubernetes.default` from a pod), append a step; what
-// earlier steps set up is in demo (d.pods, d.proxyd).
+// steps is the demo, in order. To show more, append a step; what earlier
+// steps set up is in demo (d.pods, d.proxyd).
 var steps = []step{
 	{"nodes reach each other and the outside over the underlay", nodeMatrix},
 	{"proxyd on every node: node config and routes to the other nodes' pods", startProxyd},
 	{"two pods on node1 reach each other and their node over cbr0", podsOnOneNode},
 	{"a pod on every node: pod ↔ pod across nodes, and out to the internet", podsAcrossNodes},
+	{"a Service: ClusterIP from a pod, NodePort from the outside", service},
+	{"cluster DNS: dnsd behind 10.96.0.10, dig from a pod", clusterDNS},
 }
 
 type demo struct {
@@ -164,23 +164,8 @@ func startProxyd(ctx context.Context, d *demo) error {
 	if _, err := os.Stat(filepath.Join(l.BinDir, "proxyd")); err != nil {
 		return skipError{fmt.Sprintf("no proxyd binary (%v)", err)}
 	}
-	mode := "iptables"
-	procs, err := startProxydEverywhere(ctx, l, mode)
-	if err != nil && strings.Contains(err.Error(), "not available yet") {
-		// The Service proxy is still being built; routing alone is worth
-		// showing. Start over cleanly without it. Once the mode exists this
-		// branch is never taken.
-		for _, p := range procs {
-			p.Stop()
-		}
-		for _, n := range l.Nodes {
-			os.Remove(n.NodeConfigPath())
-		}
-		mode = "none"
-		fmt.Fprintf(d.out, "  (the iptables Service proxy is not available yet: running proxyd with --proxy-mode none)\n")
-		_, err = startProxydEverywhere(ctx, l, mode)
-	}
-	if err != nil {
+	const mode = "iptables"
+	if err := startProxydEverywhere(ctx, l, mode); err != nil {
 		return err
 	}
 	for _, n := range l.Nodes {
@@ -194,19 +179,17 @@ func startProxyd(ctx context.Context, d *demo) error {
 	return nil
 }
 
-// startProxydEverywhere starts proxyd on every node at once. It returns the
-// processes that started and the errors of those that did not.
-func startProxydEverywhere(ctx context.Context, l *lab.Lab, mode string) ([]*lab.Proc, error) {
-	procs := make([]*lab.Proc, len(l.Nodes))
+// startProxydEverywhere starts proxyd on every node at once.
+func startProxydEverywhere(ctx context.Context, l *lab.Lab, mode string) error {
 	errs := make([]error, len(l.Nodes))
 	var wg sync.WaitGroup
 	for i, n := range l.Nodes {
 		wg.Go(func() {
-			procs[i], errs[i] = n.StartProxyd(ctx, "--proxy-mode", mode)
+			_, errs[i] = n.StartProxyd(ctx, "--proxy-mode", mode)
 		})
 	}
 	wg.Wait()
-	return slices.DeleteFunc(procs, func(p *lab.Proc) bool { return p == nil }), errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
 // podsOnOneNode adds two pods to node1 through the CNI plugin and lets them

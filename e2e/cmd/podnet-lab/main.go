@@ -3,7 +3,8 @@
 //
 //	podnet-lab demo [--keep]   build the lab, run the demo steps, tear down
 //	                           (--keep: leave it up for `podnet-lab down`)
-//	podnet-lab down            remove every kept lab (and stale ones)
+//	podnet-lab down [PREFIX...] remove the kept labs (all, or those named) and
+//	                           stale ones
 //
 // The lab also runs it inside pods and nodes:
 //
@@ -28,7 +29,7 @@ import (
 
 const usage = `usage:
   podnet-lab demo [--keep] [--bin-dir DIR]   build the lab, show what works, tear it down
-  podnet-lab down                            remove every lab kept with --keep
+  podnet-lab down [PREFIX...]                remove the labs kept with --keep (all, or those named)
 
 run by the lab inside pods and nodes:
   podnet-lab serve --name NAME [--http ADDR]... [--tcp ADDR]... [--udp ADDR]...
@@ -85,7 +86,7 @@ func downCmd(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	removed, err := lab.Down(func(format string, args ...any) { fmt.Printf(format+"\n", args...) })
+	removed, err := lab.Down(func(format string, args ...any) { fmt.Printf(format+"\n", args...) }, fs.Args()...)
 	for _, p := range removed {
 		fmt.Printf("removed lab %s\n", p)
 	}
