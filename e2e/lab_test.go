@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -583,21 +584,81 @@ func TestLabEcho(t *testing.T) {
 	}
 }
 
+// demoBinary is the podnet-lab command under test: `make test` sets
+// PODNET_BIN to the binaries it has just built; run by hand, the test
+// builds the command from this tree.
+func demoBinary(t *testing.T) string {
+	t.Helper()
+	if dir := os.Getenv("PODNET_BIN"); dir != "" {
+		return filepath.Join(dir, "podnet-lab")
+	}
+	bin := filepath.Join(t.TempDir(), "podnet-lab")
+	if out, err := exec.CommandContext(t.Context(), "go", "build", "-o", bin, "./cmd/podnet-lab").CombinedOutput(); err != nil {
+		t.Fatalf("build podnet-lab: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestLabDemoInterrupted stops `podnet-lab demo` with SIGTERM in the middle
+// of a step: it must tear its lab down before it exits.
+func TestLabDemoInterrupted(t *testing.T) {
+	roottest.Require(t)
+	bin := demoBinary(t)
+	l := lab.Start(t, lab.Options{})
+	cmd := exec.CommandContext(t.Context(), bin, "demo", "--bin-dir", l.BinDir)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var prefix string
+	var seen strings.Builder
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		line := sc.Text()
+		seen.WriteString(line + "\n")
+		if m := regexp.MustCompile(`^podnet lab (pn[0-9a-f]{4}):`).FindStringSubmatch(line); m != nil {
+			prefix = m[1]
+		}
+		if strings.HasPrefix(line, "[2/") { // proxyd is starting on every node
+			break
+		}
+	}
+	if prefix == "" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("demo output without the lab's name:\n%s", seen.String())
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	go io.Copy(io.Discard, stdout)
+	err = cmd.Wait()
+	if err == nil {
+		t.Errorf("interrupted demo exited 0")
+	}
+	if got := labNetns(t, prefix); len(got) > 0 {
+		t.Errorf("interrupted demo left namespaces %v (stderr %s)", got, stderr.String())
+	}
+	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(l.Nodes[0].Cgroup), "podnet-"+prefix+"-*")); len(left) > 0 {
+		t.Errorf("interrupted demo left cgroups %v", left)
+	}
+	if _, err := os.Stat(filepath.Join(lab.RunDir, prefix+".json")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("interrupted demo left its run record (%v)", err)
+	}
+}
+
 // TestLabDemo runs `podnet-lab demo --keep` as `make demo KEEP=1` does:
 // every step must pass, the lab must stay up (and survive the next lab's
 // sweep), and `podnet-lab down` must remove it.
 func TestLabDemo(t *testing.T) {
 	roottest.Require(t)
 	ctx := t.Context()
-	// `make test` sets PODNET_BIN to the binaries it has just built; run by
-	// hand, the test builds the command from this tree.
-	bin := filepath.Join(os.Getenv("PODNET_BIN"), "podnet-lab")
-	if os.Getenv("PODNET_BIN") == "" {
-		bin = filepath.Join(t.TempDir(), "podnet-lab")
-		if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/podnet-lab").CombinedOutput(); err != nil {
-			t.Fatalf("build podnet-lab: %v\n%s", err, out)
-		}
-	}
+	bin := demoBinary(t)
 	l := lab.Start(t, lab.Options{})
 	binDir := l.BinDir // the binaries under test, as New finds them
 
