@@ -2,9 +2,9 @@ package iptables
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"os/exec"
+	"strconv"
 	"strings"
 )
 
@@ -46,15 +46,24 @@ func (r ExecRunner) Save(table string) ([]byte, error) {
 	return run(r.cmd("-save"), nil, "-t", table)
 }
 
-// EnsureRule implements Runner.
-func (r ExecRunner) EnsureRule(table, chain string, args ...string) error {
-	check := append([]string{"-w", "5", "-t", table, "-C", chain}, args...)
-	if _, err := run(r.cmd(""), nil, check...); err == nil {
-		return nil
-	} else if ee := (*exec.ExitError)(nil); !errors.As(err, &ee) || ee.ExitCode() != 1 {
-		return err
+// ListRules implements Runner.
+func (r ExecRunner) ListRules(table, chain string) ([]string, error) {
+	out, err := run(r.cmd(""), nil, "-w", "5", "-t", table, "-S", chain)
+	if err != nil {
+		return nil, err
 	}
-	_, err := run(r.cmd(""), nil, append([]string{"-w", "5", "-t", table, "-I", chain, "1"}, args...)...)
+	var rules []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if rest, ok := strings.CutPrefix(l, "-A "+chain+" "); ok {
+			rules = append(rules, rest)
+		}
+	}
+	return rules, nil
+}
+
+// InsertRule implements Runner.
+func (r ExecRunner) InsertRule(table, chain string, pos int, args ...string) error {
+	_, err := run(r.cmd(""), nil, append([]string{"-w", "5", "-t", table, "-I", chain, strconv.Itoa(pos)}, args...)...)
 	return err
 }
 

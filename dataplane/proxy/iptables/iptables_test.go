@@ -502,3 +502,28 @@ func TestRestartDeletesLeftoverChainsAndCleanup(t *testing.T) {
 		t.Errorf("cleanup left:\n%s", s)
 	}
 }
+
+// TestJumpsStayFirst: a rule another program inserts above the proxy's jump
+// (an ACCEPT for pod traffic in FORWARD) would let traffic the proxy rejects
+// through; the next full sync moves the jumps back on top.
+func TestJumpsStayFirst(t *testing.T) {
+	f := iptablestest.New()
+	p := apply(t, f, defaultCfg, scenario())
+	if err := f.InsertRule("filter", "FORWARD", 1, "-s", "10.244.0.0/16", "-j", "ACCEPT"); err != nil {
+		t.Fatal(err)
+	}
+	pkt := iptablestest.Packet{Src: clientPod, Dst: a("10.96.0.30"), Proto: "tcp", DPort: 80}
+	if tr := f.Trace(pkt, localAddrs); tr.Verdict != "ACCEPT" {
+		t.Fatalf("foreign ACCEPT not in effect: %s", tr.Verdict)
+	}
+	if _, err := p.Sync(scenario(), nil, true); err != nil {
+		t.Fatal(err)
+	}
+	if tr := f.Trace(pkt, localAddrs); tr.Verdict != "REJECT" {
+		t.Errorf("after a full sync a Service without endpoints is %s, want REJECT", tr.Verdict)
+	}
+	rules := f.Rules("filter", "FORWARD")
+	if len(rules) != 3 || !strings.HasSuffix(rules[0], iptables.ChainFilter) || !strings.HasSuffix(rules[1], iptables.ChainForward) {
+		t.Errorf("FORWARD = %q", rules)
+	}
+}

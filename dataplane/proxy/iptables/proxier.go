@@ -17,8 +17,11 @@ type Runner interface {
 	Restore(data []byte) error
 	// Save returns iptables-save output for one table.
 	Save(table string) ([]byte, error)
-	// EnsureRule inserts the rule at the top of chain unless it is there.
-	EnsureRule(table, chain string, args ...string) error
+	// ListRules returns a chain's rules as iptables -S prints them, without
+	// the leading "-A CHAIN".
+	ListRules(table, chain string) ([]string, error)
+	// InsertRule inserts a rule at a position (from 1).
+	InsertRule(table, chain string, pos int, args ...string) error
 	// DeleteRule deletes one copy of the rule; it fails if there is none.
 	DeleteRule(table, chain string, args ...string) error
 }
@@ -63,10 +66,8 @@ func (p *Proxier) Sync(ports map[cluster.Key][]*proxy.ServicePort, _ map[cluster
 		}
 	}
 	if full {
-		for _, j := range Jumps {
-			if err := p.runner.EnsureRule(j.Table, j.Chain, j.Args...); err != nil {
-				return proxy.SyncResult{}, fmt.Errorf("ensure jump from %s %s: %w", j.Table, j.Chain, err)
-			}
+		if err := ensureJumps(p.runner); err != nil {
+			return proxy.SyncResult{}, err
 		}
 	}
 	p.applied = want
@@ -75,6 +76,60 @@ func (p *Proxier) Sync(ports map[cluster.Key][]*proxy.ServicePort, _ map[cluster
 		res.Rules[t] = want.Count(t)
 	}
 	return res, nil
+}
+
+// ensureJumps makes the proxy's jumps the first rules of their built-in
+// chains, in the order of Jumps: a rule someone inserted above them (an
+// ACCEPT for pod traffic in FORWARD, say) would let packets the proxy must
+// reject through. Jumps found elsewhere are moved.
+func ensureJumps(r Runner) error {
+	type chainKey struct{ table, chain string }
+	var order []chainKey
+	want := make(map[chainKey][]Jump)
+	for _, j := range Jumps {
+		k := chainKey{j.Table, j.Chain}
+		if want[k] == nil {
+			order = append(order, k)
+		}
+		want[k] = append(want[k], j)
+	}
+	for _, k := range order {
+		rules, err := r.ListRules(k.table, k.chain)
+		if err != nil {
+			return fmt.Errorf("list %s %s: %w", k.table, k.chain, err)
+		}
+		jumps := want[k]
+		// Inserted last means first: the wanted order is the reverse.
+		slices.Reverse(jumps)
+		inPlace := len(rules) >= len(jumps)
+		for i, j := range jumps {
+			inPlace = inPlace && isJump(rules[len(jumps)-1-i], j)
+		}
+		ours := 0
+		for _, rule := range rules {
+			if strings.Contains(rule, JumpComment) {
+				ours++
+			}
+		}
+		if inPlace && ours == len(jumps) {
+			continue
+		}
+		for _, j := range jumps {
+			for r.DeleteRule(j.Table, j.Chain, j.Args...) == nil {
+			}
+		}
+		for _, j := range jumps {
+			if err := r.InsertRule(j.Table, j.Chain, 1, j.Args...); err != nil {
+				return fmt.Errorf("insert jump to %s into %s %s: %w", j.Args[len(j.Args)-1], j.Table, j.Chain, err)
+			}
+		}
+	}
+	return nil
+}
+
+// isJump reports whether an iptables -S rule is the jump j.
+func isJump(rule string, j Jump) bool {
+	return strings.Contains(rule, JumpComment) && strings.HasSuffix(rule, "-j "+j.Args[len(j.Args)-1])
 }
 
 // existingChains lists the proxy's chains present in the kernel, with no

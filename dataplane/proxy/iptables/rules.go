@@ -80,15 +80,15 @@ type Jump struct {
 // JumpComment marks the proxy's rules in built-in chains.
 const JumpComment = "podnet service proxy"
 
-// Jumps are the proxy's rules in built-in chains, kept in place outside the
-// restore transactions (each inserted first in its chain if missing).
+// Jumps are the proxy's rules in built-in chains, kept outside the restore
+// transactions as the first rules of their chains, in this order.
 var Jumps = []Jump{
 	{"nat", "PREROUTING", jumpArgs(ChainServices)},
 	{"nat", "OUTPUT", jumpArgs(ChainServices)},
 	{"nat", "POSTROUTING", jumpArgs(ChainPostrouting)},
 	{"filter", "INPUT", jumpArgs(ChainFilter)},
+	{"filter", "FORWARD", jumpArgs(ChainFilter)},
 	{"filter", "FORWARD", jumpArgs(ChainForward)},
-	{"filter", "FORWARD", jumpArgs(ChainFilter)}, // inserted last: first in FORWARD
 	{"filter", "OUTPUT", jumpArgs(ChainFilter)},
 }
 

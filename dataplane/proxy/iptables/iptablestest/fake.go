@@ -235,14 +235,28 @@ func (f *Fake) Save(tableName string) ([]byte, error) {
 	return []byte(b.String()), nil
 }
 
-// EnsureRule implements iptables.Runner.
-func (f *Fake) EnsureRule(tableName, chain string, args ...string) error {
+// ListRules implements iptables.Runner.
+func (f *Fake) ListRules(tableName, chain string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	rules, ok := f.tables[tableName].chains[chain]
+	if !ok {
+		return nil, fmt.Errorf("no chain %s", chain)
+	}
+	return slices.Clone(rules), nil
+}
+
+// InsertRule implements iptables.Runner.
+func (f *Fake) InsertRule(tableName, chain string, pos int, args ...string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	t := f.tables[tableName]
 	rules, ok := t.chains[chain]
 	if !ok {
 		return fmt.Errorf("no chain %s", chain)
+	}
+	if pos < 1 || pos > len(rules)+1 {
+		return fmt.Errorf("index of insertion too big")
 	}
 	if tgt := target(args); tgt != "" {
 		if _, known := targets[tgt]; !known {
@@ -251,11 +265,7 @@ func (f *Fake) EnsureRule(tableName, chain string, args ...string) error {
 			}
 		}
 	}
-	r := strings.Join(quote(args), " ")
-	if slices.Contains(rules, r) {
-		return nil
-	}
-	t.chains[chain] = append([]string{r}, rules...)
+	t.chains[chain] = slices.Insert(rules, pos-1, strings.Join(quote(args), " "))
 	return nil
 }
 

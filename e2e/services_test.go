@@ -1,0 +1,654 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"sigs.k8s.io/yaml"
+
+	"github.com/podnet/podnet/dataplane/roottest"
+	"github.com/podnet/podnet/e2e/lab"
+)
+
+// Tests of issue 5: proxyd --proxy-mode iptables turns Services into rules
+// on every node. They mirror Kubernetes' Service e2e tests, from pods on the
+// same node, on other nodes and from the outside namespace, and all share
+// one lab (four nodes, proxyd on each, two echo pods and three clients).
+
+const (
+	svcTCP     = "9090" // echo TCP port of the web pods
+	svcUDP     = "5353" // echo UDP (and TCP) port of the web pods
+	svcTimeout = 5 * time.Second
+)
+
+type svcCluster struct {
+	t      *testing.T
+	lab    *lab.Lab
+	proxyd map[string]*lab.Proc
+	web1   *lab.Pod // on node1
+	web2   *lab.Pod // on node2
+	c1     *lab.Pod // client on node1
+	c3     *lab.Pod // client on node3
+	c4     *lab.Pod // client on node4 (other segment)
+}
+
+func svcProxydArgs(l *lab.Lab, n *lab.Node) []string {
+	return []string{
+		filepath.Join(l.BinDir, "proxyd"),
+		"--node-name", n.Name,
+		"--state-dir", l.StateDir(),
+		"--node-config", n.NodeConfigPath(),
+		"--proxy-mode", "iptables",
+		"--healthz-bind-address", "127.0.0.1:10256",
+		"--metrics-bind-address", "127.0.0.1:10249",
+		"--sync-period", "2s",
+		"--min-sync-period", "100ms",
+	}
+}
+
+func (c *svcCluster) startProxyd(n *lab.Node) {
+	c.t.Helper()
+	p, err := n.Start("proxyd", svcProxydArgs(c.lab, n)...)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.proxyd[n.Name] = p
+}
+
+func svcStart(t *testing.T) *svcCluster {
+	t.Helper()
+	roottest.Require(t)
+	l := lab.Start(t, lab.Options{})
+	c := &svcCluster{t: t, lab: l, proxyd: map[string]*lab.Proc{}}
+	for _, n := range l.Nodes {
+		c.startProxyd(n)
+	}
+	for _, n := range l.Nodes {
+		waitUntil(t, 10*time.Second, func() bool { return fileExists(n.NodeConfigPath()) }, "node config of "+n.Name)
+	}
+	ctx := t.Context()
+	add := func(node, name string) *lab.Pod {
+		p, err := l.Node(node).AddPod(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	c.web1, c.web2 = add("node1", "web1"), add("node2", "web2")
+	c.c1, c.c3, c.c4 = add("node1", "client1"), add("node3", "client3"), add("node4", "client4")
+	for _, w := range []*lab.Pod{c.web1, c.web2} {
+		if _, err := w.StartEcho(lab.EchoOptions{HTTP: []string{":8080"}, TCP: []string{":" + svcTCP, ":" + svcUDP}, UDP: []string{":" + svcUDP}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+func waitUntil(t *testing.T, timeout time.Duration, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// probeIn runs lab.Probe ("tcp" or "udp") inside the namespace at nsPath:
+// the socket is made on the namespace's thread, so it lives there.
+func probeIn(nsPath, proto, addr string, timeout time.Duration) (string, error) {
+	var out string
+	err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
+		var err error
+		out, err = lab.Probe(context.Background(), proto, addr, timeout)
+		return err
+	})
+	return out, err
+}
+
+// answer splits an echo answer into the server's name and the client
+// address it saw.
+func answer(s string) (name string, client netip.Addr) {
+	f := strings.Fields(s)
+	if len(f) != 2 {
+		return "", netip.Addr{}
+	}
+	ap, err := netip.ParseAddrPort(f[1])
+	if err != nil {
+		return f[0], netip.Addr{}
+	}
+	return f[0], ap.Addr()
+}
+
+// servers probes n times and returns how often each server answered; it
+// fails the test on any error.
+func servers(t *testing.T, nsPath, proto, addr string, n int) map[string]int {
+	t.Helper()
+	seen := make(map[string]int)
+	for range n {
+		out, err := probeIn(nsPath, proto, addr, 2*time.Second)
+		if err != nil {
+			t.Fatalf("probe %s %s: %v", proto, addr, err)
+		}
+		name, _ := answer(out)
+		seen[name]++
+	}
+	return seen
+}
+
+// eventuallyServes waits until probes of addr reach exactly the servers
+// in want (checked over several probes).
+func eventuallyServes(t *testing.T, nsPath, proto, addr string, want ...string) {
+	t.Helper()
+	var last map[string]int
+	var lastErr error
+	deadline := time.Now().Add(svcTimeout)
+	for time.Now().Before(deadline) {
+		seen := make(map[string]int)
+		lastErr = nil
+		for range 12 {
+			out, err := probeIn(nsPath, proto, addr, time.Second)
+			if err != nil {
+				lastErr = err
+				break
+			}
+			name, _ := answer(out)
+			seen[name]++
+		}
+		last = seen
+		if lastErr == nil && len(seen) == len(want) {
+			ok := true
+			for _, w := range want {
+				ok = ok && seen[w] > 0
+			}
+			if ok {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s %s: answered by %v (last error %v), want exactly %v", proto, addr, last, lastErr, want)
+}
+
+// Service and EndpointSlice YAML, as a control plane would write them.
+
+type svcPort struct {
+	name, proto    string
+	port, target   int
+	nodePort       int
+	endpointsProto string // defaults to proto
+}
+
+type svcEndpoint struct {
+	pod                         *lab.Pod
+	ready, serving, terminating bool
+}
+
+func ready(p *lab.Pod) svcEndpoint { return svcEndpoint{pod: p, ready: true, serving: true} }
+
+type svcDef struct {
+	name, clusterIP, typ string
+	ports                []svcPort
+	affinity             int
+	etpLocal, itpLocal   bool
+	healthCheckNodePort  int
+	endpoints            []svcEndpoint
+	noSlice              bool
+}
+
+func (d svcDef) yaml(t *testing.T) string {
+	t.Helper()
+	typ := d.typ
+	if typ == "" {
+		typ = "ClusterIP"
+	}
+	var ports, epPorts []any
+	for _, p := range d.ports {
+		sp := map[string]any{"name": p.name, "protocol": p.proto, "port": p.port, "targetPort": p.target}
+		if p.nodePort != 0 {
+			sp["nodePort"] = p.nodePort
+		}
+		ports = append(ports, sp)
+		epPorts = append(epPorts, map[string]any{"name": p.name, "protocol": p.proto, "port": p.target})
+	}
+	spec := map[string]any{"type": typ, "clusterIP": d.clusterIP, "clusterIPs": []string{d.clusterIP}, "ports": ports}
+	if d.affinity > 0 {
+		spec["sessionAffinity"] = "ClientIP"
+		spec["sessionAffinityConfig"] = map[string]any{"clientIP": map[string]any{"timeoutSeconds": d.affinity}}
+	} else {
+		spec["sessionAffinity"] = "None"
+	}
+	if d.etpLocal {
+		spec["externalTrafficPolicy"] = "Local"
+		spec["healthCheckNodePort"] = d.healthCheckNodePort
+	}
+	if d.itpLocal {
+		spec["internalTrafficPolicy"] = "Local"
+	}
+	objs := []any{map[string]any{
+		"apiVersion": "v1", "kind": "Service",
+		"metadata": map[string]any{"name": d.name, "namespace": "default"},
+		"spec":     spec,
+	}}
+	if !d.noSlice {
+		var eps []any
+		for _, e := range d.endpoints {
+			eps = append(eps, map[string]any{
+				"addresses":  []string{e.pod.IP.String()},
+				"conditions": map[string]any{"ready": e.ready, "serving": e.serving, "terminating": e.terminating},
+				"nodeName":   e.pod.Node.Name,
+				"targetRef":  map[string]any{"kind": "Pod", "name": e.pod.Name, "namespace": "default"},
+			})
+		}
+		objs = append(objs, map[string]any{
+			"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+			"metadata": map[string]any{"name": d.name + "-abcde", "namespace": "default",
+				"labels": map[string]any{"kubernetes.io/service-name": d.name}},
+			"ports":     epPorts,
+			"endpoints": eps,
+		})
+	}
+	b, err := yaml.Marshal(map[string]any{"apiVersion": "v1", "kind": "List", "items": objs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func (c *svcCluster) apply(d svcDef) {
+	c.t.Helper()
+	if err := c.lab.WriteState("svc-"+d.name+".yaml", d.yaml(c.t)); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func tcpPort(port int) []svcPort {
+	return []svcPort{{name: "tcp", proto: "TCP", port: port, target: 9090}}
+}
+
+func TestServices(t *testing.T) {
+	c := svcStart(t)
+	l := c.lab
+	n1, n2, n3 := l.Node("node1"), l.Node("node2"), l.Node("node3")
+
+	t.Run("basic endpoint from every kind of client, source IP kept", func(t *testing.T) {
+		c.apply(svcDef{name: "basic", clusterIP: "10.96.1.10", ports: tcpPort(80), endpoints: []svcEndpoint{ready(c.web1), ready(c.web2)}})
+		for _, client := range []*lab.Pod{c.c1, c.c3, c.c4} {
+			eventuallyServes(t, client.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
+			out, err := probeIn(client.NSPath(), "tcp", "10.96.1.10:80", 2*time.Second)
+			if _, src := answer(out); err != nil || src != client.IP {
+				t.Errorf("from %s: %q, %v; want the endpoint to see the pod's own address %s", client.Name, out, err, client.IP)
+			}
+		}
+		// From a node's own network.
+		eventuallyServes(t, n3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
+		// The choice is random and even: both get a fair share of 60.
+		seen := servers(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", 60)
+		if seen["web1"] < 12 || seen["web2"] < 12 {
+			t.Errorf("60 connections went %v; want both endpoints used evenly", seen)
+		}
+	})
+
+	t.Run("multiport", func(t *testing.T) {
+		c.apply(svcDef{name: "multi", clusterIP: "10.96.1.11", ports: []svcPort{
+			{name: "http", proto: "TCP", port: 80, target: 8080},
+			{name: "raw", proto: "TCP", port: 81, target: 9090},
+		}, endpoints: []svcEndpoint{ready(c.web1)}})
+		eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.11:81", "web1")
+		out, err := c.c3.Probe(t.Context(), "http", "10.96.1.11:80")
+		if name, _ := answer(out); err != nil || name != "web1" {
+			t.Errorf("HTTP port of a multi-port Service: %q, %v", out, err)
+		}
+	})
+
+	t.Run("same port number on TCP and UDP are two services", func(t *testing.T) {
+		c.apply(svcDef{name: "dns", clusterIP: "10.96.1.12", ports: []svcPort{
+			{name: "dns-tcp", proto: "TCP", port: 53, target: 5353},
+			{name: "dns-udp", proto: "UDP", port: 53, target: 5353},
+		}, endpoints: []svcEndpoint{ready(c.web1)}})
+		eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.12:53", "web1")
+		eventuallyServes(t, c.c3.NSPath(), "udp", "10.96.1.12:53", "web1")
+		// The UDP port alone goes to web2 once its slice port says so.
+		d := svcDef{name: "dns2", clusterIP: "10.96.1.22", ports: []svcPort{
+			{name: "dns-tcp", proto: "TCP", port: 53, target: 5353},
+			{name: "dns-udp", proto: "UDP", port: 53, target: 5353},
+		}, noSlice: true}
+		c.apply(d)
+		split := fmt.Sprintf(`apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+addressType: IPv4
+metadata: {name: dns2-tcp, namespace: default, labels: {kubernetes.io/service-name: dns2}}
+ports: [{name: dns-tcp, protocol: TCP, port: 5353}]
+endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node1}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+addressType: IPv4
+metadata: {name: dns2-udp, namespace: default, labels: {kubernetes.io/service-name: dns2}}
+ports: [{name: dns-udp, protocol: UDP, port: 5353}]
+endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
+`, c.web1.IP, c.web2.IP)
+		if err := l.WriteState("svc-dns2-slices.yaml", split); err != nil {
+			t.Fatal(err)
+		}
+		eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.22:53", "web1")
+		eventuallyServes(t, c.c3.NSPath(), "udp", "10.96.1.22:53", "web2")
+	})
+
+	t.Run("no endpoints: connection refused within one second", func(t *testing.T) {
+		c.apply(svcDef{name: "empty", clusterIP: "10.96.1.13", ports: tcpPort(80), noSlice: true})
+		// Until the rules are in, connections fail otherwise; a full sync
+		// (every 2 s here) also puts the proxy's filter jumps back on top
+		// if the node agent inserted its own above them.
+		var lastErr error
+		deadline := time.Now().Add(svcTimeout)
+		for {
+			start := time.Now()
+			_, lastErr = probeIn(c.c3.NSPath(), "tcp", "10.96.1.13:80", 3*time.Second)
+
+			if errors.Is(lastErr, syscall.ECONNREFUSED) && time.Since(start) < time.Second {
+				break
+			}
+			if time.Now().After(deadline) {
+				out, _ := n3.Exec(t.Context(), "iptables-save", "-t", "filter")
+				t.Fatalf("no endpoints: last probe: %v; want connection refused within 1s; node3 filter table:\n%s", lastErr, out)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		for _, from := range []string{c.c1.NSPath(), c.c4.NSPath(), n3.NSPath()} {
+			start := time.Now()
+			_, err := probeIn(from, "tcp", "10.96.1.13:80", 3*time.Second)
+			if !errors.Is(err, syscall.ECONNREFUSED) || time.Since(start) > time.Second {
+				t.Errorf("from %s: %v after %v; want connection refused within 1s", from, err, time.Since(start))
+			}
+		}
+	})
+
+	t.Run("hairpin: a pod reaches itself through its Service", func(t *testing.T) {
+		c.apply(svcDef{name: "hairpin", clusterIP: "10.96.1.14", ports: tcpPort(80), endpoints: []svcEndpoint{ready(c.web1)}})
+		eventuallyServes(t, c.web1.NSPath(), "tcp", "10.96.1.14:80", "web1")
+		out, _ := probeIn(c.web1.NSPath(), "tcp", "10.96.1.14:80", 2*time.Second)
+		if _, src := answer(out); src == c.web1.IP || !src.IsValid() {
+			t.Errorf("hairpin answer %q: the pod saw its own address, want it masqueraded", out)
+		}
+	})
+
+	t.Run("NodePort from outside, other nodes and pods", func(t *testing.T) {
+		c.apply(svcDef{name: "np", clusterIP: "10.96.1.15", typ: "NodePort",
+			ports:     []svcPort{{name: "tcp", proto: "TCP", port: 80, target: 9090, nodePort: 30080}},
+			endpoints: []svcEndpoint{ready(c.web1), ready(c.web2)}})
+		for _, n := range []*lab.Node{n1, n3, l.Node("node4")} {
+			addr := net.JoinHostPort(n.IP.String(), "30080")
+			eventuallyServes(t, l.OutsideHost.NSPath(), "tcp", addr, "web1", "web2")
+			out, _ := probeIn(l.OutsideHost.NSPath(), "tcp", addr, 2*time.Second)
+			if _, src := answer(out); src == l.OutsideIP {
+				t.Errorf("NodePort with policy Cluster via %s: endpoint saw the client %s; want it masqueraded", n.Name, src)
+			}
+		}
+		eventuallyServes(t, c.c4.NSPath(), "tcp", net.JoinHostPort(n2.IP.String(), "30080"), "web1", "web2")
+	})
+
+	t.Run("session affinity, off and on again", func(t *testing.T) {
+		d := svcDef{name: "sticky", clusterIP: "10.96.1.16", ports: tcpPort(80), affinity: 600,
+			endpoints: []svcEndpoint{ready(c.web1), ready(c.web2)}}
+		c.apply(d)
+		sticky := func() {
+			t.Helper()
+			waitUntil(t, svcTimeout, func() bool {
+				seen := make(map[string]bool)
+				for range 15 {
+					out, err := probeIn(c.c3.NSPath(), "tcp", "10.96.1.16:80", time.Second)
+					if err != nil {
+						return false
+					}
+					name, _ := answer(out)
+					seen[name] = true
+				}
+				return len(seen) == 1
+			}, "15 connections from one client to reach one endpoint")
+		}
+		sticky()
+		d.affinity = 0
+		c.apply(d)
+		eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.16:80", "web1", "web2")
+		d.affinity = 600
+		c.apply(d)
+		sticky()
+	})
+
+	t.Run("externalTrafficPolicy Local and its health check port", func(t *testing.T) {
+		c.apply(svcDef{name: "local", clusterIP: "10.96.1.17", typ: "NodePort", etpLocal: true, healthCheckNodePort: 32081,
+			ports:     []svcPort{{name: "tcp", proto: "TCP", port: 80, target: 9090, nodePort: 30081}},
+			endpoints: []svcEndpoint{ready(c.web2)}})
+		addr := net.JoinHostPort(n2.IP.String(), "30081")
+		eventuallyServes(t, l.OutsideHost.NSPath(), "tcp", addr, "web2")
+		out, _ := probeIn(l.OutsideHost.NSPath(), "tcp", addr, 2*time.Second)
+		if _, src := answer(out); src != l.OutsideIP {
+			t.Errorf("externalTrafficPolicy Local: endpoint saw %s, want the client's own %s", src, l.OutsideIP)
+		}
+		if out, err := probeIn(l.OutsideHost.NSPath(), "tcp", net.JoinHostPort(n1.IP.String(), "30081"), time.Second); err == nil {
+			t.Errorf("node1 has no local endpoint but its NodePort answered %q", out)
+		}
+		hc := func(n *lab.Node) (int, string) {
+			code, body, err := svcHTTPGet(l.OutsideHost.NSPath(), net.JoinHostPort(n.IP.String(), "32081"))
+			if err != nil {
+				return 0, err.Error()
+			}
+			return code, body
+		}
+		waitUntil(t, svcTimeout, func() bool { code, _ := hc(n2); return code == 200 }, "health check 200 on node2")
+		if code, body := hc(n2); !strings.Contains(body, `"localEndpoints":1`) {
+			t.Errorf("node2 health check: %d %s; want the local endpoint count 1", code, body)
+		}
+		if code, body := hc(n1); code != 503 {
+			t.Errorf("node1 health check: %d %s; want 503", code, body)
+		}
+		// Pods may still use every endpoint.
+		eventuallyServes(t, c.c1.NSPath(), "tcp", net.JoinHostPort(n1.IP.String(), "30081"), "web2")
+	})
+
+	t.Run("internalTrafficPolicy Local", func(t *testing.T) {
+		c.apply(svcDef{name: "itp", clusterIP: "10.96.1.18", ports: tcpPort(80), itpLocal: true,
+			endpoints: []svcEndpoint{ready(c.web1), ready(c.web2)}})
+		eventuallyServes(t, c.c1.NSPath(), "tcp", "10.96.1.18:80", "web1")
+		if out, err := probeIn(c.c3.NSPath(), "tcp", "10.96.1.18:80", time.Second); err == nil {
+			t.Errorf("node3 has no local endpoint but the Service answered %q", out)
+		}
+	})
+
+	t.Run("terminating endpoints are used only when none is ready", func(t *testing.T) {
+		term := svcEndpoint{pod: c.web1, serving: true, terminating: true}
+		gone := svcEndpoint{pod: c.web2, serving: false, terminating: true}
+		d := svcDef{name: "term", clusterIP: "10.96.1.19", ports: tcpPort(80), endpoints: []svcEndpoint{term, gone}}
+		c.apply(d)
+		eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.19:80", "web1")
+		d.endpoints = []svcEndpoint{term, ready(c.web2)}
+		c.apply(d)
+		eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.19:80", "web2")
+	})
+
+	t.Run("UDP endpoint replaced while the client keeps sending", func(t *testing.T) {
+		d := svcDef{name: "udp", clusterIP: "10.96.1.20", ports: []svcPort{{name: "dns", proto: "UDP", port: 53, target: 5353}},
+			endpoints: []svcEndpoint{ready(c.web1)}}
+		c.apply(d)
+		eventuallyServes(t, c.c3.NSPath(), "udp", "10.96.1.20:53", "web1")
+		// One socket, one source port: the conntrack entry would pin it to
+		// web1 if nobody deleted it.
+		var conn net.Conn
+		if err := ns.WithNetNSPath(c.c3.NSPath(), func(ns.NetNS) error {
+			var err error
+			conn, err = net.Dial("udp", "10.96.1.20:53")
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		ask := func() string {
+			conn.Write([]byte("q\n"))
+			conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+			buf := make([]byte, 512)
+			n, err := conn.Read(buf)
+			if err != nil {
+				return ""
+			}
+			name, _ := answer(strings.TrimSpace(string(buf[:n])))
+			return name
+		}
+		waitUntil(t, svcTimeout, func() bool { return ask() == "web1" }, "UDP answers from web1")
+		d.endpoints = []svcEndpoint{ready(c.web2)}
+		c.apply(d)
+		changed := time.Now()
+		var got string
+		for time.Since(changed) < 5*time.Second {
+			if got = ask(); got == "web2" {
+				break
+			}
+		}
+		if took := time.Since(changed); got != "web2" || took > 2*time.Second {
+			t.Errorf("UDP client reached %q %v after the endpoint changed; want web2 within 2s", got, took.Round(time.Millisecond))
+		}
+	})
+
+	t.Run("proxyd restart under steady load loses no request", func(t *testing.T) {
+		eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
+		var ok, failed atomic.Int64
+		var firstErr atomic.Value
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 2000; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := probeIn(c.c3.NSPath(), "tcp", "10.96.1.10:80", 2*time.Second); err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+				} else {
+					ok.Add(1)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
+		time.Sleep(300 * time.Millisecond)
+		for _, n := range []*lab.Node{n3, n1} {
+			if err := c.proxyd[n.Name].Stop(); err != nil {
+				t.Errorf("proxyd on %s: %v", n.Name, err)
+			}
+			time.Sleep(200 * time.Millisecond)
+			c.startProxyd(n)
+			time.Sleep(700 * time.Millisecond)
+		}
+		close(stop)
+		wg.Wait()
+		if failed.Load() != 0 || ok.Load() < 50 {
+			t.Errorf("during restarts: %d requests ok, %d failed (first: %v)", ok.Load(), failed.Load(), firstErr.Load())
+		}
+		t.Logf("%d requests during two proxyd restarts, none failed", ok.Load())
+	})
+
+	t.Run("Services of another proxy and headless Services are left alone", func(t *testing.T) {
+		other := fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: other, namespace: default, labels: {service.kubernetes.io/service-proxy-name: someone-else}}
+spec: {clusterIP: 10.96.1.21, clusterIPs: [10.96.1.21], ports: [{name: tcp, protocol: TCP, port: 80, targetPort: 9090}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+addressType: IPv4
+metadata: {name: other-x, namespace: default, labels: {kubernetes.io/service-name: other}}
+ports: [{name: tcp, protocol: TCP, port: 9090}]
+endpoints: [{addresses: [%s], conditions: {ready: true}}]
+`, c.web1.IP)
+		if err := l.WriteState("svc-other.yaml", other); err != nil {
+			t.Fatal(err)
+		}
+		// A Service written after it is programmed, so the state was read.
+		c.apply(svcDef{name: "after-other", clusterIP: "10.96.1.23", ports: tcpPort(80), endpoints: []svcEndpoint{ready(c.web2)}})
+		eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.23:80", "web2")
+		if out, err := probeIn(c.c3.NSPath(), "tcp", "10.96.1.21:80", time.Second); err == nil {
+			t.Errorf("a Service of another proxy answered %q", out)
+		}
+	})
+
+	t.Run("metrics and healthz", func(t *testing.T) {
+		code, body, err := svcHTTPGet(n3.NSPath(), "127.0.0.1:10249/metrics")
+		if err != nil || code != 200 {
+			t.Fatalf("metrics: %d %v", code, err)
+		}
+		for _, m := range []string{"podnet_proxy_sync_duration_seconds_bucket{kind=\"full\"", "podnet_proxy_sync_duration_seconds_bucket{kind=\"partial\"",
+			"podnet_proxy_rules{table=\"nat\"}", "podnet_proxy_service_ports", "podnet_proxy_endpoints", "podnet_proxy_sync_errors_total", "podnet_proxy_last_sync_timestamp_seconds"} {
+			if !strings.Contains(body, m) {
+				t.Errorf("metrics lack %s", m)
+			}
+		}
+		if code, body, err := svcHTTPGet(n3.NSPath(), "127.0.0.1:10256/healthz"); err != nil || code != 200 {
+			t.Errorf("healthz: %d %s %v", code, body, err)
+		}
+	})
+
+	// --cleanup removes every rule and chain of the Service proxy.
+	t.Run("cleanup", func(t *testing.T) {
+		if err := c.proxyd["node4"].Stop(); err != nil {
+			t.Fatal(err)
+		}
+		n4 := l.Node("node4")
+		if out, err := n4.Exec(t.Context(), filepath.Join(l.BinDir, "proxyd"), "--cleanup", "--node-name", "node4", "--node-config", n4.NodeConfigPath()); err != nil {
+			t.Fatalf("proxyd --cleanup: %v: %s", err, out)
+		}
+		out, err := n4.Exec(t.Context(), "iptables-save")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(out, "PODSVC") {
+			t.Errorf("rules left after --cleanup:\n%s", out)
+		}
+	})
+}
+
+// svcHTTPGet does a GET of addr+path ("ip:port/path") from inside the
+// namespace at nsPath.
+func svcHTTPGet(nsPath, target string) (int, string, error) {
+	addr, path, _ := strings.Cut(target, "/")
+	var conn net.Conn
+	if err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
+		var err error
+		conn, err = net.DialTimeout("tcp", addr, time.Second)
+		return err
+	}); err != nil {
+		return 0, "", err
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(2 * time.Second))
+	fmt.Fprintf(conn, "GET /%s HTTP/1.0\r\nHost: %s\r\n\r\n", path, addr)
+	data, err := io.ReadAll(conn)
+	if err != nil {
+		return 0, "", err
+	}
+	head, body, _ := strings.Cut(string(data), "\r\n\r\n")
+	var code int
+	fmt.Sscanf(head, "HTTP/1.%d %d", new(int), &code)
+	return code, body, nil
+}
