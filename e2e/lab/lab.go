@@ -440,13 +440,18 @@ func (l *Lab) Close() error {
 		procs := slices.Clone(l.procs)
 		l.mu.Unlock()
 		var errs []error
+		// Killing whole cgroups ends every process at once, including
+		// those that forked away from the ones the lab started.
 		for _, p := range procs {
-			p.kill()
+			p.signalled.Store(true)
 		}
 		for _, n := range l.hosts() {
 			if err := removeCgroup(n.Cgroup); err != nil {
 				errs = append(errs, err)
 			}
+		}
+		for _, p := range procs {
+			p.kill()
 		}
 		for _, name := range l.Namespaces() {
 			if err := deleteNetns(name); err != nil {

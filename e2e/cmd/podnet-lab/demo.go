@@ -77,7 +77,9 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) error {
 			return ctx.Err()
 		}
 		fmt.Fprintf(out, "\n[%d/%d] %s\n", i+1, len(steps), s.title)
+		stepStart := time.Now()
 		err := s.run(ctx, d)
+		took := time.Since(stepStart).Round(time.Millisecond)
 		var skip skipError
 		switch {
 		case errors.As(err, &skip):
@@ -85,12 +87,12 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) error {
 			fmt.Fprintf(out, "  - %v\n", err)
 		case err != nil:
 			failed++
-			fmt.Fprintf(out, "  ✗ %v\n", err)
+			fmt.Fprintf(out, "  ✗ %v (%v)\n", err, took)
 			if logs := l.Logs(); logs != "" {
 				fmt.Fprintf(out, "%s\n", indent(logs, "    "))
 			}
 		default:
-			fmt.Fprintln(out, "  ✓ ok")
+			fmt.Fprintf(out, "  ✓ ok (%v)\n", took)
 		}
 	}
 	fmt.Fprintf(out, "\n%d steps: %d ok, %d failed, %d skipped\n", len(steps), len(steps)-failed-skipped, failed, skipped)
