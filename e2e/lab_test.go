@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -384,19 +385,22 @@ func TestLabRemovesCrashedRun(t *testing.T) {
 		child.Wait()
 		t.Fatalf("crash child: %v (output %q)", err, line)
 	}
-	orphan, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "ready ")))
-	if err != nil {
-		t.Fatalf("crash child said %q", line)
+	var started, orphan int
+	if _, err := fmt.Sscanf(line, "ready %d %d", &started, &orphan); err != nil {
+		t.Fatalf("crash child said %q: %v", line, err)
 	}
 	child.Process.Kill()
 	child.Wait()
 	t.Cleanup(func() { syscall.Kill(orphan, syscall.SIGKILL) }) // if the sweep failed
+	// What the lab started dies with the process that started it...
+	waitFor(t, 5*time.Second, func() bool { return processGone(started) }, "the crashed run's started process to die with it")
 
 	if got := labNetns(t, prefix); len(got) != 7 {
 		t.Fatalf("crashed run left namespaces %v, want 7 (underlay, router, outside, 4 nodes)", got)
 	}
-	if err := syscall.Kill(orphan, 0); err != nil {
-		t.Fatalf("the crashed run's orphan process %d is not running before the sweep: %v", orphan, err)
+	// ... but what that forked away lives on until the sweep.
+	if processGone(orphan) {
+		t.Fatalf("the crashed run's orphan process %d is not running before the sweep", orphan)
 	}
 	// A namespace of the family without any run record (its record lost
 	// with a cleaned /run, say) is stale too.
@@ -417,7 +421,7 @@ func TestLabRemovesCrashedRun(t *testing.T) {
 	if len(cgroups) > 0 {
 		t.Errorf("cgroups of the crashed run survived the next New: %v", cgroups)
 	}
-	waitFor(t, 5*time.Second, func() bool { return syscall.Kill(orphan, 0) != nil }, "the crashed run's process to die")
+	waitFor(t, 5*time.Second, func() bool { return processGone(orphan) }, "the crashed run's process to die")
 	if _, err := os.Stat(filepath.Join(lab.RunDir, prefix+".json")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("record of the crashed run survived: %v", err)
 	}
@@ -480,7 +484,7 @@ func TestLabPods(t *testing.T) {
 	if err := n.DeletePod(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	if got := labNetns(t, b.NS); len(got) > 0 || slicesContains(labNetns(t, l.Prefix), b.NS) {
+	if got := labNetns(t, b.NS); len(got) > 0 || slices.Contains(labNetns(t, l.Prefix), b.NS) {
 		t.Errorf("pod namespace %s still there after DeletePod", b.NS)
 	}
 	if _, err := os.Stat(filepath.Join("/etc/netns", b.NS)); !errors.Is(err, os.ErrNotExist) {
@@ -493,13 +497,16 @@ func TestLabPods(t *testing.T) {
 	}
 }
 
-func slicesContains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
+// processGone reports whether pid has exited. A zombie counts as gone: it
+// waits only for whoever inherited it (init here) to reap it.
+func processGone(pid int) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
 	}
-	return false
+	s := string(data)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || strings.HasPrefix(s[i+1:], " Z")
 }
 
 func readFile(t *testing.T, path string) string {
@@ -675,6 +682,11 @@ func TestLabDemo(t *testing.T) {
 	}
 	prefix := string(m[1])
 	t.Cleanup(func() { exec.Command(bin, "down", prefix).Run() })
+	// The kept lab's processes outlive the demo (they are detached): proxyd
+	// still runs on node1.
+	if procs, err := os.ReadFile(filepath.Join(filepath.Dir(l.Nodes[0].Cgroup), "podnet-"+prefix+"-node1", "cgroup.procs")); err != nil || len(strings.TrimSpace(string(procs))) == 0 {
+		t.Errorf("kept lab %s: no process left on node1 (%q, %v)", prefix, procs, err)
+	}
 	if got := labNetns(t, prefix); len(got) < 7 {
 		t.Errorf("kept lab %s has namespaces %v, want at least 7", prefix, got)
 	}

@@ -21,9 +21,10 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// crashChild builds a lab with the given prefix, leaves a process behind in
-// a node's cgroup that outlives this one (as a daemon's child would), says
-// "ready" and blocks until it is killed. It never closes the lab.
+// crashChild builds a lab with the given prefix, starts a process and leaves
+// another behind in a node's cgroup that outlives this one (as a daemon's
+// child would), says "ready <started pid> <left pid>" and blocks until it is
+// killed. It never closes the lab.
 func crashChild(prefix string) int {
 	ctx := context.Background()
 	l, err := lab.New(ctx, lab.Options{Prefix: prefix})
@@ -38,7 +39,13 @@ func crashChild(prefix string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	fmt.Printf("ready %s", out)
+	// A process the lab started itself dies with this process.
+	p, err := l.Nodes[1].Start("sleeper", "sleep", "300")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Printf("ready %d %s", p.Pid(), out)
 	time.Sleep(10 * time.Minute) // bounded, in case the test forgot to kill it
 	return 1
 }
