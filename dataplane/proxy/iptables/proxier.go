@@ -185,6 +185,14 @@ func RestoreData(prev, want Ruleset, full bool) []byte {
 		}
 		slices.Sort(write)
 		slices.Sort(del)
+		size := 64
+		for _, n := range write {
+			size += 2 * len(n)
+			for _, r := range want[t][n] {
+				size += len(n) + len(r) + 5
+			}
+		}
+		b.Grow(size + 64*len(del))
 		b.WriteString("*" + t + "\n")
 		for _, names := range [][]string{write, del} {
 			for _, n := range names {

@@ -147,7 +147,12 @@ func (g *Generator) Generate(ports map[cluster.Key][]*proxy.ServicePort) Ruleset
 	for k := range ports {
 		keys = append(keys, k)
 	}
-	slices.SortFunc(keys, func(a, b cluster.Key) int { return strings.Compare(a.String(), b.String()) })
+	slices.SortFunc(keys, func(a, b cluster.Key) int {
+		if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
 
 	nat := make(map[string][]string)
 	cache := make(map[*proxy.ServicePort]*portRules, len(g.cache))
@@ -352,6 +357,7 @@ func endpointRules(rules []string, match string, sp *proxy.ServicePort, eps []pr
 	}
 	for i, e := range eps {
 		var b strings.Builder
+		b.Grow(len(match) + 128)
 		b.WriteString(match)
 		if n := len(eps) - i; n > 1 {
 			b.WriteString(" -m statistic --mode random --probability ")

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Service proxy benchmark (iptables mode), never part of make test.
+#
+# Full sync of 1,000 / 5,000 / 10,000 ClusterIP Services × 10 endpoints, one
+# endpoint changed at each size, rule and chain counts, RSS, and first-packet
+# latency (TCP connect through a ClusterIP to a real server) at 10 and at
+# 10,000 Services, with iptables-nft and iptables-legacy. Everything runs in
+# network namespaces the benchmark creates and removes; needs root.
+#
+#   BENCH_BACKENDS="nft legacy"   iptables backends to measure
+#   BENCH_SIZES="1000 5000 10000" Service counts for the sync figures
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" -ne 0 ]; then
+	echo "bench-services: needs root (network namespaces, iptables)" >&2
+	exit 1
+fi
+echo "# $(date -u +%FT%TZ) $(uname -r), $(nproc) cores, load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# $(iptables-nft --version) / $(iptables-legacy --version)"
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+rc=0
+PODNET_BENCH=1 \
+PODNET_BENCH_BACKENDS="${BENCH_BACKENDS:-nft legacy}" \
+PODNET_BENCH_SIZES="${BENCH_SIZES:-1000 5000 10000}" \
+	go test -count=1 -timeout 60m -run '^TestBenchServices$' -v ./dataplane/proxy/iptables/ >"$out" 2>&1 || rc=$?
+if [ "$rc" -ne 0 ]; then
+	cat "$out" >&2
+	exit "$rc"
+fi
+grep -E '^(\||$)' "$out"
