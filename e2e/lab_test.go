@@ -737,3 +737,18 @@ func TestLabStartProxyd(t *testing.T) {
 		t.Errorf("StartProxyd with a bad flag: err = %v, want proxyd's complaint", err)
 	}
 }
+
+// BenchmarkLab builds and removes the default four-node lab.
+func BenchmarkLab(b *testing.B) {
+	roottest.Require(b)
+	ctx := context.Background()
+	for b.Loop() {
+		l, err := lab.New(ctx, lab.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
