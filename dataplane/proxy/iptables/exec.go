@@ -74,8 +74,9 @@ func (r ExecRunner) DeleteRule(table, chain string, args ...string) error {
 }
 
 // DetectBackend picks the iptables backend the node already uses, the way
-// kube-proxy's iptables-wrapper does: the one holding more rules, nft on a
-// tie. A backend whose tools are missing is not chosen.
+// kube-proxy's iptables-wrapper does: the one holding more rules; on a tie
+// the one the node's own iptables command uses, else nft. A backend whose
+// tools are missing is not chosen.
 func DetectBackend() string {
 	count := func(b string) int {
 		out, err := exec.Command("iptables-" + b + "-save").Output()
@@ -91,8 +92,13 @@ func DetectBackend() string {
 		return n
 	}
 	nft, legacy := count(BackendNFT), count(BackendLegacy)
-	if legacy > nft {
+	switch {
+	case legacy > nft:
 		return BackendLegacy
+	case legacy == nft && legacy >= 0:
+		if out, err := exec.Command("iptables", "--version").Output(); err == nil && strings.Contains(string(out), "legacy") {
+			return BackendLegacy
+		}
 	}
 	return BackendNFT
 }

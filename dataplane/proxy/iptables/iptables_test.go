@@ -240,6 +240,8 @@ func TestTrace(t *testing.T) {
 			[]string{local + ":8080"}, nil, "ACCEPT"},
 		{"load balancer IP from outside the source ranges: dropped",
 			iptablestest.Packet{Src: a("192.168.40.1"), Dst: a("192.168.30.1"), Proto: "tcp", DPort: 80}, nil, nil, "DROP"},
+		{"NodePort on loopback is not a NodePort (it would need route_localnet)",
+			iptablestest.Packet{Src: a("127.0.0.1"), Dst: a("127.0.0.1"), Proto: "tcp", DPort: 30080, FromHost: true}, nil, nil, "ACCEPT"},
 		{"NodePort on a non-local address is not a NodePort",
 			iptablestest.Packet{Src: outsider, Dst: a("192.168.10.99"), Proto: "tcp", DPort: 30080}, nil, nil, "ACCEPT"},
 		{"internalTrafficPolicy Local: local endpoint only", fromPod("10.96.0.80", "tcp", 80), []string{local + ":8080"}, nil, "ACCEPT"},

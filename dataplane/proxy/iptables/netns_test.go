@@ -180,3 +180,38 @@ func TestRealApplyInNamespace(t *testing.T) {
 		})
 	}
 }
+
+// TestDetectBackend: the backend holding rules wins, as in kube-proxy's
+// iptables-wrapper.
+func TestDetectBackend(t *testing.T) {
+	roottest.Require(t)
+	for _, b := range []string{iptables.BackendNFT, iptables.BackendLegacy} {
+		if _, err := exec.LookPath("iptables-" + b + "-save"); err != nil {
+			t.Skipf("iptables-%s not installed", b)
+		}
+	}
+	l := newNetnsLab(t, "det")
+	for _, tc := range []struct{ backend, other string }{
+		{iptables.BackendLegacy, iptables.BackendNFT},
+		{iptables.BackendNFT, iptables.BackendLegacy},
+	} {
+		err := l.node.Do(func(ns.NetNS) error {
+			for _, c := range [][]string{
+				{"iptables-" + tc.other, "-F"},
+				{"iptables-" + tc.backend, "-A", "INPUT", "-s", "192.0.2.1", "-j", "ACCEPT"},
+				{"iptables-" + tc.backend, "-A", "INPUT", "-s", "192.0.2.2", "-j", "ACCEPT"},
+			} {
+				if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+					return fmt.Errorf("%v: %v: %s", c, err, out)
+				}
+			}
+			if got := iptables.DetectBackend(); got != tc.backend {
+				return fmt.Errorf("detected %s with rules only in %s", got, tc.backend)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Error(err)
+		}
+	}
+}

@@ -225,7 +225,9 @@ func (g *Generator) Generate(ports map[cluster.Key][]*proxy.ServicePort) Ruleset
 
 func (g *Generator) nodePortJumps() []string {
 	if len(g.cfg.NodePortAddresses) == 0 {
-		return []string{"-m addrtype --dst-type LOCAL -j " + ChainNodePorts}
+		// Not on loopback: DNAT from 127.0.0.1 to a pod needs route_localnet
+		// and would otherwise be dropped as martian.
+		return []string{"! -d 127.0.0.0/8 -m addrtype --dst-type LOCAL -j " + ChainNodePorts}
 	}
 	var out []string
 	for _, p := range g.cfg.NodePortAddresses {
