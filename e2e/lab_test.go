@@ -438,6 +438,18 @@ func TestLabPods(t *testing.T) {
 	if err := lab.PluginSupportsADD(ctx, l.BinDir); err != nil {
 		t.Skipf("skipped: the CNI plugin cannot run pods yet: %v", err)
 	}
+	// Without a node config the plugin refuses ADD; the lab removes the
+	// pod's namespace again and reports the plugin's reason.
+	n2 := l.Node("node2")
+	if p, err := n2.AddPod(ctx, "early"); err == nil {
+		t.Errorf("pod %s added on a node without node config", p.IP)
+	} else if !strings.Contains(err.Error(), "CNI ADD") {
+		t.Errorf("AddPod without node config: %v, want the plugin's ADD error", err)
+	}
+	if slices.Contains(labNetns(t, l.Prefix), n2.NS+"-early") || slices.Contains(l.Namespaces(), n2.NS+"-early") {
+		t.Errorf("namespace of the failed pod is still there")
+	}
+
 	n := l.Node("node1")
 	if err := n.WriteNodeConfig(); err != nil {
 		t.Fatal(err)

@@ -115,7 +115,10 @@ func (n *Node) AddPod(ctx context.Context, name string) (*Pod, error) {
 		return err
 	})
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("add pod %s on %s: CNI ADD: %w%s", name, n.Name, err, stderrNote(&stderr)), l.removePodNS(p))
+		err = fmt.Errorf("add pod %s on %s: CNI ADD: %w%s", name, n.Name, err, stderrNote(&stderr))
+		// A runtime tears a sandbox down with DEL after a failed ADD
+		// (containerd does); a plugin must accept that.
+		return nil, errors.Join(err, n.delPod(ctx, p))
 	}
 	r, err := types100.NewResultFromResult(res)
 	if err != nil {
