@@ -142,6 +142,10 @@ func NewZone(store *cluster.Store, opts ZoneOptions) *Zone {
 	return z
 }
 
+// Synced reports whether the index holds a complete cluster state: the
+// Store has synced and the index has caught up with it.
+func (z *Zone) Synced() bool { return z.snap.Load().synced }
+
 // Options returns the zone's options with defaults filled in.
 func (z *Zone) Options() ZoneOptions { return z.opts }
 
