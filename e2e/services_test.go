@@ -569,6 +569,18 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
 		t.Logf("%d requests during two proxyd restarts, none failed", ok.Load())
 	})
 
+	t.Run("a full resync repairs rules someone else deleted", func(t *testing.T) {
+		eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
+		if out, err := n3.Exec(t.Context(), "iptables", "-t", "nat", "-F", "PODSVC-SERVICES"); err != nil {
+			t.Fatalf("flush: %v: %s", err, out)
+		}
+		if out, err := probeIn(c.c3.NSPath(), "tcp", "10.96.1.10:80", time.Second); err == nil {
+			t.Fatalf("Service still answered (%q) right after its rules were flushed", out)
+		}
+		// --sync-period is 2 s here.
+		eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
+	})
+
 	t.Run("Services of another proxy and headless Services are left alone", func(t *testing.T) {
 		other := fmt.Sprintf(`apiVersion: v1
 kind: Service
