@@ -121,7 +121,17 @@ func TestLabNodeProcesses(t *testing.T) {
 		t.Errorf("process still running after Stop")
 	}
 
-	// A process that exits on its own with an error reports it on Stop.
+	// A process that fails while shutting down reports it on Stop.
+	r, err := n.Start("trap", "sh", "-c", `trap "exit 3" TERM; echo ready; while :; do sleep 0.05; done`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, func() bool { return strings.Contains(r.Output(), "ready") }, "the trap to be set")
+	if err := r.Stop(); err == nil || !strings.Contains(err.Error(), "exit status 3") {
+		t.Errorf("Stop of a process exiting 3 on SIGTERM: err = %v, want exit status 3", err)
+	}
+
+	// A process that exits on its own with an error reports it on Wait.
 	q, err := n.Start("fail", "sh", "-c", "exit 7")
 	if err != nil {
 		t.Fatal(err)

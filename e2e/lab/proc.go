@@ -46,9 +46,14 @@ func (p *Proc) Wait(ctx context.Context) error {
 	}
 }
 
+// stopTimeout is how long Stop waits after SIGTERM before SIGKILL.
+const stopTimeout = 5 * time.Second
+
 // Stop ends the process: SIGTERM, then SIGKILL after 5 s. It returns nil
-// when the process ended because of it, and the exit error when it had
-// already ended by itself (a crash the caller wants to hear about).
+// when the process exited 0 or died of the signal; otherwise an error: the
+// exit status of a process that had already ended by itself (a crash the
+// caller wants to hear about) or that failed while shutting down, or that it
+// ignored SIGTERM.
 func (p *Proc) Stop() error {
 	select {
 	case <-p.done:
@@ -59,11 +64,12 @@ func (p *Proc) Stop() error {
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
-	case <-time.After(5 * time.Second):
+		return p.exitErr()
+	case <-time.After(stopTimeout):
 		_ = p.cmd.Process.Kill()
 		<-p.done
+		return fmt.Errorf("%s: still running %v after SIGTERM, killed", p.name, stopTimeout)
 	}
-	return p.exitErr()
 }
 
 func (p *Proc) kill() {
@@ -76,13 +82,21 @@ func (p *Proc) kill() {
 	_ = p.cmd.Process.Kill()
 	select {
 	case <-p.done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(stopTimeout):
 	}
 }
 
+// exitErr is how the process ended, as an error; dying of a signal the lab
+// sent is no error.
 func (p *Proc) exitErr() error {
-	if p.err == nil || p.signalled.Load() {
+	if p.err == nil {
 		return nil
+	}
+	var ee *exec.ExitError
+	if p.signalled.Load() && errors.As(p.err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return nil
+		}
 	}
 	return fmt.Errorf("%s: %w", p.name, p.err)
 }
