@@ -98,6 +98,13 @@ func BenchmarkPodThroughput(b *testing.B) {
 	fmt.Printf("rounds (Gbit/s): bare %s; host-gw %s; vxlan %s\n", benchFmt(bare), benchFmt(hostgw), benchFmt(vxlan))
 	fmt.Printf("median: bare veth %.2f Gbit/s; host-gw %.2f Gbit/s (%.2f of bare); vxlan %.2f Gbit/s (%.2f of bare)\n",
 		mb/1e9, mh/1e9, mh/mb, mv/1e9, mv/mb)
+	// Other load only ever lowers a figure, so the best round of each is
+	// the closest to what the path can do on a quiet machine.
+	xb, xh, xv := slices.Max(bare), slices.Max(hostgw), slices.Max(vxlan)
+	b.ReportMetric(xh/xb, "best-hostgw/bare")
+	b.ReportMetric(xv/xb, "best-vxlan/bare")
+	fmt.Printf("best:   bare veth %.2f Gbit/s; host-gw %.2f Gbit/s (%.2f of bare); vxlan %.2f Gbit/s (%.2f of bare)\n",
+		xb/1e9, xh/1e9, xh/xb, xv/1e9, xv/xb)
 	for _, p := range procs {
 		_ = p.Stop()
 	}
@@ -141,15 +148,22 @@ func benchIperf(b *testing.B, secs int, server benchStart, client benchExec, add
 		b.Fatal(err)
 	}
 	defer stop()
-	time.Sleep(300 * time.Millisecond) // let it listen
-	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(secs+20)*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(secs+30)*time.Second)
 	defer cancel()
 	args := append([]string{"iperf3", "-c", addr, "-p", "5201", "-t", fmt.Sprint(secs), "-J"}, extra...)
-	out, err := client(ctx, args...)
-	if err != nil {
-		b.Fatalf("iperf3 client: %v\n%s", err, out)
+	// A loaded machine may take a while to start the server; retry the
+	// refused connection a bounded number of times.
+	for attempt := 0; ; attempt++ {
+		time.Sleep(200 * time.Millisecond)
+		out, err := client(ctx, args...)
+		if err != nil && attempt < 20 && strings.Contains(out, "Connection refused") {
+			continue
+		}
+		if err != nil {
+			b.Fatalf("iperf3 client: %v\n%s", err, out)
+		}
+		return benchParse(b, out)
 	}
-	return benchParse(b, out)
 }
 
 func benchParse(b *testing.B, out string) float64 {
