@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -97,9 +98,13 @@ func TestBenchCNI(t *testing.T) {
 		pods []ns.NetNS
 	}
 	var setups []*setup
+	var podnetLog string
 	for _, mk := range impls {
 		dir := t.TempDir()
 		s := &setup{benchImpl: mk(dir), node: newNetNS(t, "bnode")}
+		if log, ok := s.plugin["logFile"].(string); ok {
+			podnetLog = log
+		}
 		conf, _ := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": "bench", "plugins": []any{s.plugin}})
 		if s.list, err = libcni.NetworkConfFromBytes(conf); err != nil {
 			t.Fatal(err)
@@ -188,6 +193,41 @@ func TestBenchCNI(t *testing.T) {
 		p, r := results["podnet"][what], results["bridge+host-local"][what]
 		fmt.Printf("| %s | %s | %s | %s | %s |\n", what, ms(p.median), ms(p.p99), ms(r.median), ms(r.p99))
 	}
+	printPhases(podnetLog)
 	fmt.Printf("\n(sequential: %d ADD+DEL pairs; 20 at a time: %d rounds of 20 concurrent ADDs, then their DELs; subnet %s, MTU %d)\n",
 		seqN, rounds, subnet, mtu)
+}
+
+// printPhases summarises the per-step ADD timings podnet logs, to show
+// where its time (and its tail) goes.
+func printPhases(logFile string) {
+	data, err := os.ReadFile(logFile)
+	if err != nil {
+		return
+	}
+	phases := map[string][]time.Duration{}
+	for _, line := range strings.Split(string(data), "\n") {
+		if !strings.Contains(line, "msg=attached") {
+			continue
+		}
+		for _, f := range strings.Fields(line) {
+			k, v, ok := strings.Cut(f, "=")
+			if !ok || (k != "ipam" && k != "veth" && k != "pod") {
+				continue
+			}
+			if d, err := time.ParseDuration(v); err == nil {
+				phases[k] = append(phases[k], d)
+			}
+		}
+	}
+	fmt.Printf("\npodnet ADD steps inside the plugin (all runs): ")
+	for _, k := range []string{"ipam", "veth", "pod"} {
+		d := phases[k]
+		if len(d) == 0 {
+			continue
+		}
+		slices.Sort(d)
+		fmt.Printf("%s median %.2f ms p99 %.2f ms; ", k, float64(d[len(d)/2].Microseconds())/1000, float64(d[len(d)*99/100].Microseconds())/1000)
+	}
+	fmt.Println()
 }

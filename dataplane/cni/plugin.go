@@ -260,9 +260,16 @@ func (p *plugin) add(c *Config, args *skel.CmdArgs, log *slog.Logger) (*current.
 	}, nil
 }
 
-// allocate takes (or finds) the attachment's address and makes sure the
-// bridge is there with the gateway address, all under the store lock.
+// allocate takes (or finds) the attachment's address. The bridge is made
+// and checked before the store lock is taken, so the common case holds the
+// lock only for the allocation and its write; a bridge address that needs
+// changing is changed under the lock, where the allocations it depends on
+// cannot move.
 func (p *plugin) allocate(c *Config, pn podNetwork, att ipam.Attachment, log *slog.Logger) (netip.Addr, bool, netlink.Link, error) {
+	br, ready, err := p.bridge(c, pn)
+	if err != nil {
+		return netip.Addr{}, false, nil, err
+	}
 	txn, err := c.openStore(log)
 	if err != nil {
 		return netip.Addr{}, false, nil, err
@@ -275,9 +282,10 @@ func (p *plugin) allocate(c *Config, pn podNetwork, att ipam.Attachment, log *sl
 	if err != nil {
 		return netip.Addr{}, false, nil, err
 	}
-	br, err := p.ensureBridge(c, txn, pn, log)
-	if err != nil {
-		return netip.Addr{}, false, nil, err
+	if !ready {
+		if err := p.fixBridgeAddrs(c, txn, pn, br, log); err != nil {
+			return netip.Addr{}, false, nil, err
+		}
 	}
 	if err := txn.Commit(); err != nil {
 		return netip.Addr{}, false, nil, err
@@ -285,28 +293,40 @@ func (p *plugin) allocate(c *Config, pn podNetwork, att ipam.Attachment, log *sl
 	return addr, fresh, br, nil
 }
 
-// ensureBridge creates the bridge if missing and gives it the gateway
-// address. An address from an earlier podCIDR is replaced once no pod holds
-// an address in its range; while some do, ADD fails with "try again".
-func (p *plugin) ensureBridge(c *Config, txn *ipam.Txn, pn podNetwork, log *slog.Logger) (netlink.Link, error) {
+func family(a netip.Addr) int {
+	if a.Is6() {
+		return netlink.FAMILY_V6
+	}
+	return netlink.FAMILY_V4
+}
+
+// bridge creates the bridge if missing and keeps its MTU in step with the
+// node's (the gateway side of every pod's traffic uses it). ready reports
+// whether its only address already is the gateway.
+func (p *plugin) bridge(c *Config, pn podNetwork) (br netlink.Link, ready bool, err error) {
 	gw := ipam.Gateway(pn.PodCIDR)
-	mac := link.MACFromIP(gw)
-	br, err := p.host.Bridge(c.Bridge, pn.MTU, mac)
+	br, err = p.host.Bridge(c.Bridge, pn.MTU, link.MACFromIP(gw))
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	// The node MTU may have changed since the bridge was made (the gateway
-	// side of every pod's traffic uses the bridge's MTU).
 	if err := p.host.SetMTU(br, pn.MTU); err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	family := netlink.FAMILY_V4
-	if gw.Is6() {
-		family = netlink.FAMILY_V6
-	}
-	addrs, err := p.host.Addrs(br, family)
+	addrs, err := p.host.Addrs(br, family(gw))
 	if err != nil {
-		return nil, err
+		return nil, false, err
+	}
+	return br, len(addrs) == 1 && addrs[0] == netip.PrefixFrom(gw, pn.PodCIDR.Bits()), nil
+}
+
+// fixBridgeAddrs gives the bridge the gateway address and its MAC. An
+// address from an earlier podCIDR is replaced once no pod holds an address
+// in its range; while some do, ADD fails with "try again".
+func (p *plugin) fixBridgeAddrs(c *Config, txn *ipam.Txn, pn podNetwork, br netlink.Link, log *slog.Logger) error {
+	gw := ipam.Gateway(pn.PodCIDR)
+	addrs, err := p.host.Addrs(br, family(gw)) // again: another ADD may have fixed them
+	if err != nil {
+		return err
 	}
 	want := netip.PrefixFrom(gw, pn.PodCIDR.Bits())
 	have := false
@@ -322,25 +342,26 @@ func (p *plugin) ensureBridge(c *Config, txn *ipam.Txn, pn podNetwork, log *slog
 			}
 		}
 		if len(users) > 0 {
-			return nil, types.NewError(types.ErrTryAgainLater, fmt.Sprintf(
+			return types.NewError(types.ErrTryAgainLater, fmt.Sprintf(
 				"bridge %s has address %s from an earlier podCIDR, not %s; %d pods still use that range (%s), it is replaced once they are deleted",
 				c.Bridge, a, want, len(users), strings.Join(users[:min(len(users), 3)], ", ")), "")
 		}
 		log.Info("replacing stale bridge address", "bridge", c.Bridge, "old", a, "new", want)
 		if err := p.host.DelAddr(br, a); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if !have {
 		if err := p.host.AddAddr(br, want); err != nil {
-			return nil, err
+			return err
 		}
+		mac := link.MACFromIP(gw)
 		if err := p.host.SetMAC(br, mac); err != nil {
-			return nil, err
+			return err
 		}
 		br.Attrs().HardwareAddr = mac
 	}
-	return br, nil
+	return nil
 }
 
 func (c *Config) release(att ipam.Attachment, log *slog.Logger) error {
@@ -485,11 +506,7 @@ func (p *plugin) check(c *Config, args *skel.CmdArgs, log *slog.Logger) error {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_NETNS %s: %v", args.Netns, err), "")
 	}
 	defer podNS.Close()
-	family := netlink.FAMILY_V4
-	if wantAddr.Is6() {
-		family = netlink.FAMILY_V6
-	}
-	st, err := link.InspectPod(podNS, args.IfName, family)
+	st, err := link.InspectPod(podNS, args.IfName, family(wantAddr))
 	if err != nil {
 		diffs = append(diffs, err.Error())
 	} else {

@@ -96,6 +96,17 @@ type Txn struct {
 // differs from the recorded one) every allocation is released; Rebooted
 // reports which. The caller must Close the Txn.
 func Open(opts Options) (*Txn, error) {
+	// Everything that needs no lock happens before it is taken: with many
+	// ADDs at once, every microsecond under the lock is paid by all of them.
+	bootFile := opts.BootIDFile
+	if bootFile == "" {
+		bootFile = DefaultBootIDFile
+	}
+	boot, err := os.ReadFile(bootFile)
+	if err != nil {
+		return nil, fmt.Errorf("read boot id: %w", err)
+	}
+	bootID := strings.TrimSpace(string(boot))
 	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create ipam dir: %w", err)
 	}
@@ -115,16 +126,6 @@ func Open(opts Options) (*Txn, error) {
 		t.Close()
 		return nil, err
 	}
-	bootFile := opts.BootIDFile
-	if bootFile == "" {
-		bootFile = DefaultBootIDFile
-	}
-	boot, err := os.ReadFile(bootFile)
-	if err != nil {
-		t.Close()
-		return nil, fmt.Errorf("read boot id: %w", err)
-	}
-	bootID := strings.TrimSpace(string(boot))
 	if t.st.BootID != bootID {
 		if t.st.BootID != "" {
 			t.rebooted = t.st.Allocations
