@@ -691,7 +691,7 @@ func TestLabDemo(t *testing.T) {
 	l := lab.Start(t, lab.Options{})
 	binDir := l.BinDir // the binaries under test, as New finds them
 
-	out, err := exec.CommandContext(ctx, bin, "demo", "--keep", "--bin-dir", binDir).CombinedOutput()
+	out, err := exec.CommandContext(ctx, bin, "demo", "--keep", "--logs", "--bin-dir", binDir).CombinedOutput()
 	if err != nil {
 		t.Fatalf("podnet-lab demo --keep: %v\n%s", err, out)
 	}

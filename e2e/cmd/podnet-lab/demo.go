@@ -17,8 +17,10 @@ import (
 )
 
 type demoOptions struct {
-	keep   bool
-	binDir string
+	keep      bool
+	logs      bool // print the lab's logs after a failed step
+	binDir    string
+	proxyMode string // proxyd --proxy-mode
 }
 
 // step is one thing the demo shows. run prints what it saw to d.out and
@@ -41,9 +43,10 @@ var steps = []step{
 }
 
 type demo struct {
-	lab  *lab.Lab
-	out  io.Writer
-	pods []*lab.Pod
+	lab       *lab.Lab
+	out       io.Writer
+	proxyMode string
+	pods      []*lab.Pod
 	// proxyd is set once proxyd runs on every node.
 	proxyd bool
 }
@@ -69,7 +72,7 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) error {
 	}()
 	printLab(out, l, time.Since(start))
 
-	d := &demo{lab: l, out: out}
+	d := &demo{lab: l, out: out, proxyMode: o.proxyMode}
 	failed, skipped := 0, 0
 	for i, s := range steps {
 		if ctx.Err() != nil {
@@ -88,14 +91,17 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) error {
 		case err != nil:
 			failed++
 			fmt.Fprintf(out, "  ✗ %v (%v)\n", err, took)
-			if logs := l.Logs(); logs != "" {
-				fmt.Fprintf(out, "%s\n", indent(logs, "    "))
+			if logs := l.Logs(); o.logs && logs != "" {
+				fmt.Fprintf(out, "  lab logs:\n%s\n", indent(logs, "    "))
 			}
 		default:
 			fmt.Fprintf(out, "  ✓ ok (%v)\n", took)
 		}
 	}
 	fmt.Fprintf(out, "\n%d steps: %d ok, %d failed, %d skipped\n", len(steps), len(steps)-failed-skipped, failed, skipped)
+	if failed > 0 && !o.logs {
+		fmt.Fprintln(out, "(--logs prints what every process of the lab said; --keep leaves the lab up to look around)")
+	}
 
 	if o.keep {
 		if err := l.Keep(); err != nil {
@@ -166,7 +172,7 @@ func startProxyd(ctx context.Context, d *demo) error {
 	if _, err := os.Stat(filepath.Join(l.BinDir, "proxyd")); err != nil {
 		return skipError{fmt.Sprintf("no proxyd binary (%v)", err)}
 	}
-	const mode = "iptables"
+	mode := d.proxyMode
 	if err := startProxydEverywhere(ctx, l, mode); err != nil {
 		return err
 	}

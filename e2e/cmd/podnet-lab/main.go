@@ -1,7 +1,8 @@
 // Command podnet-lab brings the lab cluster up, shows what works in it and
 // takes it down again (`make demo`).
 //
-//	podnet-lab demo [--keep]   build the lab, run the demo steps, tear down
+//	podnet-lab demo [--keep] [--proxy-mode M]
+//	                           build the lab, run the demo steps, tear down
 //	                           (--keep: leave it up for `podnet-lab down`)
 //	podnet-lab down [PREFIX...] remove the kept labs (all, or those named) and
 //	                           stale ones
@@ -28,7 +29,8 @@ import (
 )
 
 const usage = `usage:
-  podnet-lab demo [--keep] [--bin-dir DIR]   build the lab, show what works, tear it down
+  podnet-lab demo [--keep] [--logs] [--proxy-mode iptables|ebpf] [--bin-dir DIR]
+                                             build the lab, show what works, tear it down
   podnet-lab down [PREFIX...]                remove the labs kept with --keep (all, or those named)
 
 run by the lab inside pods and nodes:
@@ -75,10 +77,12 @@ func demoCmd(ctx context.Context, args []string) error {
 	fs := pflag.NewFlagSet("demo", pflag.ContinueOnError)
 	keep := fs.Bool("keep", false, "leave the lab up; remove it later with `podnet-lab down`")
 	binDir := fs.String("bin-dir", "", "directory with podnet, proxyd, dnsd (default: $PODNET_BIN, else this binary's directory)")
+	proxyMode := fs.String("proxy-mode", "iptables", "proxyd's Service proxy: iptables or ebpf")
+	logs := fs.Bool("logs", false, "after a failed step, print what every process of the lab said")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	return runDemo(ctx, os.Stdout, demoOptions{keep: *keep, binDir: *binDir})
+	return runDemo(ctx, os.Stdout, demoOptions{keep: *keep, binDir: *binDir, proxyMode: *proxyMode, logs: *logs})
 }
 
 func downCmd(args []string) error {
