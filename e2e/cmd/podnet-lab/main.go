@@ -49,6 +49,10 @@ func main() {
 	// it built before it exits.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if (os.Args[1] == "demo" || os.Args[1] == "down") && os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "podnet-lab: needs root: the lab creates network namespaces, links and cgroups")
+		os.Exit(1)
+	}
 	var err error
 	switch os.Args[1] {
 	case "demo":
