@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"os/exec"
-	"strconv"
 	"strings"
 )
 
@@ -46,31 +45,26 @@ func (r ExecRunner) Save(table string) ([]byte, error) {
 	return run(r.cmd("-save"), nil, "-t", table)
 }
 
-// ListRules implements Runner.
-func (r ExecRunner) ListRules(table, chain string) ([]string, error) {
-	out, err := run(r.cmd(""), nil, "-w", "5", "-t", table, "-S", chain)
-	if err != nil {
-		return nil, err
-	}
-	var rules []string
-	for _, l := range strings.Split(string(out), "\n") {
-		if rest, ok := strings.CutPrefix(l, "-A "+chain+" "); ok {
-			rules = append(rules, rest)
+// ListRules implements Runner. iptables-legacy reads the whole table for
+// any command, so one iptables-save is cheaper than one -S per chain; with
+// nft, -S reads just the chain.
+func (r ExecRunner) ListRules(table string, chains []string) (map[string][]string, error) {
+	if r.Backend == BackendLegacy {
+		out, err := r.Save(table)
+		if err != nil {
+			return nil, err
 		}
+		return ChainRules(out, chains), nil
+	}
+	rules := make(map[string][]string)
+	for _, c := range chains {
+		out, err := run(r.cmd(""), nil, "-w", "5", "-t", table, "-S", c)
+		if err != nil {
+			return nil, err
+		}
+		rules[c] = ChainRules(out, []string{c})[c]
 	}
 	return rules, nil
-}
-
-// InsertRule implements Runner.
-func (r ExecRunner) InsertRule(table, chain string, pos int, args ...string) error {
-	_, err := run(r.cmd(""), nil, append([]string{"-w", "5", "-t", table, "-I", chain, strconv.Itoa(pos)}, args...)...)
-	return err
-}
-
-// DeleteRule implements Runner.
-func (r ExecRunner) DeleteRule(table, chain string, args ...string) error {
-	_, err := run(r.cmd(""), nil, append([]string{"-w", "5", "-t", table, "-D", chain}, args...)...)
-	return err
 }
 
 // DetectBackend picks the iptables backend the node already uses, the way

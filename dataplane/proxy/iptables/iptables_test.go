@@ -511,9 +511,7 @@ func TestRestartDeletesLeftoverChainsAndCleanup(t *testing.T) {
 func TestJumpsStayFirst(t *testing.T) {
 	f := iptablestest.New()
 	p := apply(t, f, defaultCfg, scenario())
-	if err := f.InsertRule("filter", "FORWARD", 1, "-s", "10.244.0.0/16", "-j", "ACCEPT"); err != nil {
-		t.Fatal(err)
-	}
+	f.InsertRule("filter", "FORWARD", 1, "-s 10.244.0.0/16 -j ACCEPT")
 	pkt := iptablestest.Packet{Src: clientPod, Dst: a("10.96.0.30"), Proto: "tcp", DPort: 80}
 	if tr := f.Trace(pkt, localAddrs); tr.Verdict != "ACCEPT" {
 		t.Fatalf("foreign ACCEPT not in effect: %s", tr.Verdict)
@@ -528,6 +526,13 @@ func TestJumpsStayFirst(t *testing.T) {
 	if len(rules) != 3 || !strings.HasSuffix(rules[0], iptables.ChainFilter) || !strings.HasSuffix(rules[1], iptables.ChainForward) {
 		t.Errorf("FORWARD = %q", rules)
 	}
+	// With the jumps in place, a full sync leaves them alone.
+	if _, err := p.Sync(scenario(), nil, true); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(f.Last), "\n-I ") || strings.Contains(string(f.Last), "\n-D ") {
+		t.Errorf("full sync moved jumps that were in place:\n%s", f.Last)
+	}
 }
 
 // BenchmarkFullSyncText is the Go side of a full sync at 10,000 Services ×
@@ -537,6 +542,6 @@ func BenchmarkFullSyncText(b *testing.B) {
 	b.ResetTimer()
 	for b.Loop() {
 		rs := iptables.Generate(defaultCfg, state.Ports)
-		iptables.RestoreData(nil, rs, true)
+		iptables.RestoreData(nil, rs, true, nil)
 	}
 }

@@ -17,13 +17,9 @@ type Runner interface {
 	Restore(data []byte) error
 	// Save returns iptables-save output for one table.
 	Save(table string) ([]byte, error)
-	// ListRules returns a chain's rules as iptables -S prints them, without
-	// the leading "-A CHAIN".
-	ListRules(table, chain string) ([]string, error)
-	// InsertRule inserts a rule at a position (from 1).
-	InsertRule(table, chain string, pos int, args ...string) error
-	// DeleteRule deletes one copy of the rule; it fails if there is none.
-	DeleteRule(table, chain string, args ...string) error
+	// ListRules returns the rules of some chains of a table as iptables -S
+	// prints them, without the leading "-A CHAIN".
+	ListRules(table string, chains []string) (map[string][]string, error)
 }
 
 // Tables are the tables the proxy writes, in restore order.
@@ -46,28 +42,34 @@ func NewProxier(cfg Config, runner Runner) *Proxier {
 
 var _ proxy.Backend = (*Proxier)(nil)
 
-// Sync implements proxy.Backend.
+// Sync implements proxy.Backend. A full sync also puts the jumps from the
+// built-in chains back on top, in the same transaction.
 func (p *Proxier) Sync(ports map[cluster.Key][]*proxy.ServicePort, _ map[cluster.Key]bool, full bool) (proxy.SyncResult, error) {
 	want := p.gen.Generate(ports)
 	prev := p.applied
+	var builtin map[string]map[string][]string // table -> built-in chain -> rules
+	var err error
 	if prev == nil {
 		full = true
-		existing, err := p.existingChains()
-		if err != nil {
-			return proxy.SyncResult{}, err
-		}
-		prev = existing
+		prev, builtin, err = p.scan()
+	} else if full {
+		builtin, err = p.builtinRules()
 	}
-	data := RestoreData(prev, want, full)
+	if err != nil {
+		return proxy.SyncResult{}, err
+	}
+	var extra map[string][]string
+	if full {
+		extra = make(map[string][]string)
+		for _, t := range Tables {
+			extra[t] = JumpFixes(t, builtin[t])
+		}
+	}
+	data := RestoreData(prev, want, full, extra)
 	p.applied = nil
 	if len(data) > 0 {
 		if err := p.runner.Restore(data); err != nil {
 			return proxy.SyncResult{}, fmt.Errorf("iptables-restore: %w", err)
-		}
-	}
-	if full {
-		if err := ensureJumps(p.runner); err != nil {
-			return proxy.SyncResult{}, err
 		}
 	}
 	p.applied = want
@@ -78,75 +80,47 @@ func (p *Proxier) Sync(ports map[cluster.Key][]*proxy.ServicePort, _ map[cluster
 	return res, nil
 }
 
-// ensureJumps makes the proxy's jumps the first rules of their built-in
-// chains, in the order of Jumps: a rule someone inserted above them (an
-// ACCEPT for pod traffic in FORWARD, say) would let packets the proxy must
-// reject through. Jumps found elsewhere are moved.
-func ensureJumps(r Runner) error {
-	type chainKey struct{ table, chain string }
-	var order []chainKey
-	want := make(map[chainKey][]Jump)
+// jumpChains returns the built-in chains holding the proxy's jumps in table.
+func jumpChains(table string) []string {
+	var out []string
 	for _, j := range Jumps {
-		k := chainKey{j.Table, j.Chain}
-		if want[k] == nil {
-			order = append(order, k)
+		if j.Table == table && !slices.Contains(out, j.Chain) {
+			out = append(out, j.Chain)
 		}
-		want[k] = append(want[k], j)
 	}
-	for _, k := range order {
-		rules, err := r.ListRules(k.table, k.chain)
+	return out
+}
+
+func (p *Proxier) builtinRules() (map[string]map[string][]string, error) {
+	out := make(map[string]map[string][]string)
+	for _, t := range Tables {
+		rules, err := p.runner.ListRules(t, jumpChains(t))
 		if err != nil {
-			return fmt.Errorf("list %s %s: %w", k.table, k.chain, err)
+			return nil, fmt.Errorf("list built-in chains of %s: %w", t, err)
 		}
-		jumps := want[k]
-		// Inserted last means first: the wanted order is the reverse.
-		slices.Reverse(jumps)
-		inPlace := len(rules) >= len(jumps)
-		for i, j := range jumps {
-			inPlace = inPlace && isJump(rules[len(jumps)-1-i], j)
-		}
-		ours := 0
-		for _, rule := range rules {
-			if strings.Contains(rule, JumpComment) {
-				ours++
-			}
-		}
-		if inPlace && ours == len(jumps) {
-			continue
-		}
-		for _, j := range jumps {
-			for r.DeleteRule(j.Table, j.Chain, j.Args...) == nil {
-			}
-		}
-		for _, j := range jumps {
-			if err := r.InsertRule(j.Table, j.Chain, 1, j.Args...); err != nil {
-				return fmt.Errorf("insert jump to %s into %s %s: %w", j.Args[len(j.Args)-1], j.Table, j.Chain, err)
-			}
-		}
+		out[t] = rules
 	}
-	return nil
+	return out, nil
 }
 
-// isJump reports whether an iptables -S rule is the jump j.
-func isJump(rule string, j Jump) bool {
-	return strings.Contains(rule, JumpComment) && strings.HasSuffix(rule, "-j "+j.Args[len(j.Args)-1])
-}
-
-// existingChains lists the proxy's chains present in the kernel, with no
-// rules: enough for RestoreData to delete the ones no longer wanted.
-func (p *Proxier) existingChains() (Ruleset, error) {
+// scan reads the proxy's chains present in the kernel (without their rules:
+// enough for RestoreData to delete those no longer wanted) and the built-in
+// chains' rules.
+func (p *Proxier) scan() (Ruleset, map[string]map[string][]string, error) {
 	rs := make(Ruleset)
+	builtin := make(map[string]map[string][]string)
 	for _, t := range Tables {
 		out, err := p.runner.Save(t)
 		if err != nil {
-			return nil, fmt.Errorf("iptables-save -t %s: %w", t, err)
+			return nil, nil, fmt.Errorf("iptables-save -t %s: %w", t, err)
 		}
 		rs[t] = make(map[string][]string)
 		for _, c := range ProxyChains(out) {
 			rs[t][c] = nil
 		}
+		builtin[t] = ChainRules(out, jumpChains(t))
 	}
-	return rs, nil
+	return rs, builtin, nil
 }
 
 // ProxyChains returns the proxy's chains declared in iptables-save output.
@@ -161,11 +135,93 @@ func ProxyChains(save []byte) []string {
 	return out
 }
 
+// ChainRules returns the rules of the named chains in iptables-save (or -S)
+// output, without the leading "-A CHAIN".
+func ChainRules(save []byte, chains []string) map[string][]string {
+	out := make(map[string][]string, len(chains))
+	for _, c := range chains {
+		out[c] = []string{}
+	}
+	for line := range bytes.Lines(save) {
+		rest, ok := bytes.CutPrefix(line, []byte("-A "))
+		if !ok {
+			continue
+		}
+		chain, rule, _ := strings.Cut(strings.TrimSpace(string(rest)), " ")
+		if _, want := out[chain]; want {
+			out[chain] = append(out[chain], rule)
+		}
+	}
+	return out
+}
+
+// JumpFixes returns the restore lines that make the proxy's jumps the first
+// rules of their built-in chains, in the order of Jumps, given the chains'
+// current rules: nothing when they already are; otherwise every copy of
+// them is deleted and they are inserted on top. A rule someone inserted
+// above them (an ACCEPT for pod traffic in FORWARD, say) would let packets
+// the proxy must reject through.
+func JumpFixes(table string, current map[string][]string) []string {
+	var out []string
+	for _, chain := range jumpChains(table) {
+		var want []Jump
+		for _, j := range Jumps {
+			if j.Table == table && j.Chain == chain {
+				want = append(want, j)
+			}
+		}
+		rules := current[chain]
+		ours := 0
+		for _, r := range rules {
+			if isOurs(r) {
+				ours++
+			}
+		}
+		inPlace := ours == len(want) && len(rules) >= len(want)
+		for i, j := range want {
+			inPlace = inPlace && isJump(rules[i], j)
+		}
+		if inPlace {
+			continue
+		}
+		for _, r := range rules {
+			if isOurs(r) {
+				out = append(out, "-D "+chain+" "+r)
+			}
+		}
+		for i := len(want) - 1; i >= 0; i-- {
+			out = append(out, "-I "+chain+" 1 "+strings.Join(quoteArgs(want[i].Args), " "))
+		}
+	}
+	return out
+}
+
+func isOurs(rule string) bool {
+	return strings.Contains(rule, JumpComment)
+}
+
+// isJump reports whether a listed rule is the jump j.
+func isJump(rule string, j Jump) bool {
+	return isOurs(rule) && strings.HasSuffix(rule, "-j "+j.Args[len(j.Args)-1])
+}
+
+func quoteArgs(args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if strings.ContainsAny(a, " \t") {
+			a = `"` + a + `"`
+		}
+		out[i] = a
+	}
+	return out
+}
+
 // RestoreData returns the iptables-restore --noflush input that turns prev
 // into want: every chain of want when full, else only chains whose rules
-// differ; chains of prev missing from want are flushed and deleted. It is
-// empty when nothing changes.
-func RestoreData(prev, want Ruleset, full bool) []byte {
+// differ; chains of prev missing from want are flushed and deleted; the
+// lines of extra (per table) come after the rules. It is empty when nothing
+// changes.
+func RestoreData(prev, want Ruleset, full bool, extra map[string][]string) []byte {
 	var b bytes.Buffer
 	for _, t := range Tables {
 		var write, del []string
@@ -180,7 +236,7 @@ func RestoreData(prev, want Ruleset, full bool) []byte {
 				del = append(del, name)
 			}
 		}
-		if len(write) == 0 && len(del) == 0 {
+		if len(write) == 0 && len(del) == 0 && len(extra[t]) == 0 {
 			continue
 		}
 		slices.Sort(write)
@@ -208,6 +264,9 @@ func RestoreData(prev, want Ruleset, full bool) []byte {
 				b.WriteByte('\n')
 			}
 		}
+		for _, l := range extra[t] {
+			b.WriteString(l + "\n")
+		}
 		for _, n := range del {
 			b.WriteString("-X " + n + "\n")
 		}
@@ -216,24 +275,29 @@ func RestoreData(prev, want Ruleset, full bool) []byte {
 	return b.Bytes()
 }
 
-// Cleanup removes the proxy's jumps and chains.
+// Cleanup removes the proxy's jumps and chains, one transaction per table.
 func Cleanup(r Runner) error {
-	for _, j := range Jumps {
-		for r.DeleteRule(j.Table, j.Chain, j.Args...) == nil {
-		}
-	}
-	prev := make(Ruleset)
+	var data []byte
 	for _, t := range Tables {
 		out, err := r.Save(t)
 		if err != nil {
 			return fmt.Errorf("iptables-save -t %s: %w", t, err)
 		}
-		prev[t] = make(map[string][]string)
+		prev := Ruleset{t: make(map[string][]string)}
 		for _, c := range ProxyChains(out) {
 			prev[t][c] = nil
 		}
+		var unjump []string
+		for chain, rules := range ChainRules(out, jumpChains(t)) {
+			for _, rule := range rules {
+				if isOurs(rule) {
+					unjump = append(unjump, "-D "+chain+" "+rule)
+				}
+			}
+		}
+		data = append(data, RestoreData(prev, Ruleset{}, false, map[string][]string{t: unjump})...)
 	}
-	if data := RestoreData(prev, Ruleset{}, false); len(data) > 0 {
+	if len(data) > 0 {
 		if err := r.Restore(data); err != nil {
 			return fmt.Errorf("iptables-restore: %w", err)
 		}

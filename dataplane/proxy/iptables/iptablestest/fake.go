@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -123,6 +124,26 @@ func (f *Fake) Restore(data []byte) error {
 					return fail("%v", err)
 				}
 				cur.chains[chain] = append(cur.chains[chain], strings.Join(args[2:], " "))
+			case "-I":
+				pos, rule := 1, args[2:]
+				if len(rule) > 0 {
+					if n, err := strconv.Atoi(rule[0]); err == nil {
+						pos, rule = n, rule[1:]
+					}
+				}
+				if pos < 1 || pos > len(cur.chains[chain])+1 {
+					return fail("index of insertion too big")
+				}
+				if err := checkRule(name, rule); err != nil {
+					return fail("%v", err)
+				}
+				cur.chains[chain] = slices.Insert(cur.chains[chain], pos-1, strings.Join(rule, " "))
+			case "-D":
+				k := slices.Index(cur.chains[chain], strings.Join(args[2:], " "))
+				if k < 0 {
+					return fail("rule does not exist")
+				}
+				cur.chains[chain] = slices.Delete(cur.chains[chain], k, k+1)
 			case "-F":
 				cur.chains[chain] = nil
 			case "-X":
@@ -236,51 +257,26 @@ func (f *Fake) Save(tableName string) ([]byte, error) {
 }
 
 // ListRules implements iptables.Runner.
-func (f *Fake) ListRules(tableName, chain string) ([]string, error) {
+func (f *Fake) ListRules(tableName string, chains []string) (map[string][]string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	rules, ok := f.tables[tableName].chains[chain]
-	if !ok {
-		return nil, fmt.Errorf("no chain %s", chain)
-	}
-	return slices.Clone(rules), nil
-}
-
-// InsertRule implements iptables.Runner.
-func (f *Fake) InsertRule(tableName, chain string, pos int, args ...string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	t := f.tables[tableName]
-	rules, ok := t.chains[chain]
-	if !ok {
-		return fmt.Errorf("no chain %s", chain)
-	}
-	if pos < 1 || pos > len(rules)+1 {
-		return fmt.Errorf("index of insertion too big")
-	}
-	if tgt := target(args); tgt != "" {
-		if _, known := targets[tgt]; !known {
-			if _, ok := t.chains[tgt]; !ok {
-				return fmt.Errorf("jump to missing chain %s", tgt)
-			}
+	out := make(map[string][]string)
+	for _, c := range chains {
+		rules, ok := f.tables[tableName].chains[c]
+		if !ok {
+			return nil, fmt.Errorf("no chain %s", c)
 		}
+		out[c] = slices.Clone(rules)
 	}
-	t.chains[chain] = slices.Insert(rules, pos-1, strings.Join(quote(args), " "))
-	return nil
+	return out, nil
 }
 
-// DeleteRule implements iptables.Runner.
-func (f *Fake) DeleteRule(tableName, chain string, args ...string) error {
+// InsertRule inserts a rule, as another program might.
+func (f *Fake) InsertRule(tableName, chain string, pos int, rule string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	t := f.tables[tableName]
-	r := strings.Join(quote(args), " ")
-	i := slices.Index(t.chains[chain], r)
-	if i < 0 {
-		return errors.New("rule does not exist")
-	}
-	t.chains[chain] = slices.Delete(t.chains[chain], i, i+1)
-	return nil
+	t.chains[chain] = slices.Insert(t.chains[chain], pos-1, rule)
 }
 
 // DeleteChainRules empties a chain behind the proxy's back, as another
@@ -308,15 +304,4 @@ func (f *Fake) Rules(tableName, chain string) []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.tables[tableName].chains[chain])
-}
-
-func quote(args []string) []string {
-	out := make([]string, len(args))
-	for i, a := range args {
-		if strings.Contains(a, " ") {
-			a = `"` + a + `"`
-		}
-		out[i] = a
-	}
-	return out
 }
