@@ -146,7 +146,9 @@ func (p *parser) object(j []byte, line int) {
 		p.fail(line, errors.New("object has no kind"))
 		return
 	}
-	if strings.HasSuffix(tm.Kind, "List") && tm.APIVersion == "v1" {
+	// kubectl prints "kind: List"; the API's own lists (ServiceList,
+	// EndpointSliceList, ...) read the same way.
+	if strings.HasSuffix(tm.Kind, "List") {
 		for _, item := range tm.Items {
 			p.object(item, line)
 			if p.err != nil {

@@ -116,6 +116,24 @@ func TestParseFile(t *testing.T) {
 	}
 }
 
+func TestParseTypedList(t *testing.T) {
+	objs, _, err := ParseFile("es.yaml", []byte(`apiVersion: discovery.k8s.io/v1
+kind: EndpointSliceList
+items:
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: a-1, namespace: x, labels: {kubernetes.io/service-name: a}}
+  addressType: IPv4
+  endpoints: [{addresses: [10.244.1.7]}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := keys(objs); !slices.Equal(got, []string{"EndpointSlice x/a-1"}) {
+		t.Errorf("objects = %v", got)
+	}
+}
+
 func TestParseErrorsNameTheLine(t *testing.T) {
 	tests := []struct {
 		name, path, data string
