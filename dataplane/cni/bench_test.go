@@ -199,7 +199,8 @@ func TestBenchCNI(t *testing.T) {
 }
 
 // printPhases summarises the per-step ADD timings podnet logs, to show
-// where its time (and its tail) goes.
+// where its time (and its tail) goes; sequential runs have container IDs
+// starting with "s", concurrent ones with "p".
 func printPhases(logFile string) {
 	data, err := os.ReadFile(logFile)
 	if err != nil {
@@ -210,24 +211,32 @@ func printPhases(logFile string) {
 		if !strings.Contains(line, "msg=attached") {
 			continue
 		}
+		mode := ""
 		for _, f := range strings.Fields(line) {
 			k, v, ok := strings.Cut(f, "=")
-			if !ok || (k != "ipam" && k != "veth" && k != "pod") {
+			switch {
+			case !ok:
+			case k == "container" && strings.HasPrefix(v, "s"):
+				mode = "sequential"
+			case k == "container" && strings.HasPrefix(v, "p"):
+				mode = "20 at a time"
+			case k == "ipam" || k == "veth" || k == "pod":
+				if d, err := time.ParseDuration(v); err == nil && mode != "" {
+					phases[mode+" "+k] = append(phases[mode+" "+k], d)
+				}
+			}
+		}
+	}
+	fmt.Printf("\npodnet ADD steps inside the plugin (ipam includes waiting for the store lock):\n\n| mode | step | median | p99 |\n|---|---|---|---|\n")
+	for _, mode := range []string{"sequential", "20 at a time"} {
+		for _, k := range []string{"ipam", "veth", "pod"} {
+			d := phases[mode+" "+k]
+			if len(d) == 0 {
 				continue
 			}
-			if d, err := time.ParseDuration(v); err == nil {
-				phases[k] = append(phases[k], d)
-			}
+			slices.Sort(d)
+			fmt.Printf("| %s | %s | %.2f ms | %.2f ms |\n", mode, k,
+				float64(d[len(d)/2].Microseconds())/1000, float64(d[len(d)*99/100].Microseconds())/1000)
 		}
 	}
-	fmt.Printf("\npodnet ADD steps inside the plugin (all runs): ")
-	for _, k := range []string{"ipam", "veth", "pod"} {
-		d := phases[k]
-		if len(d) == 0 {
-			continue
-		}
-		slices.Sort(d)
-		fmt.Printf("%s median %.2f ms p99 %.2f ms; ", k, float64(d[len(d)/2].Microseconds())/1000, float64(d[len(d)*99/100].Microseconds())/1000)
-	}
-	fmt.Println()
 }

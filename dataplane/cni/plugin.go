@@ -290,6 +290,9 @@ func (p *plugin) allocate(c *Config, pn podNetwork, att ipam.Attachment, log *sl
 	if err := txn.Commit(); err != nil {
 		return netip.Addr{}, false, nil, err
 	}
+	if err := txn.Close(); err != nil {
+		return netip.Addr{}, false, nil, err
+	}
 	return addr, fresh, br, nil
 }
 
@@ -373,7 +376,10 @@ func (c *Config) release(att ipam.Attachment, log *slog.Logger) error {
 	if addr, ok := txn.Release(att); ok {
 		log.Info("released", "addr", addr)
 	}
-	return txn.Commit()
+	if err := txn.Commit(); err != nil {
+		return err
+	}
+	return txn.Close()
 }
 
 // enableForwarding turns on IP forwarding in the node namespace; the
@@ -600,6 +606,8 @@ func (p *plugin) gc(c *Config, log *slog.Logger) error {
 	defer txn.Close()
 	dropped := txn.Retain(func(al ipam.Allocation) bool { return valid[al.Attachment] })
 	if err := txn.Commit(); err != nil {
+		errs = append(errs, err)
+	} else if err := txn.Close(); err != nil {
 		errs = append(errs, err)
 	} else {
 		for _, al := range dropped {

@@ -1,8 +1,12 @@
 // Package ipam hands out pod addresses from a node's podCIDR.
 //
 // The whole store is one small JSON file per network, rewritten on every
-// change by write, fsync, rename, fsync-directory: after a crash at any point
-// it holds either the state before a change or after it, never a torn mix.
+// change by write, fsync, rename: after a crash at any point it holds either
+// the state before a change or after it, never a torn mix. The directory is
+// fsynced too, after the lock is released: that only makes the rename
+// durable, which no other process needs to wait for (they read the page
+// cache), and under I/O pressure each fsync can cost a journal commit that
+// every waiting ADD would otherwise pay again.
 // Every reader and writer holds an exclusive flock on a separate lock file for
 // the whole read-modify-write, so concurrent plugin processes never hand out
 // one address twice; the kernel drops the lock when a process dies, so a
@@ -89,6 +93,7 @@ type Txn struct {
 	lock     *os.File
 	st       state
 	dirty    bool
+	syncDir  bool // a commit renamed the store; Close fsyncs the directory
 	rebooted []Allocation
 }
 
@@ -380,20 +385,38 @@ func (t *Txn) Commit() error {
 		return fmt.Errorf("write ipam store: %w", err)
 	}
 	t.dirty = false
+	t.syncDir = true
 	return nil
 }
 
-// Close releases the lock, dropping uncommitted changes.
+// Close releases the lock, dropping uncommitted changes, then makes a
+// committed change durable. It is safe to call more than once; callers that
+// committed check its error.
 func (t *Txn) Close() error {
 	if t.lock == nil {
 		return nil
 	}
 	err := t.lock.Close() // closing the last fd drops the flock
 	t.lock = nil
+	if t.syncDir {
+		t.syncDir = false
+		if serr := syncDir(t.dir); serr != nil && err == nil {
+			err = fmt.Errorf("fsync ipam dir: %w", serr)
+		}
+	}
 	return err
 }
 
-// writeAtomic replaces dir/name by data: temp file, fsync, rename, fsync dir.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// writeAtomic replaces dir/name by data: temp file, fsync, rename.
 func writeAtomic(dir, name string, data []byte) error {
 	f, err := os.CreateTemp(dir, "."+name+".tmp-*")
 	if err != nil {
@@ -412,13 +435,5 @@ func writeAtomic(dir, name string, data []byte) error {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return os.Rename(tmp, filepath.Join(dir, name))
 }
