@@ -9,6 +9,7 @@
 # Everything runs on 127.0.0.1 high ports; nothing leaves the machine.
 #
 # Usage: scripts/bench-dns.sh [SERVICES] [SECONDS]   (defaults 1000, 10)
+# Each figure is the median of three alternating rounds.
 # Env: PODNET_BIN (dir with dnsd; default: build it), COREDNS (binary;
 # default /var/cache/podnet/coredns-$COREDNS_VERSION, built if missing),
 # SERVER_CPU (default 1), CLIENT_CPU (default 0).
@@ -126,7 +127,7 @@ taskset -c "$SERVER_CPU" "$COREDNS" -conf "$work/Corefile" -quiet &
 coredns_pid=$!
 pids+=($coredns_pid)
 
-for _ in $(seq 100); do
+for _ in $(seq 600); do
 	if curl -sf http://127.0.0.1:28181/ready >/dev/null 2>&1 &&
 		dig +short +time=1 @127.0.0.1 -p $COREDNS_PORT kubernetes.default.svc.cluster.local | grep -q 10.96.0.1; then
 		break
@@ -141,24 +142,56 @@ run() {
 		awk '/Queries per second/ {q=$4} /Average Latency/ {l=$4*1000} /Queries lost/ {lost=$3} END {printf "%.0f %.3f %s\n", q, l, lost}'
 }
 
+# run1 PORT FILE -> "median_ms p99_ms" of single queries, one in flight
+# (medians, because on a shared box a few descheduled queries swamp means).
+run1() {
+	taskset -c "$CLIENT_CPU" dnsperf -s 127.0.0.1 -p "$1" -d "$2" -l "$SECONDS_PER_RUN" -q 1 -c 1 -t 2 -v 2>/dev/null |
+		awk '/^> / {print $NF*1000}' | sort -n |
+		awk '{a[NR]=$1} END {printf "%.3f %.3f\n", a[int((NR+1)/2)], a[int(NR*0.99)]}'
+}
+
+# cpu PID -> CPU time used so far, in clock ticks (utime + stime)
+cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+HZ=$(getconf CLK_TCK)
+
 rss() { awk '/VmRSS/ {printf "%.1f", $2/1024}' "/proc/$1/status"; }
 
 echo "## $SERVICES Services, ${SECONDS_PER_RUN}s per run, servers on CPU $SERVER_CPU, dnsperf on CPU $CLIENT_CPU"
 echo
-echo "| mix | server | QPS (100 in flight) | avg latency (100 in flight) | avg latency (1 in flight) |"
-echo "|---|---|---:|---:|---:|"
+echo "| mix | server | QPS (100 in flight) | server CPU per query | avg latency (100 in flight) | median latency (1 in flight) |"
+echo "|---|---|---:|---:|---:|---:|"
+median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 for mix in cluster nxdomain cached; do
 	# Warm both caches (the cached mix) and page everything in.
 	for port in $DNSD_PORT $COREDNS_PORT; do
 		taskset -c "$CLIENT_CPU" dnsperf -s 127.0.0.1 -p $port -d "$work/q-$mix" -n 1 >/dev/null 2>&1 || true
 	done
-	for server in dnsd coredns; do
-		port=$DNSD_PORT
-		[[ $server == coredns ]] && port=$COREDNS_PORT
-		read -r qps lat _ < <(run $port "$work/q-$mix" 100)
-		read -r _ lat1 _ < <(run $port "$work/q-$mix" 1)
-		echo "| $mix | $server | $qps | ${lat} ms | ${lat1} ms |"
+	# The two servers alternate, three rounds each; the median is reported,
+	# so a burst of background load does not decide the comparison.
+	declare -A qps lat lat1 us
+	for round in 1 2 3; do
+		for server in dnsd coredns; do
+			port=$DNSD_PORT
+			[[ $server == coredns ]] && port=$COREDNS_PORT
+			pid=$dnsd_pid
+			[[ $server == coredns ]] && pid=$coredns_pid
+			c0=$(cpu $pid)
+			read -r q l _ < <(run $port "$work/q-$mix" 100)
+			c1=$(cpu $pid)
+			# CPU microseconds per answered query: immune to the client
+			# being the bottleneck and to other load on the box.
+			us[$server]+="$(awk -v c=$((c1 - c0)) -v hz="$HZ" -v q="$q" -v s="$SECONDS_PER_RUN" 'BEGIN {printf "%.1f", c / hz * 1e6 / (q * s)}') "
+			read -r l1 _ < <(run1 $port "$work/q-$mix")
+			qps[$server]+="$q "
+			lat[$server]+="$l "
+			lat1[$server]+="$l1 "
+		done
 	done
+	for server in dnsd coredns; do
+		m() { tr ' ' '\n' <<<"$1" | grep . | median; }
+		echo "| $mix | $server | $(m "${qps[$server]}") | $(m "${us[$server]}") µs | $(m "${lat[$server]}") ms | $(m "${lat1[$server]}") ms |"
+	done
+	unset qps lat lat1 us
 done
 echo
 echo "| server | RSS after the runs |"
