@@ -6,10 +6,10 @@
 // config. The pod routes everything via the bridge's address (the first of
 // the podCIDR); proxyd routes the node's podCIDR between nodes.
 //
-// The IPAM store lock is held while an address is taken and the bridge is
-// checked, so a podCIDR change and concurrent ADDs cannot race; the veth and
-// the pod side are set up outside the lock. Every step after the address was
-// taken is undone if a later one fails.
+// The IPAM store lock is held only while an address is taken (and, when the
+// bridge's address must change, while that is done, so a podCIDR change and
+// concurrent ADDs cannot race); the veth and the pod side are set up outside
+// it. Every step after the address was taken is undone if a later one fails.
 package cni
 
 import (
