@@ -192,10 +192,9 @@ func eventuallyServes(t *testing.T, nsPath, proto, addr string, want ...string) 
 // Service and EndpointSlice YAML, as a control plane would write them.
 
 type svcPort struct {
-	name, proto    string
-	port, target   int
-	nodePort       int
-	endpointsProto string // defaults to proto
+	name, proto  string
+	port, target int
+	nodePort     int
 }
 
 type svcEndpoint struct {

@@ -24,7 +24,6 @@ const nodeName = "node-a"
 
 var (
 	nodeIP      = netip.MustParseAddr("192.168.10.11")
-	podCIDR     = netip.MustParsePrefix("10.244.1.0/24")
 	clusterCIDR = netip.MustParsePrefix("10.244.0.0/16")
 	localAddrs  = []netip.Addr{nodeIP, netip.MustParseAddr("10.244.1.1"), netip.MustParseAddr("127.0.0.1")}
 	localPod    = netip.MustParseAddr("10.244.1.5")   // endpoint on this node
