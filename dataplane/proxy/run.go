@@ -98,21 +98,29 @@ func Run(ctx context.Context, o Options) error {
 		o.Health.Set(HealthComponent, nil)
 	}
 	report(nil)
+	healthTicker := time.NewTicker(max(o.SyncPeriod/4, time.Second))
+	defer healthTicker.Stop()
 
-	select {
-	case <-o.Store.Synced():
-	case <-ctx.Done():
-		return nil
+	// Nothing is programmed before the source has delivered the whole
+	// state; a source that never does makes the proxy unhealthy in time.
+	var lastErr error
+waitSynced:
+	for {
+		select {
+		case <-o.Store.Synced():
+			break waitSynced
+		case <-healthTicker.C:
+			report(errors.New("cluster state not synced yet"))
+		case <-ctx.Done():
+			return nil
+		}
 	}
 	o.Logger.Info("service proxy starting", "node", o.NodeName, "syncPeriod", o.SyncPeriod, "minSyncPeriod", o.MinSyncPeriod)
 
 	forceFull := true
-	var lastErr error
 	var lastSync time.Time
 	fullTimer := time.NewTimer(0)
 	defer fullTimer.Stop()
-	healthTicker := time.NewTicker(max(o.SyncPeriod/4, time.Second))
-	defer healthTicker.Stop()
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
 	defer retry.Stop()

@@ -156,3 +156,24 @@ func TestRunHealthTurnsBadWithoutSuccessfulSync(t *testing.T) {
 		t.Errorf("still unhealthy after a successful sync: %v", err)
 	}
 }
+
+func TestRunUnhealthyWhileStateNeverSyncs(t *testing.T) {
+	st := cluster.NewStore() // never marked synced
+	hc := health.NewChecker()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b := &fakeBackend{sig: make(chan struct{}, 1)}
+	go Run(ctx, Options{Store: st, Backend: b, SyncPeriod: 500 * time.Millisecond, Health: hc})
+	deadline := time.Now().Add(5 * time.Second)
+	for hc.Err() == nil && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if hc.Err() == nil {
+		t.Fatal("healthy after 2 sync periods without cluster state")
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.calls) != 0 {
+		t.Errorf("synced %d times before the state was complete", len(b.calls))
+	}
+}
