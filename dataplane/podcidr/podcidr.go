@@ -1,0 +1,257 @@
+// Package podcidr gives a node its podCIDR when kube-controller-manager does
+// not allocate them (--allocate-node-cidrs off): the node claims a free
+// subnet of the cluster CIDR itself and writes it into its Node.
+//
+// Claims are made race-free by the API server, not by reading and hoping:
+// a claim is a coordination.k8s.io Lease named after the subnet, and
+// creating an object whose name exists fails. Two nodes racing for the same
+// subnet both try to create its Lease; exactly one succeeds, the other moves
+// on to the next subnet. A claim's Lease is owned by its Node, so the
+// garbage collector frees the subnet when the Node is deleted.
+package podcidr
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+)
+
+// LabelClaim marks the Leases that are podCIDR claims; its value is the
+// subnet's Lease-name form.
+const LabelClaim = "podnet.io/pod-cidr"
+
+// DefaultNamespace holds the claims: it exists in every cluster and already
+// holds per-node Leases.
+const DefaultNamespace = "kube-node-lease"
+
+// ErrExhausted is returned when every subnet of the cluster CIDR is taken.
+var ErrExhausted = errors.New("no free podCIDR left in the cluster CIDR")
+
+// Options say which node claims what.
+type Options struct {
+	Client   kubernetes.Interface
+	NodeName string
+	// ClusterCIDR is divided into subnets of MaskSize bits.
+	ClusterCIDR netip.Prefix
+	// MaskSize of each node's podCIDR; 24 when 0.
+	MaskSize int
+	// Namespace of the claim Leases; DefaultNamespace when empty.
+	Namespace string
+}
+
+// Validate checks the options and fills in the defaults.
+func (o *Options) Validate() error {
+	if o.Client == nil {
+		return errors.New("podcidr: Client is required")
+	}
+	if o.NodeName == "" {
+		return errors.New("podcidr: NodeName is required")
+	}
+	if !o.ClusterCIDR.IsValid() || !o.ClusterCIDR.Addr().Is4() {
+		return fmt.Errorf("podcidr: cluster CIDR %v: want an IPv4 prefix", o.ClusterCIDR)
+	}
+	o.ClusterCIDR = o.ClusterCIDR.Masked()
+	if o.MaskSize == 0 {
+		o.MaskSize = 24
+	}
+	if o.MaskSize < o.ClusterCIDR.Bits() || o.MaskSize > 30 || o.MaskSize-o.ClusterCIDR.Bits() > 16 {
+		return fmt.Errorf("podcidr: mask size %d: want %d..30 and at most 2^16 subnets of %v", o.MaskSize, o.ClusterCIDR.Bits(), o.ClusterCIDR)
+	}
+	if o.Namespace == "" {
+		o.Namespace = DefaultNamespace
+	}
+	return nil
+}
+
+// Ensure returns the node's podCIDR: the one in its Node if there is one,
+// else a subnet it claims now and writes into Node.spec.podCIDR(s). It is
+// safe to call again after a crash at any point: a claim the node already
+// holds is found and reused.
+func Ensure(ctx context.Context, o Options) (netip.Prefix, error) {
+	if err := o.Validate(); err != nil {
+		return netip.Prefix{}, err
+	}
+	nodes := o.Client.CoreV1().Nodes()
+	node, err := nodes.Get(ctx, o.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("get node %s: %w", o.NodeName, err)
+	}
+	if node.Spec.PodCIDR != "" {
+		p, err := netip.ParsePrefix(node.Spec.PodCIDR)
+		if err != nil {
+			return netip.Prefix{}, fmt.Errorf("node %s: podCIDR %q: %w", o.NodeName, node.Spec.PodCIDR, err)
+		}
+		return p, nil
+	}
+
+	taken, mine, err := o.claims(ctx)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	if !mine.IsValid() {
+		mine, err = o.claimFree(ctx, node, taken)
+		if err != nil {
+			return netip.Prefix{}, err
+		}
+	}
+	if err := o.writeNode(ctx, mine); err != nil {
+		// Set by someone else (kube-controller-manager, say) meanwhile?
+		if n, gerr := nodes.Get(ctx, o.NodeName, metav1.GetOptions{}); gerr == nil && n.Spec.PodCIDR != "" {
+			if p, perr := netip.ParsePrefix(n.Spec.PodCIDR); perr == nil {
+				o.release(ctx, mine)
+				return p, nil
+			}
+		}
+		return netip.Prefix{}, err
+	}
+	return mine, nil
+}
+
+// release gives a claim back; one left behind only wastes a subnet until
+// its Node is deleted, so failure is not reported.
+func (o *Options) release(ctx context.Context, p netip.Prefix) {
+	_ = o.Client.CoordinationV1().Leases(o.Namespace).Delete(ctx, LeaseName(p), metav1.DeleteOptions{})
+}
+
+// claims returns the subnets in use (by Nodes or by claims) and the one
+// this node already claimed, if any.
+func (o *Options) claims(ctx context.Context) (map[netip.Prefix]bool, netip.Prefix, error) {
+	taken := map[netip.Prefix]bool{}
+	var mine netip.Prefix
+	nodeList, err := o.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, mine, fmt.Errorf("list nodes: %w", err)
+	}
+	for _, n := range nodeList.Items {
+		for _, s := range append([]string{n.Spec.PodCIDR}, n.Spec.PodCIDRs...) {
+			if p, err := netip.ParsePrefix(s); err == nil {
+				taken[p.Masked()] = true
+			}
+		}
+	}
+	leases, err := o.Client.CoordinationV1().Leases(o.Namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelClaim})
+	if err != nil {
+		return nil, mine, fmt.Errorf("list podCIDR claims: %w", err)
+	}
+	for _, l := range leases.Items {
+		p, ok := ParseLeaseName(l.Name)
+		if !ok {
+			continue
+		}
+		taken[p] = true
+		if holder(&l) == o.NodeName {
+			mine = p
+		}
+	}
+	return taken, mine, nil
+}
+
+// claimFree creates the Lease of the first subnet nobody holds. A subnet
+// claimed between the list and the create is skipped when the create
+// fails.
+func (o *Options) claimFree(ctx context.Context, node *corev1.Node, taken map[netip.Prefix]bool) (netip.Prefix, error) {
+	leases := o.Client.CoordinationV1().Leases(o.Namespace)
+	count := 1 << (o.MaskSize - o.ClusterCIDR.Bits())
+	for i := range count {
+		p := nthSubnet(o.ClusterCIDR, o.MaskSize, i)
+		if taken[p] {
+			continue
+		}
+		_, err := leases.Create(ctx, o.lease(node, p), metav1.CreateOptions{})
+		if err == nil {
+			return p, nil
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			return netip.Prefix{}, fmt.Errorf("claim %v: %w", p, err)
+		}
+		l, gerr := leases.Get(ctx, LeaseName(p), metav1.GetOptions{})
+		if gerr == nil && holder(l) == o.NodeName {
+			return p, nil
+		}
+	}
+	return netip.Prefix{}, fmt.Errorf("%w %v (/%d per node)", ErrExhausted, o.ClusterCIDR, o.MaskSize)
+}
+
+func (o *Options) lease(node *corev1.Node, p netip.Prefix) *coordinationv1.Lease {
+	name := LeaseName(p)
+	holderID := o.NodeName
+	return &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      name,
+			Namespace: o.Namespace,
+			Labels:    map[string]string{LabelClaim: name},
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: "v1",
+				Kind:       "Node",
+				Name:       node.Name,
+				UID:        node.UID,
+			}},
+		},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: &holderID},
+	}
+}
+
+// writeNode sets the node's podCIDR. The API server lets a podCIDR be set
+// only once, so if something else set one first this fails and Ensure
+// takes that one.
+func (o *Options) writeNode(ctx context.Context, p netip.Prefix) error {
+	patch, err := json.Marshal(map[string]any{"spec": map[string]any{
+		"podCIDR":  p.String(),
+		"podCIDRs": []string{p.String()},
+	}})
+	if err != nil {
+		return err
+	}
+	_, err = o.Client.CoreV1().Nodes().Patch(ctx, o.NodeName, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		return fmt.Errorf("set podCIDR %v on node %s: %w", p, o.NodeName, err)
+	}
+	return nil
+}
+
+func holder(l *coordinationv1.Lease) string {
+	if l.Spec.HolderIdentity == nil {
+		return ""
+	}
+	return *l.Spec.HolderIdentity
+}
+
+// LeaseName is the name of the Lease claiming p: "podcidr-10.244.3.0-24".
+func LeaseName(p netip.Prefix) string {
+	return fmt.Sprintf("podcidr-%s-%d", p.Addr(), p.Bits())
+}
+
+// ParseLeaseName is the inverse of LeaseName.
+func ParseLeaseName(name string) (netip.Prefix, bool) {
+	rest, ok := strings.CutPrefix(name, "podcidr-")
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	i := strings.LastIndexByte(rest, '-')
+	if i < 0 {
+		return netip.Prefix{}, false
+	}
+	p, err := netip.ParsePrefix(rest[:i] + "/" + rest[i+1:])
+	if err != nil || p != p.Masked() {
+		return netip.Prefix{}, false
+	}
+	return p, true
+}
+
+// nthSubnet is the i-th subnet of size bits in cidr.
+func nthSubnet(cidr netip.Prefix, bits, i int) netip.Prefix {
+	a := cidr.Addr().As4()
+	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
+	v += uint32(i) << (32 - bits)
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), bits)
+}
