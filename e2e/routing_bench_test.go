@@ -156,7 +156,7 @@ func benchIperf(b *testing.B, secs int, server benchStart, client benchExec, add
 	for attempt := 0; ; attempt++ {
 		time.Sleep(200 * time.Millisecond)
 		out, err := client(ctx, args...)
-		if err != nil && attempt < 20 && strings.Contains(out, "Connection refused") {
+		if attempt < 20 && strings.Contains(out, "Connection refused") {
 			continue
 		}
 		if err != nil {
