@@ -114,7 +114,7 @@ func TestBenchServices(t *testing.T) {
 		for _, n := range sizes {
 			l := newNetnsLab(t, fmt.Sprintf("b%s%d", backend[:1], n))
 			st, state := benchState(n, eps)
-			p := iptables.NewProxier(defaultCfg, iptables.ExecRunner{Backend: backend})
+			p := iptables.NewProxier(defaultCfg, timedRunner{iptables.ExecRunner{Backend: backend}})
 			var res proxy.SyncResult
 			cpu0 := childCPU()
 			start := time.Now()
@@ -171,4 +171,16 @@ func TestBenchServices(t *testing.T) {
 			fmt.Printf("| %s | %d | %d µs | %d µs |\n", backend, n, pct(d, 0.5).Microseconds(), pct(d, 0.99).Microseconds())
 		}
 	}
+}
+
+// timedRunner reports each iptables call when PODNET_BENCH_TRACE is set.
+type timedRunner struct{ iptables.ExecRunner }
+
+func (r timedRunner) Restore(data []byte) error {
+	start, cpu := time.Now(), childCPU()
+	err := r.ExecRunner.Restore(data)
+	if os.Getenv("PODNET_BENCH_TRACE") != "" {
+		fmt.Printf("  restore %d bytes, %d lines: %v (cpu %v)\n", len(data), strings.Count(string(data), "\n"), time.Since(start), childCPU()-cpu)
+	}
+	return err
 }

@@ -32,6 +32,7 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"sort"
@@ -115,10 +116,21 @@ func Generate(cfg Config, ports map[cluster.Key][]*proxy.ServicePort) Ruleset {
 }
 
 // Generator memoizes the rules of each ServicePort by identity, so a sync
-// after a small change only formats the rules of the Services that changed.
+// after a small change only formats the rules of the Services that changed;
+// when no frontend address came or went, it also keeps the dispatch tree and
+// rewrites only the chains holding the changed ports.
 type Generator struct {
 	cfg   Config
 	cache map[*proxy.ServicePort]*portRules
+
+	// From the last Generate: its input (a copy), its keys in order, its
+	// nat chains, and the tree's chains as parts with where each frontend
+	// went.
+	lastPorts map[cluster.Key][]*proxy.ServicePort
+	lastKeys  []cluster.Key
+	lastNat   map[string][]string
+	parts     map[string][]part
+	chainOf   map[frontRef]string
 }
 
 // NewGenerator returns a Generator for cfg.
@@ -139,62 +151,44 @@ type portRules struct {
 type frontend struct {
 	addr  netip.Addr
 	rules []string
+	ref   frontRef
+}
+
+// frontRef names a frontend independently of the ServicePort's identity.
+type frontRef struct {
+	service  cluster.Key
+	port     proxy.PortName
+	external bool
+	index    int
+}
+
+// part is a piece of a tree chain: fixed lines or a frontend's rules.
+type part struct {
+	lines []string
+	front *frontRef
 }
 
 // Generate computes the complete Ruleset for ports.
 func (g *Generator) Generate(ports map[cluster.Key][]*proxy.ServicePort) Ruleset {
-	keys := make([]cluster.Key, 0, len(ports))
-	for k := range ports {
-		keys = append(keys, k)
+	nat, ok := g.incremental(ports)
+	if !ok {
+		nat = g.full(ports)
 	}
-	slices.SortFunc(keys, func(a, b cluster.Key) int {
-		if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Name, b.Name)
-	})
+	g.lastPorts = maps.Clone(ports)
+	g.lastNat = nat
 
-	nat := make(map[string][]string)
-	cache := make(map[*proxy.ServicePort]*portRules, len(g.cache))
-	var fronts, extFronts []frontend
 	var nodePorts []string
 	hairpin := make(map[netip.Addr]bool)
-	for _, k := range keys {
+	for _, k := range g.lastKeys {
 		for _, sp := range ports[k] {
 			pr := g.cache[sp]
-			if pr == nil {
-				pr = g.portRules(sp)
-			}
-			cache[sp] = pr
-			fronts = append(fronts, pr.clusterFronts...)
-			extFronts = append(extFronts, pr.externalFronts...)
 			nodePorts = append(nodePorts, pr.nodePorts...)
-			for name, rules := range pr.chains {
-				nat[name] = rules
-			}
 			for _, a := range pr.hairpin {
 				hairpin[a] = true
 			}
 		}
 	}
-	g.cache = cache
-
-	var services []string
-	for _, tr := range []struct {
-		fronts []frontend
-		name   string
-		head   func(netip.Prefix) []string
-	}{{fronts, "PODSVC-D-", g.leafHead}, {extFronts, "PODSVC-X-", nil}} {
-		if len(tr.fronts) == 0 {
-			continue
-		}
-		sort.SliceStable(tr.fronts, func(i, j int) bool { return tr.fronts[i].addr.Less(tr.fronts[j].addr) })
-		t := tree{chains: nat, name: tr.name, head: tr.head}
-		services = append(services, t.build(tr.fronts, commonPrefix(tr.fronts))...)
-	}
-	nat[ChainServices] = append(services, g.nodePortJumps()...)
 	nat[ChainNodePorts] = nodePorts
-
 	var post []string
 	hp := make([]netip.Addr, 0, len(hairpin))
 	for a := range hairpin {
@@ -223,6 +217,167 @@ func (g *Generator) Generate(ports map[cluster.Key][]*proxy.ServicePort) Ruleset
 	return Ruleset{"nat": nat, "filter": filter}
 }
 
+// full builds every nat chain but PODSVC-NODEPORTS and PODSVC-POSTROUTING.
+func (g *Generator) full(ports map[cluster.Key][]*proxy.ServicePort) map[string][]string {
+	keys := make([]cluster.Key, 0, len(ports))
+	for k := range ports {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b cluster.Key) int {
+		if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	g.lastKeys = keys
+
+	nat := make(map[string][]string)
+	cache := make(map[*proxy.ServicePort]*portRules, len(g.cache))
+	var fronts, extFronts []frontend
+	for _, k := range keys {
+		for _, sp := range ports[k] {
+			pr := g.cache[sp]
+			if pr == nil {
+				pr = g.portRules(k, sp)
+			}
+			cache[sp] = pr
+			fronts = append(fronts, pr.clusterFronts...)
+			extFronts = append(extFronts, pr.externalFronts...)
+			for name, rules := range pr.chains {
+				nat[name] = rules
+			}
+		}
+	}
+	g.cache = cache
+
+	g.parts = make(map[string][]part)
+	g.chainOf = make(map[frontRef]string, len(fronts)+len(extFronts))
+	var services []part
+	for _, tr := range []struct {
+		fronts []frontend
+		name   string
+		head   func(netip.Prefix) []string
+	}{{fronts, "PODSVC-D-", g.leafHead}, {extFronts, "PODSVC-X-", nil}} {
+		if len(tr.fronts) == 0 {
+			continue
+		}
+		sort.SliceStable(tr.fronts, func(i, j int) bool { return tr.fronts[i].addr.Less(tr.fronts[j].addr) })
+		t := tree{parts: g.parts, name: tr.name, head: tr.head}
+		services = append(services, t.build(tr.fronts, commonPrefix(tr.fronts))...)
+	}
+	g.parts[ChainServices] = append(services, part{lines: g.nodePortJumps()})
+	for name, parts := range g.parts {
+		for _, pt := range parts {
+			if pt.front != nil {
+				g.chainOf[*pt.front] = name
+			}
+		}
+		nat[name] = g.materialize(parts, ports)
+	}
+	return nat
+}
+
+// incremental updates the last nat chains when only rules changed, not
+// which frontends exist; ok is false when a full build is needed.
+func (g *Generator) incremental(ports map[cluster.Key][]*proxy.ServicePort) (map[string][]string, bool) {
+	if g.lastNat == nil || len(ports) != len(g.lastPorts) {
+		return nil, false
+	}
+	type change struct{ old, new []*proxy.ServicePort }
+	var changes []change
+	for k, sps := range ports {
+		old, had := g.lastPorts[k]
+		if !had || len(old) != len(sps) {
+			return nil, false
+		}
+		if slices.Equal(old, sps) {
+			continue
+		}
+		for i := range sps {
+			if old[i] != sps[i] && !sameFrontends(g.cache[old[i]], g.portRulesCached(k, sps[i])) {
+				return nil, false
+			}
+		}
+		changes = append(changes, change{old, sps})
+	}
+	nat := maps.Clone(g.lastNat)
+	dirty := make(map[string]bool)
+	for _, c := range changes {
+		for i, sp := range c.new {
+			if c.old[i] == sp {
+				continue
+			}
+			for name := range g.cache[c.old[i]].chains {
+				delete(nat, name)
+			}
+			delete(g.cache, c.old[i])
+			pr := g.cache[sp]
+			for name, rules := range pr.chains {
+				nat[name] = rules
+			}
+			for _, f := range append(slices.Clone(pr.clusterFronts), pr.externalFronts...) {
+				dirty[g.chainOf[f.ref]] = true
+			}
+		}
+	}
+	for name := range dirty {
+		nat[name] = g.materialize(g.parts[name], ports)
+	}
+	return nat, true
+}
+
+// portRulesCached returns the memoized rules of sp, computing them once.
+func (g *Generator) portRulesCached(k cluster.Key, sp *proxy.ServicePort) *portRules {
+	pr := g.cache[sp]
+	if pr == nil {
+		pr = g.portRules(k, sp)
+		g.cache[sp] = pr
+	}
+	return pr
+}
+
+func sameFrontends(a, b *portRules) bool {
+	if a == nil || b == nil || len(a.clusterFronts) != len(b.clusterFronts) || len(a.externalFronts) != len(b.externalFronts) {
+		return false
+	}
+	for i := range a.clusterFronts {
+		if a.clusterFronts[i].addr != b.clusterFronts[i].addr || a.clusterFronts[i].ref != b.clusterFronts[i].ref {
+			return false
+		}
+	}
+	for i := range a.externalFronts {
+		if a.externalFronts[i].addr != b.externalFronts[i].addr || a.externalFronts[i].ref != b.externalFronts[i].ref {
+			return false
+		}
+	}
+	return true
+}
+
+// materialize turns a tree chain's parts into rules, with each frontend's
+// current rules.
+func (g *Generator) materialize(parts []part, ports map[cluster.Key][]*proxy.ServicePort) []string {
+	var out []string
+	for _, pt := range parts {
+		if pt.front == nil {
+			out = append(out, pt.lines...)
+			continue
+		}
+		r := pt.front
+		for _, sp := range ports[r.service] {
+			if sp.Name != r.port {
+				continue
+			}
+			pr := g.cache[sp]
+			if r.external {
+				out = append(out, pr.externalFronts[r.index].rules...)
+			} else {
+				out = append(out, pr.clusterFronts[r.index].rules...)
+			}
+		}
+	}
+	return out
+}
+
 func (g *Generator) nodePortJumps() []string {
 	if len(g.cfg.NodePortAddresses) == 0 {
 		// Not on loopback: DNAT from 127.0.0.1 to a pod needs route_localnet
@@ -240,7 +395,7 @@ func (g *Generator) nodePortJumps() []string {
 
 const markFmt = "-j MARK --or-mark %#x"
 
-func (g *Generator) portRules(sp *proxy.ServicePort) *portRules {
+func (g *Generator) portRules(key cluster.Key, sp *proxy.ServicePort) *portRules {
 	pr := &portRules{chains: make(map[string][]string)}
 	proto := protoMatch(sp.Protocol)
 	h := portHash(sp.Name)
@@ -279,7 +434,7 @@ func (g *Generator) portRules(sp *proxy.ServicePort) *portRules {
 	} else {
 		rules = endpointRules(rules, m, sp, internal)
 	}
-	pr.clusterFronts = append(pr.clusterFronts, frontend{sp.ClusterIP, rules})
+	pr.clusterFronts = append(pr.clusterFronts, frontend{sp.ClusterIP, rules, frontRef{key, sp.Name, false, 0}})
 	for _, e := range internal {
 		if e.Local {
 			pr.hairpin = append(pr.hairpin, e.Addr)
@@ -321,7 +476,8 @@ func (g *Generator) portRules(sp *proxy.ServicePort) *portRules {
 		}
 	}
 	for _, ip := range sp.ExternalIPs {
-		pr.externalFronts = append(pr.externalFronts, frontend{ip, []string{match(ip) + " -j " + extChain}})
+		pr.externalFronts = append(pr.externalFronts, frontend{ip, []string{match(ip) + " -j " + extChain},
+			frontRef{key, sp.Name, true, len(pr.externalFronts)}})
 	}
 	lbTarget := extChain
 	if len(sp.LoadBalancerIPs) > 0 && len(sp.LoadBalancerSourceRanges) > 0 {
@@ -335,7 +491,8 @@ func (g *Generator) portRules(sp *proxy.ServicePort) *portRules {
 		pr.chains[lbTarget] = append(fw, fmt.Sprintf(markFmt, MarkDrop))
 	}
 	for _, ip := range sp.LoadBalancerIPs {
-		pr.externalFronts = append(pr.externalFronts, frontend{ip, []string{match(ip) + " -j " + lbTarget}})
+		pr.externalFronts = append(pr.externalFronts, frontend{ip, []string{match(ip) + " -j " + lbTarget},
+			frontRef{key, sp.Name, true, len(pr.externalFronts)}})
 	}
 	if sp.NodePort != 0 {
 		pr.nodePorts = []string{fmt.Sprintf("%s --dport %d -j %s", proto, sp.NodePort, extChain)}
@@ -409,25 +566,25 @@ func (g *Generator) leafHead(p netip.Prefix) []string {
 
 // tree builds a dispatch tree of chains named name+<prefix>.
 type tree struct {
-	chains map[string][]string
-	name   string
-	head   func(netip.Prefix) []string // rules opening each leaf; may be nil
+	parts map[string][]part
+	name  string
+	head  func(netip.Prefix) []string // rules opening each leaf; may be nil
 }
 
-func (t tree) leaf(fronts []frontend, p netip.Prefix) []string {
-	var out []string
+func (t tree) leaf(fronts []frontend, p netip.Prefix) []part {
+	var out []part
 	if t.head != nil {
-		out = append(out, t.head(p)...)
+		out = append(out, part{lines: t.head(p)})
 	}
-	for _, f := range fronts {
-		out = append(out, f.rules...)
+	for i := range fronts {
+		out = append(out, part{front: &fronts[i].ref})
 	}
 	return out
 }
 
-// build returns the rules of the node for fronts (sorted by address, all
+// build returns the parts of the node for fronts (sorted by address, all
 // within p), adding the chains below it.
-func (t tree) build(fronts []frontend, p netip.Prefix) []string {
+func (t tree) build(fronts []frontend, p netip.Prefix) []part {
 	if len(fronts) <= leafMax || fronts[0].addr == fronts[len(fronts)-1].addr {
 		return t.leaf(fronts, p)
 	}
@@ -439,7 +596,7 @@ func (t tree) build(fronts []frontend, p netip.Prefix) []string {
 		bits++
 	}
 	bits = min(bits, 32-common)
-	var out []string
+	var out []part
 	for i := 0; i < len(fronts); {
 		key := addrBits(fronts[i].addr) >> (32 - common - bits)
 		j := i
@@ -453,8 +610,8 @@ func (t tree) build(fronts []frontend, p netip.Prefix) []string {
 		} else {
 			sub := commonPrefix(group)
 			name := fmt.Sprintf("%s%08X-%d", t.name, addrBits(sub.Addr()), sub.Bits())
-			t.chains[name] = t.build(group, sub)
-			out = append(out, fmt.Sprintf("-d %s -j %s", sub, name))
+			t.parts[name] = t.build(group, sub)
+			out = append(out, part{lines: []string{fmt.Sprintf("-d %s -j %s", sub, name)}})
 		}
 		i = j
 	}
