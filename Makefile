@@ -9,7 +9,7 @@ export CGO_ENABLED ?= 0
 
 BINARIES := bin/podnet bin/proxyd bin/dnsd bin/podnet-lab
 
-.PHONY: all build deps test unit e2e demo demo-down bench lint generate clean
+.PHONY: all build deps test unit e2e demo demo-down bench lint generate clean apiserver
 
 all: build
 
@@ -28,12 +28,27 @@ FORCE:
 deps:
 	@bash scripts/deps.sh
 
+# A real kube-apiserver for the e2e tests, built once from the Go module proxy
+# by the tools module in e2e/apiserver/tools (the first build takes minutes)
+# and cached outside the tree. Its version is the one that module requires.
+APISERVER_VERSION := v1.36.3
+APISERVER_CACHE ?= /var/cache/podnet
+APISERVER := $(APISERVER_CACHE)/kube-apiserver-$(APISERVER_VERSION)
+
+apiserver: $(APISERVER)
+$(APISERVER):
+	mkdir -p $(APISERVER_CACHE)
+	cd e2e/apiserver/tools && $(GO) build -trimpath \
+		-ldflags '-s -w -X k8s.io/component-base/version.gitVersion=$(APISERVER_VERSION)' \
+		-o $@.tmp k8s.io/kubernetes/cmd/kube-apiserver
+	mv $@.tmp $@
+
 # Unit tests (no root needed) and root tests of single packages, then the
 # end-to-end lab tests one package at a time. PODNET_BIN tells the e2e tests
 # where the freshly built binaries are.
-test: deps build
+test: deps build apiserver
 	$(GO) test -count=1 -timeout 20m $$($(GO) list ./... | grep -v /e2e)
-	PODNET_BIN=$(CURDIR)/bin $(GO) test -count=1 -p 1 -timeout 25m ./e2e/...
+	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) $(GO) test -count=1 -p 1 -timeout 25m ./e2e/...
 
 demo: deps build
 	./bin/podnet-lab demo $(if $(KEEP),--keep,)
@@ -42,8 +57,8 @@ demo-down:
 	@test -x ./bin/podnet-lab || $(MAKE) bin/podnet-lab
 	./bin/podnet-lab down
 
-bench: deps build
-	PODNET_BIN=$(CURDIR)/bin bash scripts/bench.sh
+bench: deps build apiserver
+	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) bash scripts/bench.sh
 
 lint:
 	$(GO) vet ./...

@@ -18,7 +18,9 @@ func TestMain(m *testing.M) {
 	if prefix := os.Getenv(crashChildEnv); prefix != "" {
 		os.Exit(crashChild(prefix))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	closeControlPlane()
+	os.Exit(code)
 }
 
 // crashChild builds a lab with the given prefix, starts a process and leaves

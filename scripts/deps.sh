@@ -15,6 +15,7 @@ packages=(
 	unbound         # a second upstream DNS implementation
 	dnsperf         # DNS benchmarks
 	ethtool
+	etcd-server     # the e2e tests' kube-apiserver stores its objects here
 )
 
 missing=()
