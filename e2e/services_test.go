@@ -474,6 +474,31 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
 		}
 	})
 
+	t.Run("trafficDistribution PreferSameNode", func(t *testing.T) {
+		if err := l.WriteState("svc-close.yaml", fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: close, namespace: default}
+spec: {clusterIP: 10.96.1.24, clusterIPs: [10.96.1.24], trafficDistribution: PreferSameNode, ports: [{name: tcp, protocol: TCP, port: 80, targetPort: 9090}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+addressType: IPv4
+metadata: {name: close-x, namespace: default, labels: {kubernetes.io/service-name: close}}
+ports: [{name: tcp, protocol: TCP, port: 9090}]
+endpoints:
+- {addresses: [%s], conditions: {ready: true}, nodeName: node1, zone: %s}
+- {addresses: [%s], conditions: {ready: true}, nodeName: node2, zone: %s}
+`, c.web1.IP, n1.Zone, c.web2.IP, n2.Zone)); err != nil {
+			t.Fatal(err)
+		}
+		// A client next to an endpoint uses it; one on a node without
+		// any uses all of them (or those of its zone).
+		eventuallyServes(t, c.c1.NSPath(), "tcp", "10.96.1.24:80", "web1")
+		if n3.Zone == n1.Zone && n3.Zone == n2.Zone {
+			eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.24:80", "web1", "web2")
+		}
+	})
+
 	t.Run("terminating endpoints are used only when none is ready", func(t *testing.T) {
 		term := svcEndpoint{pod: c.web1, serving: true, terminating: true}
 		gone := svcEndpoint{pod: c.web2, serving: false, terminating: true}
