@@ -132,11 +132,13 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("iptables: %w", err)
 	}
 	n := &nodeNet{
-		o:       o,
-		log:     log.With("component", "node-network"),
-		store:   store,
-		health:  checker,
-		nl:      h,
+		o:      o,
+		log:    log.With("component", "node-network"),
+		store:  store,
+		health: checker,
+		underlay: func(ip netip.Addr) (underlay, error) {
+			return findUnderlay(h, o.Iface, ip)
+		},
 		rec:     &routing.Reconciler{Kernel: routing.NewNetlinkKernel(h), Device: routing.DefaultDevice},
 		ipt:     ipt,
 		sysctl:  hostnet.ProcSysctl{},
@@ -214,16 +216,17 @@ func Run(ctx context.Context, o Options) error {
 }
 
 type nodeNet struct {
-	o       Options
-	log     *slog.Logger
-	store   *cluster.Store
-	health  *health.Checker
-	nl      *netlink.Handle
-	rec     *routing.Reconciler
-	ipt     hostnet.IPTables
-	sysctl  hostnet.Sysctl
-	mod     hostnet.Modprobe
-	metrics *metrics
+	o      Options
+	log    *slog.Logger
+	store  *cluster.Store
+	health *health.Checker
+	// underlay finds the interface holding the node's IP.
+	underlay func(netip.Addr) (underlay, error)
+	rec      *routing.Reconciler
+	ipt      hostnet.IPTables
+	sysctl   hostnet.Sysctl
+	mod      hostnet.Modprobe
+	metrics  *metrics
 
 	lastPlan    string
 	lastProblem string
@@ -306,17 +309,25 @@ func (n *nodeNet) sync() {
 	n.health.Set(componentNetwork, nil)
 }
 
-// underlay finds the interface holding ip, its subnet and MTU.
-func (n *nodeNet) underlay(ip netip.Addr) (string, netip.Prefix, int, error) {
-	links, err := n.nl.LinkList()
+// underlay is the interface that carries the node's InternalIP.
+type underlay struct {
+	iface  string
+	subnet netip.Prefix
+	mtu    int
+}
+
+// findUnderlay finds the interface holding ip (only iface, if set), its
+// subnet and MTU.
+func findUnderlay(h *netlink.Handle, iface string, ip netip.Addr) (underlay, error) {
+	links, err := h.LinkList()
 	if err != nil {
-		return "", netip.Prefix{}, 0, fmt.Errorf("list links: %w", err)
+		return underlay{}, fmt.Errorf("list links: %w", err)
 	}
 	for _, l := range links {
-		if n.o.Iface != "" && l.Attrs().Name != n.o.Iface {
+		if iface != "" && l.Attrs().Name != iface {
 			continue
 		}
-		addrs, err := n.nl.AddrList(l, netlink.FAMILY_V4)
+		addrs, err := h.AddrList(l, netlink.FAMILY_V4)
 		if err != nil {
 			continue
 		}
@@ -324,14 +335,14 @@ func (n *nodeNet) underlay(ip netip.Addr) (string, netip.Prefix, int, error) {
 			got, _ := netip.AddrFromSlice(a.IP)
 			if got.Unmap() == ip {
 				ones, _ := a.Mask.Size()
-				return l.Attrs().Name, netip.PrefixFrom(ip, ones).Masked(), l.Attrs().MTU, nil
+				return underlay{iface: l.Attrs().Name, subnet: netip.PrefixFrom(ip, ones).Masked(), mtu: l.Attrs().MTU}, nil
 			}
 		}
 	}
-	if n.o.Iface != "" {
-		return "", netip.Prefix{}, 0, fmt.Errorf("--iface %s does not hold the node's InternalIP %s", n.o.Iface, ip)
+	if iface != "" {
+		return underlay{}, fmt.Errorf("--iface %s does not hold the node's InternalIP %s", iface, ip)
 	}
-	return "", netip.Prefix{}, 0, fmt.Errorf("no interface holds the node's InternalIP %s (set --iface)", ip)
+	return underlay{}, fmt.Errorf("no interface holds the node's InternalIP %s (set --iface)", ip)
 }
 
 func (n *nodeNet) syncOnce() error {
@@ -343,13 +354,13 @@ func (n *nodeNet) syncOnce() error {
 	if !ok {
 		return fmt.Errorf("node %q has no IPv4 InternalIP", n.o.NodeName)
 	}
-	iface, subnet, mtu, err := n.underlay(ip)
+	u, err := n.underlay(ip)
 	if err != nil {
 		return err
 	}
 	cfg := routing.Config{
-		NodeName: n.o.NodeName, Backend: n.o.Backend, NodeIP: ip, NodeSubnet: subnet,
-		Iface: iface, UnderlayMTU: mtu, Device: routing.DefaultDevice, VNI: n.o.VXLANVNI, Port: n.o.VXLANPort,
+		NodeName: n.o.NodeName, Backend: n.o.Backend, NodeIP: ip, NodeSubnet: u.subnet,
+		Iface: u.iface, UnderlayMTU: u.mtu, Device: routing.DefaultDevice, VNI: n.o.VXLANVNI, Port: n.o.VXLANPort,
 	}
 	if err := cfg.Validate(); err != nil {
 		return err

@@ -1,11 +1,22 @@
 package agent
 
 import (
+	"errors"
+	"fmt"
+	"log/slog"
 	"net/netip"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/cluster/statedir"
+	"github.com/podnet/podnet/dataplane/health"
+	"github.com/podnet/podnet/dataplane/hostnet"
+	"github.com/podnet/podnet/dataplane/nodeconfig"
 	"github.com/podnet/podnet/dataplane/routing"
 )
 
@@ -39,5 +50,139 @@ func TestOptionsValidate(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tt.field) {
 			t.Errorf("%s: err = %v, want one naming the flag", tt.field, err)
 		}
+	}
+}
+
+type fakeSysctl map[string]string
+
+func (f fakeSysctl) Get(name string) (string, error) { return f[name], nil }
+func (f fakeSysctl) Set(name, v string) error        { f[name] = v; return nil }
+
+// newTestNodeNet wires a nodeNet to fakes: the kernel, iptables and
+// sysctls of node1 at 192.168.10.11/24 on eth0 (MTU 1500).
+func newTestNodeNet(t *testing.T, backend routing.Backend, k *routing.FakeKernel, ipt *hostnet.FakeIPTables) (*nodeNet, *cluster.Store) {
+	t.Helper()
+	store := cluster.NewStore()
+	o := Options{
+		NodeName: "node1", StateDir: t.TempDir(), ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"),
+		Backend: backend, VXLANVNI: 1, VXLANPort: 8472, NodeConfigPath: filepath.Join(t.TempDir(), "node.json"),
+		Masquerade: true, SyncPeriod: 30 * time.Second, MinSyncPeriod: time.Second,
+	}
+	return &nodeNet{
+		o:      o,
+		log:    slog.New(slog.DiscardHandler),
+		store:  store,
+		health: health.NewChecker(),
+		underlay: func(ip netip.Addr) (underlay, error) {
+			if ip != netip.MustParseAddr("192.168.10.11") {
+				return underlay{}, fmt.Errorf("no interface holds %s", ip)
+			}
+			return underlay{iface: "eth0", subnet: netip.MustParsePrefix("192.168.10.0/24"), mtu: 1500}, nil
+		},
+		rec:     &routing.Reconciler{Kernel: k, Device: routing.DefaultDevice},
+		ipt:     ipt,
+		sysctl:  fakeSysctl{"net/ipv4/ip_forward": "0", "net/bridge/bridge-nf-call-iptables": "0"},
+		mod:     func(string) error { return nil },
+		metrics: newMetrics(prometheus.NewRegistry(), statedir.New(statedir.Options{Dir: o.StateDir, Store: store})),
+	}, store
+}
+
+func testNode(name, ip, cidr string) *cluster.Node {
+	n := &cluster.Node{Name: name, InternalIPs: []netip.Addr{netip.MustParseAddr(ip)}}
+	if cidr != "" {
+		n.PodCIDRs = []netip.Prefix{netip.MustParsePrefix(cidr)}
+	}
+	return n
+}
+
+func TestSyncOnce(t *testing.T) {
+	k := routing.NewFakeKernel(map[string]netip.Prefix{"eth0": netip.MustParsePrefix("192.168.10.0/24")})
+	ipt := hostnet.NewFakeIPTables()
+	n, store := newTestNodeNet(t, routing.BackendAuto, k, ipt)
+
+	// Not in the state yet: not ready, and nothing written.
+	if err := n.syncOnce(); err == nil || !strings.Contains(err.Error(), "not in the cluster state") {
+		t.Fatalf("err = %v", err)
+	}
+	// Present, no podCIDR: routes to peers already, but not ready and no
+	// node config, with a reason that says so.
+	store.Upsert(testNode("node1", "192.168.10.11", ""))
+	store.Upsert(testNode("node2", "192.168.10.12", "10.244.2.0/24"))
+	store.Upsert(testNode("node4", "192.168.20.11", "10.244.4.0/24"))
+	err := n.syncOnce()
+	if err == nil || !strings.Contains(err.Error(), `"node1" has no spec.podCIDR yet`) {
+		t.Fatalf("err = %v", err)
+	}
+	if _, err := nodeconfig.Read(n.o.NodeConfigPath); !errors.Is(err, nodeconfig.ErrNotFound) {
+		t.Errorf("node config written without a podCIDR: %v", err)
+	}
+
+	// The podCIDR arrives: ready, node config with the VXLAN MTU, sysctls
+	// on, chains in place.
+	store.Upsert(testNode("node1", "192.168.10.11", "10.244.1.0/24"))
+	if err := n.syncOnce(); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := nodeconfig.Read(n.o.NodeConfigPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (nodeconfig.Config{PodCIDR: netip.MustParsePrefix("10.244.1.0/24"), ClusterCIDR: n.o.ClusterCIDR, MTU: 1450}); cfg != want {
+		t.Errorf("node config = %+v, want %+v", cfg, want)
+	}
+	if s := n.sysctl.(fakeSysctl); s["net/ipv4/ip_forward"] != "1" || s["net/bridge/bridge-nf-call-iptables"] != "1" {
+		t.Errorf("sysctls = %v", s)
+	}
+	dump := k.Dump()
+	for _, want := range []string{
+		"route 10.244.2.0/24 via 192.168.10.12 dev eth0",
+		"route 10.244.4.0/24 via 10.244.4.0 dev podnet.1 onlink",
+		"fdb 0e:70:c0:a8:14:0b dev podnet.1 dst 192.168.20.11",
+	} {
+		if !strings.Contains(dump, want) {
+			t.Errorf("kernel lacks %q:\n%s", want, dump)
+		}
+	}
+	if !strings.Contains(ipt.Dump(), "MASQUERADE --random-fully") {
+		t.Errorf("no masquerade rule:\n%s", ipt.Dump())
+	}
+
+	// A second agent over the same kernel (a restart) changes nothing.
+	mutations, writes := k.Mutations, ipt.Writes
+	n2, store2 := newTestNodeNet(t, routing.BackendAuto, k, ipt)
+	n2.o.NodeConfigPath = n.o.NodeConfigPath
+	for _, node := range store.Nodes() {
+		store2.Upsert(node)
+	}
+	if err := n2.syncOnce(); err != nil {
+		t.Fatal(err)
+	}
+	if k.Mutations != mutations || ipt.Writes != writes {
+		t.Errorf("restart changed the kernel: %d netlink and %d iptables changes", k.Mutations-mutations, ipt.Writes-writes)
+	}
+
+	// A deleted peer takes its route, neighbour and FDB entry with it.
+	store.Delete(cluster.KindNode, cluster.Key{Name: "node4"})
+	if err := n.syncOnce(); err != nil {
+		t.Fatal(err)
+	}
+	if d := k.Dump(); strings.Contains(d, "10.244.4.0") || strings.Contains(d, "192.168.20.11") {
+		t.Errorf("node4's entries left:\n%s", d)
+	}
+}
+
+func TestSyncOnceHostGWWritesUnderlayMTU(t *testing.T) {
+	k := routing.NewFakeKernel(map[string]netip.Prefix{"eth0": netip.MustParsePrefix("192.168.10.0/24")})
+	n, store := newTestNodeNet(t, routing.BackendHostGW, k, hostnet.NewFakeIPTables())
+	store.Upsert(testNode("node1", "192.168.10.11", "10.244.1.0/24"))
+	if err := n.syncOnce(); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := nodeconfig.Read(n.o.NodeConfigPath)
+	if err != nil || cfg.MTU != 1500 {
+		t.Errorf("node config %+v, %v: want MTU 1500", cfg, err)
+	}
+	if strings.Contains(k.Dump(), "podnet.1") {
+		t.Errorf("host-gw made a VXLAN device:\n%s", k.Dump())
 	}
 }

@@ -10,132 +10,6 @@ import (
 	"testing"
 )
 
-// fakeIPT holds chains as rule strings and, like iptables, refuses a jump
-// to a chain that does not exist and deleting what is not there.
-type fakeIPT struct {
-	chains map[string][]string // "table/chain" -> rules
-	writes int
-}
-
-func newFakeIPT() *fakeIPT {
-	return &fakeIPT{chains: map[string][]string{
-		"nat/POSTROUTING": {"-j SOMEONE-ELSE"},
-		"filter/FORWARD":  {"-j DROP"},
-	}}
-}
-
-func (f *fakeIPT) ChainExists(table, chain string) (bool, error) {
-	_, ok := f.chains[table+"/"+chain]
-	return ok, nil
-}
-func (f *fakeIPT) NewChain(table, chain string) error {
-	if _, ok := f.chains[table+"/"+chain]; ok {
-		return fmt.Errorf("chain %s already exists", chain)
-	}
-	f.chains[table+"/"+chain] = nil
-	f.writes++
-	return nil
-}
-func (f *fakeIPT) ClearChain(table, chain string) error {
-	f.chains[table+"/"+chain] = nil
-	f.writes++
-	return nil
-}
-func (f *fakeIPT) DeleteChain(table, chain string) error {
-	k := table + "/" + chain
-	if len(f.chains[k]) > 0 {
-		return fmt.Errorf("chain %s not empty", chain)
-	}
-	for _, rules := range f.chains {
-		for _, r := range rules {
-			if strings.HasSuffix(r, "-j "+chain) {
-				return fmt.Errorf("chain %s still referenced", chain)
-			}
-		}
-	}
-	delete(f.chains, k)
-	f.writes++
-	return nil
-}
-func (f *fakeIPT) check(table, chain string, rule []string) (string, error) {
-	k := table + "/" + chain
-	if _, ok := f.chains[k]; !ok {
-		return "", fmt.Errorf("no chain %s", k)
-	}
-	r := strings.Join(rule, " ")
-	if t := target(rule); t != "" {
-		name := strings.TrimPrefix(t, "-j ")
-		if strings.HasPrefix(name, "PODNET-") {
-			if _, ok := f.chains[table+"/"+name]; !ok {
-				return "", fmt.Errorf("jump to missing chain %s", name)
-			}
-		}
-	}
-	return r, nil
-}
-func (f *fakeIPT) Exists(table, chain string, rule ...string) (bool, error) {
-	r, err := f.check(table, chain, rule)
-	if err != nil {
-		return false, err
-	}
-	return slices.Contains(f.chains[table+"/"+chain], r), nil
-}
-func (f *fakeIPT) Insert(table, chain string, pos int, rule ...string) error {
-	r, err := f.check(table, chain, rule)
-	if err != nil {
-		return err
-	}
-	k := table + "/" + chain
-	f.chains[k] = slices.Insert(f.chains[k], pos-1, r)
-	f.writes++
-	return nil
-}
-func (f *fakeIPT) Append(table, chain string, rule ...string) error {
-	r, err := f.check(table, chain, rule)
-	if err != nil {
-		return err
-	}
-	k := table + "/" + chain
-	f.chains[k] = append(f.chains[k], r)
-	f.writes++
-	return nil
-}
-func (f *fakeIPT) Delete(table, chain string, rule ...string) error {
-	k := table + "/" + chain
-	r := strings.Join(rule, " ")
-	i := slices.Index(f.chains[k], r)
-	if i < 0 {
-		return errors.New("bad rule (does a matching rule exist in that chain?)")
-	}
-	f.chains[k] = slices.Delete(f.chains[k], i, i+1)
-	f.writes++
-	return nil
-}
-func (f *fakeIPT) List(table, chain string) ([]string, error) {
-	k := table + "/" + chain
-	out := []string{"-N " + chain}
-	for _, r := range f.chains[k] {
-		out = append(out, "-A "+chain+" "+r)
-	}
-	return out, nil
-}
-
-func (f *fakeIPT) dump() string {
-	var keys []string
-	for k := range f.chains {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	var b strings.Builder
-	for _, k := range keys {
-		fmt.Fprintf(&b, "%s\n", k)
-		for _, r := range f.chains[k] {
-			fmt.Fprintf(&b, "  %s\n", r)
-		}
-	}
-	return b.String()
-}
-
 var rules = Rules{ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"), Masquerade: true}
 
 const wantChains = `filter/FORWARD
@@ -153,36 +27,36 @@ nat/POSTROUTING
 `
 
 func TestEnsureChains(t *testing.T) {
-	ipt := newFakeIPT()
+	ipt := NewFakeIPTables()
 	changed, err := EnsureChains(ipt, rules)
 	if err != nil || !changed {
 		t.Fatalf("first ensure: changed %v, err %v", changed, err)
 	}
-	if got := ipt.dump(); got != wantChains {
+	if got := ipt.Dump(); got != wantChains {
 		t.Fatalf("chains:\n%s\nwant:\n%s", got, wantChains)
 	}
-	writes := ipt.writes
-	if changed, err := EnsureChains(ipt, rules); err != nil || changed || ipt.writes != writes {
+	writes := ipt.Writes
+	if changed, err := EnsureChains(ipt, rules); err != nil || changed || ipt.Writes != writes {
 		t.Fatalf("second ensure wrote (changed %v, err %v)", changed, err)
 	}
 
 	// Someone deletes the RETURN rule, or reorders, or drops the jump: the
 	// next ensure restores exactly the wanted state.
 	breaks := map[string]func(){
-		"rule deleted":  func() { ipt.chains["nat/PODNET-POSTROUTING"] = ipt.chains["nat/PODNET-POSTROUTING"][1:] },
-		"rules swapped": func() { c := ipt.chains["nat/PODNET-POSTROUTING"]; c[0], c[1] = c[1], c[0] },
-		"extra rule":    func() { ipt.chains["filter/PODNET-FORWARD"] = append(ipt.chains["filter/PODNET-FORWARD"], "-j DROP") },
-		"jump deleted":  func() { ipt.chains["filter/FORWARD"] = ipt.chains["filter/FORWARD"][1:] },
+		"rule deleted":  func() { ipt.Chains["nat/PODNET-POSTROUTING"] = ipt.Chains["nat/PODNET-POSTROUTING"][1:] },
+		"rules swapped": func() { c := ipt.Chains["nat/PODNET-POSTROUTING"]; c[0], c[1] = c[1], c[0] },
+		"extra rule":    func() { ipt.Chains["filter/PODNET-FORWARD"] = append(ipt.Chains["filter/PODNET-FORWARD"], "-j DROP") },
+		"jump deleted":  func() { ipt.Chains["filter/FORWARD"] = ipt.Chains["filter/FORWARD"][1:] },
 	}
 	for name, br := range breaks {
 		br()
-		if ipt.dump() == wantChains {
+		if ipt.Dump() == wantChains {
 			t.Fatalf("%s: break did nothing", name)
 		}
 		if changed, err := EnsureChains(ipt, rules); err != nil || !changed {
 			t.Fatalf("%s: changed %v, err %v", name, changed, err)
 		}
-		if got := ipt.dump(); got != wantChains {
+		if got := ipt.Dump(); got != wantChains {
 			t.Errorf("%s: chains:\n%s", name, got)
 		}
 	}
@@ -191,14 +65,14 @@ func TestEnsureChains(t *testing.T) {
 	if _, err := EnsureChains(ipt, noMasq); err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(ipt.dump(), "MASQUERADE") {
+	if strings.Contains(ipt.Dump(), "MASQUERADE") {
 		t.Error("--masquerade=false still masquerades")
 	}
 
 	if err := RemoveChains(ipt); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := ipt.dump(), "filter/FORWARD\n  -j DROP\nnat/POSTROUTING\n  -j SOMEONE-ELSE\n"; got != want {
+	if got, want := ipt.Dump(), "filter/FORWARD\n  -j DROP\nnat/POSTROUTING\n  -j SOMEONE-ELSE\n"; got != want {
 		t.Errorf("after remove:\n%s", got)
 	}
 	if err := RemoveChains(ipt); err != nil {
