@@ -17,6 +17,7 @@ import (
 type FakeKernel struct {
 	mu       sync.Mutex
 	underlay map[string]netip.Prefix // parent interfaces and their subnets
+	mtu      map[string]int          // parent MTUs; 1500 unless set
 	links    map[string]*VXLANDevice
 	routes   map[netip.Prefix]Route
 	neighs   map[string]map[netip.Addr]Neigh
@@ -30,11 +31,32 @@ type FakeKernel struct {
 func NewFakeKernel(underlay map[string]netip.Prefix) *FakeKernel {
 	return &FakeKernel{
 		underlay: underlay,
+		mtu:      make(map[string]int),
 		links:    make(map[string]*VXLANDevice),
 		routes:   make(map[netip.Prefix]Route),
 		neighs:   make(map[string]map[netip.Addr]Neigh),
 		fdb:      make(map[string]map[string]FDB),
 	}
+}
+
+// SetMTU sets an underlay interface's MTU (default 1500).
+func (k *FakeKernel) SetMTU(iface string, mtu int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.mtu[iface] = mtu
+}
+
+// checkMTULocked refuses a VXLAN MTU the parent cannot carry, as the
+// kernel does.
+func (k *FakeKernel) checkMTULocked(d VXLANDevice) error {
+	parent := k.mtu[d.Parent]
+	if parent == 0 {
+		parent = 1500
+	}
+	if d.MTU > parent-VXLANOverhead {
+		return fmt.Errorf("link %s: mtu %d over parent %s's %d: %w", d.Name, d.MTU, d.Parent, parent, syscall.EINVAL)
+	}
+	return nil
 }
 
 func (k *FakeKernel) VXLAN(name string) (*VXLANDevice, error) {
@@ -57,6 +79,9 @@ func (k *FakeKernel) CreateVXLAN(d VXLANDevice) error {
 	if _, ok := k.underlay[d.Parent]; !ok {
 		return fmt.Errorf("parent %s: %w", d.Parent, syscall.ENODEV)
 	}
+	if err := k.checkMTULocked(d); err != nil {
+		return err
+	}
 	k.links[d.Name] = &d
 	k.Mutations++
 	return nil
@@ -68,6 +93,11 @@ func (k *FakeKernel) UpdateVXLAN(d VXLANDevice) error {
 	l, ok := k.links[d.Name]
 	if !ok {
 		return fmt.Errorf("link %s: %w", d.Name, syscall.ENODEV)
+	}
+	want := d
+	want.Parent = l.Parent
+	if err := k.checkMTULocked(want); err != nil {
+		return err
 	}
 	l.MTU, l.MAC, l.Addr, l.Up = d.MTU, d.MAC, d.Addr, d.Up
 	if !l.Up {

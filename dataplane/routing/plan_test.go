@@ -82,6 +82,7 @@ func TestRouterStates(t *testing.T) {
 	var golden strings.Builder
 	dumps := make([]string, len(states))
 	for i, s := range states {
+		k.SetMTU("eth0", s.cfg.UnderlayMTU)
 		p := Compute(s.cfg, s.nodes)
 		if _, err := r.Apply(p); err != nil {
 			t.Fatalf("%s: apply: %v", s.name, err)
@@ -105,6 +106,7 @@ func TestRouterStates(t *testing.T) {
 		r := &Reconciler{Kernel: k, Device: DefaultDevice}
 		for _, i := range rng.Perm(len(states)) {
 			s := states[i]
+			k.SetMTU("eth0", s.cfg.UnderlayMTU)
 			if _, err := r.Apply(Compute(s.cfg, s.nodes)); err != nil {
 				t.Fatalf("round %d, %s: %v", round, s.name, err)
 			}
@@ -187,6 +189,16 @@ func TestApplyReportsKernelErrors(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
+	}
+}
+
+func TestFakeRefusesMTUTheParentCannotCarry(t *testing.T) {
+	k := newFake()
+	r := &Reconciler{Kernel: k, Device: DefaultDevice}
+	c := config(BackendAuto)
+	c.UnderlayMTU = 9000 // the plan believes in jumbo frames, eth0 has 1500
+	if _, err := r.Apply(Compute(c, []*cluster.Node{self, node4})); err == nil || !strings.Contains(err.Error(), "mtu 8950") {
+		t.Fatalf("err = %v, want the MTU refused", err)
 	}
 }
 
