@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	yamlv3 "go.yaml.in/yaml/v3"
 	"sigs.k8s.io/yaml"
 
 	"github.com/podnet/podnet/dataplane/cluster"
@@ -91,8 +92,32 @@ func (p *parser) parseYAML(data []byte) {
 		if bytes.Equal(bytes.TrimSpace(j), []byte("null")) {
 			continue // empty document
 		}
-		p.object(j, doc.line)
+		p.objectAt(j, doc.line, func() []int { return listItemLines(doc.text, doc.line) })
 	}
+}
+
+// listItemLines returns the file line of each entry of a List document's
+// items, so an error in one item names its own line. Nil if the document
+// is not shaped like a List.
+func listItemLines(doc []byte, first int) []int {
+	var n yamlv3.Node
+	if err := yamlv3.Unmarshal(doc, &n); err != nil || len(n.Content) == 0 {
+		return nil
+	}
+	m := n.Content[0]
+	if m.Kind != yamlv3.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == "items" && m.Content[i+1].Kind == yamlv3.SequenceNode {
+			var lines []int
+			for _, item := range m.Content[i+1].Content {
+				lines = append(lines, first+item.Line-1)
+			}
+			return lines
+		}
+	}
+	return nil
 }
 
 func (p *parser) parseJSON(data []byte) {
@@ -136,7 +161,11 @@ func lineAt(data []byte, off int) int {
 }
 
 // object decodes one JSON object (from any document) into the Store's form.
-func (p *parser) object(j []byte, line int) {
+func (p *parser) object(j []byte, line int) { p.objectAt(j, line, nil) }
+
+// objectAt is object with, for a List, a way to find each item's line
+// (asked only when an item fails).
+func (p *parser) objectAt(j []byte, line int, itemLines func() []int) {
 	var tm typeMeta
 	if err := json.Unmarshal(j, &tm); err != nil {
 		p.fail(line, fmt.Errorf("not a Kubernetes object: %w", err))
@@ -149,9 +178,14 @@ func (p *parser) object(j []byte, line int) {
 	// kubectl prints "kind: List"; the API's own lists (ServiceList,
 	// EndpointSliceList, ...) read the same way.
 	if strings.HasSuffix(tm.Kind, "List") {
-		for _, item := range tm.Items {
+		for i, item := range tm.Items {
 			p.object(item, line)
 			if p.err != nil {
+				if itemLines != nil {
+					if lines := itemLines(); i < len(lines) && p.err.Line == line {
+						p.err.Line = lines[i]
+					}
+				}
 				return
 			}
 		}

@@ -143,6 +143,7 @@ func TestParseErrorsNameTheLine(t *testing.T) {
 		{"bad field type", "b.yaml", "apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec:\n  ports: [{port: eighty}]\n", 5},
 		{"bad address", "c.yaml", "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec: {clusterIP: 10.96.0.999}\n", 1},
 		{"no kind", "d.yaml", "metadata: {name: a}\n", 1},
+		{"bad item in a List", "f.yaml", "# header\n---\napiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Namespace\n  metadata: {name: a}\n- apiVersion: v1\n  kind: Service\n  metadata: {name: s}\n  spec: {clusterIP: 10.96.0.999}\n", 9},
 		{"json syntax", "e.json", "{\"apiVersion\": \"v1\",\n \"kind\": \"Namespace\",\n \"metadata\": {\"name\": \"a\"},,\n}\n", 3},
 	}
 	for _, tt := range tests {
