@@ -170,7 +170,7 @@ func RunDaemon(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 	}
 	wg.Go(func() { fail(src.Run(ctx)) })
-	wg.Go(func() { zone.Run(ctx.Done()) })
+	wg.Go(func() { zone.Run(ctx) })
 	wg.Go(func() { fwd.Run(ctx) })
 	wg.Go(func() { fail(srv.Run(ctx, serving)) })
 	wg.Go(func() {

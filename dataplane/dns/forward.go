@@ -246,8 +246,10 @@ func (f *Forwarder) order() []*upstream {
 	return out
 }
 
-// Exchange forwards q and returns the first good answer. SERVFAIL and
-// REFUSED answers move on to the next upstream (and are returned if no
+// Exchange forwards q and returns the first good answer, trying the
+// upstreams in policy order, again and again (up to three rounds) while the
+// deadline allows, so one lost datagram does not fail the query. SERVFAIL
+// and REFUSED answers move on to the next upstream (and are returned if no
 // other answers). It fails with ErrNoUpstream when every upstream is down
 // or looping, and when none answered within the deadline.
 func (f *Forwarder) Exchange(ctx context.Context, q *mdns.Msg) (*mdns.Msg, error) {
@@ -262,29 +264,34 @@ func (f *Forwarder) Exchange(ctx context.Context, q *mdns.Msg) (*mdns.Msg, error
 		last    *mdns.Msg
 		lastErr error
 	)
-	for _, u := range ups {
-		if ctx.Err() != nil {
-			break
+	for round := 0; round < 3 && last == nil; round++ {
+		for _, u := range ups {
+			if ctx.Err() != nil {
+				break
+			}
+			if round > 0 && (u.down.Load() || u.loop.Load()) {
+				continue
+			}
+			if f.metrics != nil {
+				f.metrics.forwardRequests.WithLabelValues(u.addr.String()).Inc()
+			}
+			try := time.Now().Add(f.opts.TryTimeout)
+			if deadline.Before(try) {
+				try = deadline
+			}
+			m, err := f.try(ctx, u, q, try)
+			if err != nil {
+				lastErr = err
+				f.failed(u)
+				continue
+			}
+			u.fails.Store(0)
+			if m.Rcode == mdns.RcodeServerFailure || m.Rcode == mdns.RcodeRefused {
+				last = m
+				continue
+			}
+			return m, nil
 		}
-		if f.metrics != nil {
-			f.metrics.forwardRequests.WithLabelValues(u.addr.String()).Inc()
-		}
-		try := time.Now().Add(f.opts.TryTimeout)
-		if deadline.Before(try) {
-			try = deadline
-		}
-		m, err := f.try(ctx, u, q, try)
-		if err != nil {
-			lastErr = err
-			f.failed(u)
-			continue
-		}
-		u.fails.Store(0)
-		if m.Rcode == mdns.RcodeServerFailure || m.Rcode == mdns.RcodeRefused {
-			last = m
-			continue
-		}
-		return m, nil
 	}
 	if last != nil {
 		return last, nil

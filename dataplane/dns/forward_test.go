@@ -586,7 +586,7 @@ func TestListeners(t *testing.T) {
 	stopped := make(chan error)
 	ready := make(chan Listening, 1)
 	go func() { stopped <- srv.Run(ctx, ready) }()
-	go z.Run(ctx.Done())
+	go z.Run(ctx)
 	l := <-ready
 	for _, proto := range []string{"udp", "tcp"} {
 		addr := l.UDP[0].String()

@@ -93,8 +93,8 @@ type Listening struct {
 // bound addresses once every socket is open.
 func (s *Server) Run(ctx context.Context, ready chan<- Listening) error {
 	var (
-		udp  []*net.UDPConn
-		tcp  []*net.TCPListener
+		udp   []*net.UDPConn
+		tcp   []*net.TCPListener
 		bound Listening
 	)
 	closeAll := func() {

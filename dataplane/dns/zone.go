@@ -13,6 +13,7 @@
 package dns
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"maps"
@@ -58,7 +59,7 @@ type ZoneOptions struct {
 	// Domain is the cluster domain, "cluster.local" by default.
 	Domain string
 	// TTL of every cluster record and of the SOA minimum; 5 s by default.
-	TTL uint32
+	TTL  uint32
 	Pods PodMode
 	// ShortNames answers "<svc>.<ns>." and "<svc>.<ns>.svc." for Services
 	// that exist.
@@ -197,11 +198,11 @@ func (z *Zone) onEvent(ev cluster.Event) {
 
 // Run applies store changes to the index until ctx ends. Changes arriving
 // within a few milliseconds of each other are applied together.
-func (z *Zone) Run(done <-chan struct{}) {
+func (z *Zone) Run(ctx context.Context) {
 	synced := z.store.Synced()
 	for {
 		select {
-		case <-done:
+		case <-ctx.Done():
 			return
 		case <-synced:
 			synced = nil
