@@ -1,5 +1,25 @@
 #!/usr/bin/env bash
-# make bench: long-running benchmarks, never part of make test.
+# make bench: the long benchmarks, never part of make test. Each script prints
+# its own figures; BENCHMARKS.md records what was measured and how. Needs root.
+# BENCH=cni,routing,services,dns,go runs a subset.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-go test -run '^$' -bench . -benchtime 1x -timeout 60m ./...
+export PODNET_BIN="${PODNET_BIN:-$PWD/bin}"
+want="${BENCH:-cni,routing,services,dns,go}"
+status=0
+run() {
+	local name=$1
+	shift
+	case ",$want," in *",$name,"*) ;; *) return 0 ;; esac
+	echo "==> $name: $*"
+	if ! "$@"; then
+		echo "==> $name: FAILED" >&2
+		status=1
+	fi
+}
+run cni bash scripts/bench-cni.sh
+run routing bash scripts/bench-routing.sh
+run services bash scripts/bench-services.sh
+run dns bash scripts/bench-dns.sh
+run go go test -run '^$' -bench . -benchmem -timeout 60m ./...
+exit $status
