@@ -552,6 +552,47 @@ endpoints:
 		}
 	})
 
+	t.Run("UDP client sending before the Service existed is not blackholed", func(t *testing.T) {
+		// Packets to a VIP nobody programs yet are routed out and leave a
+		// conntrack entry without DNAT; once the Service appears that entry
+		// must go, or the client keeps missing it.
+		var conn net.Conn
+		if err := ns.WithNetNSPath(c.c3.NSPath(), func(ns.NetNS) error {
+			var err error
+			conn, err = net.Dial("udp", "10.96.1.30:53")
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		ask := func() string {
+			conn.Write([]byte("q\n"))
+			conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+			buf := make([]byte, 512)
+			n, err := conn.Read(buf)
+			if err != nil {
+				return ""
+			}
+			name, _ := answer(strings.TrimSpace(string(buf[:n])))
+			return name
+		}
+		for range 5 {
+			if got := ask(); got != "" {
+				t.Fatalf("answer %q before the Service exists", got)
+			}
+		}
+		c.apply(svcDef{name: "late", clusterIP: "10.96.1.30", ports: []svcPort{{name: "dns", proto: "UDP", port: 53, target: 5353}},
+			endpoints: []svcEndpoint{ready(c.web1)}})
+		start := time.Now()
+		var got string
+		for time.Since(start) < 5*time.Second && got == "" {
+			got = ask()
+		}
+		if took := time.Since(start); got != "web1" || took > 2*time.Second {
+			t.Errorf("client reached %q %v after the Service appeared; want web1 within 2s", got, took.Round(time.Millisecond))
+		}
+	})
+
 	t.Run("proxyd restart under steady load loses no request", func(t *testing.T) {
 		eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
 		var ok, failed atomic.Int64

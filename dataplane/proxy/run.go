@@ -119,6 +119,11 @@ waitSynced:
 
 	forceFull := true
 	var lastSync time.Time
+	// What the kernel held after the last successful sync, and the
+	// Services changed since: a failed sync's changes still need their
+	// conntrack cleanup once a later sync succeeds.
+	applied := make(map[cluster.Key][]*ServicePort)
+	pending := make(map[cluster.Key]bool)
 	fullTimer := time.NewTimer(0)
 	defer fullTimer.Stop()
 	retry := time.NewTimer(time.Hour)
@@ -151,10 +156,12 @@ waitSynced:
 		}
 		dirty, all := tracker.Take()
 		full := forceFull || all
-		old := snapshot(state.Ports)
 		changed := state.Update(o.Store, o.NodeName, dirty, full)
 		if !full && len(changed) == 0 {
 			continue
+		}
+		for k := range changed {
+			pending[k] = true
 		}
 		began := time.Now()
 		res, err := o.Backend.Sync(state.Ports, changed, full)
@@ -187,8 +194,10 @@ waitSynced:
 			forceFull = false
 			fullTimer.Reset(o.SyncPeriod)
 		}
+		stale := StaleUDP(applied, state.Ports, pending)
+		applied, pending = snapshot(state.Ports), make(map[cluster.Key]bool)
 		if o.Conntrack != nil {
-			for _, f := range StaleUDP(old, state.Ports, changed) {
+			for _, f := range stale {
 				if err := o.Conntrack.DeleteUDP(f); err != nil {
 					o.Logger.Warn("delete stale UDP conntrack entries", "filter", f, "err", err)
 				}
@@ -213,8 +222,9 @@ func snapshot(m map[cluster.Key][]*ServicePort) map[cluster.Key][]*ServicePort {
 // StaleUDP returns the conntrack entries to delete after the changed
 // Services went from old to new: entries whose reply comes from an endpoint
 // no longer used, and, for a port that had no endpoints and now has some,
-// every entry to its frontends (a client that kept sending while there were
-// none would otherwise stay pinned to an entry that goes nowhere).
+// the entries to its frontends that were never DNATed (a client that kept
+// sending while there were none, or before the rules existed, would
+// otherwise stay pinned to an entry that goes nowhere).
 func StaleUDP(old, new map[cluster.Key][]*ServicePort, changed map[cluster.Key]bool) []ConntrackFilter {
 	var out []ConntrackFilter
 	for key := range changed {
@@ -267,10 +277,17 @@ func usedEndpoints(sp *ServicePort) map[netip.Addr]bool {
 	return m
 }
 
+// frontends returns filters for the port's entries answered by replySrc or,
+// with replySrc invalid, for those that were never DNATed (the reply comes
+// from the frontend address itself): traffic that found no rule.
 func frontends(sp *ServicePort, replySrc netip.Addr) []ConntrackFilter {
 	var out []ConntrackFilter
 	for _, ip := range append(append([]netip.Addr{sp.ClusterIP}, sp.ExternalIPs...), sp.LoadBalancerIPs...) {
-		out = append(out, ConntrackFilter{OrigDst: ip, OrigDstPort: sp.Port, ReplySrc: replySrc})
+		src := replySrc
+		if !src.IsValid() {
+			src = ip
+		}
+		out = append(out, ConntrackFilter{OrigDst: ip, OrigDstPort: sp.Port, ReplySrc: src})
 	}
 	if sp.NodePort != 0 {
 		out = append(out, ConntrackFilter{OrigDstPort: sp.NodePort, ReplySrc: replySrc})
