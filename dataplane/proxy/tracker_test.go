@@ -1,0 +1,36 @@
+package proxy
+
+import (
+	"testing"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+)
+
+func TestTracker(t *testing.T) {
+	st := cluster.NewStore()
+	tr := NewTracker(st, "n1")
+	if _, all := tr.Take(); !all {
+		t.Fatal("a new tracker must ask for everything")
+	}
+	objs := svcObjs(0)
+	st.Upsert(objs[1]) // the slice alone marks its Service
+	st.Upsert(&cluster.Namespace{Name: "ns"})
+	st.Upsert(&cluster.Node{Name: "n2", Zone: "z"})
+	select {
+	case <-tr.Changed():
+	default:
+		t.Fatal("no signal after a change")
+	}
+	dirty, all := tr.Take()
+	if all || len(dirty) != 1 || !dirty[cluster.Key{Namespace: "ns", Name: "s0"}] {
+		t.Errorf("after a slice, a namespace and another node: dirty %v, all %v; want only ns/s0", dirty, all)
+	}
+	st.Upsert(&cluster.Node{Name: "n1", Zone: "z2"})
+	if _, all := tr.Take(); !all {
+		t.Error("a change of this node (its zone decides topology) must ask for everything")
+	}
+	st.Delete(cluster.KindEndpointSlice, objs[1].Key())
+	if dirty, _ := tr.Take(); !dirty[cluster.Key{Namespace: "ns", Name: "s0"}] {
+		t.Errorf("deleting a slice: dirty %v", dirty)
+	}
+}
