@@ -47,7 +47,7 @@ var controlPlane struct {
 // kubeAPI returns the shared control plane, starting it on first use.
 // Without the kube-apiserver binary the test fails, saying how to build it:
 // `make test` always provides it, so a silent skip would hide a gap.
-func kubeAPI(t *testing.T) (*lab.ControlPlane, *apiserver.Server) {
+func kubeAPI(t testing.TB) (*lab.ControlPlane, *apiserver.Server) {
 	t.Helper()
 	roottest.Require(t)
 	c := &controlPlane

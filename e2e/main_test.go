@@ -18,6 +18,9 @@ func TestMain(m *testing.M) {
 	if prefix := os.Getenv(crashChildEnv); prefix != "" {
 		os.Exit(crashChild(prefix))
 	}
+	if arg := os.Getenv(kubeRSSChildEnv); arg != "" {
+		os.Exit(kubeRSSChild(arg))
+	}
 	code := m.Run()
 	closeControlPlane()
 	os.Exit(code)

@@ -1,0 +1,230 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/cluster/kube"
+	"github.com/podnet/podnet/e2e/apiserver"
+)
+
+// kubeRSSChildEnv makes the test binary, re-executed by
+// BenchmarkKubeSourceRSS, read the cluster through the kube source (or, with
+// mode "full", through plain informers that keep whole objects) and report
+// its memory: a process of its own, so nothing of the benchmark's own
+// clients is counted.
+const kubeRSSChildEnv = "PODNET_KUBE_RSS_CHILD"
+
+// BenchmarkKubeSourceRSS measures the resident memory of the Kubernetes API
+// source holding 10,000 Services × 10 endpoints, next to informers that keep
+// the whole objects.
+func BenchmarkKubeSourceRSS(b *testing.B) {
+	cp, srv := kubeAPI(b)
+	const services, endpoints = 10000, 10
+	admin, err := srv.Client(apiserver.Admin)
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	if err := createServices(b.Context(), admin, "rss", services, endpoints); err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("created %d Services and EndpointSlices in %v", services, time.Since(start).Round(time.Second))
+	kubeconfig := filepath.Join(cp.Dir, "rss.kubeconfig")
+	if err := srv.WriteKubeconfig(kubeconfig, apiserver.Admin, netipLoopback); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		for _, mode := range []string{"compact", "full"} {
+			p, err := cp.Host.Start("rss-"+mode, "env", kubeRSSChildEnv+"="+mode+":"+kubeconfig, os.Args[0])
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(b.Context(), 5*time.Minute)
+			err = p.Wait(ctx)
+			cancel()
+			out := strings.TrimSpace(p.Output())
+			if err != nil {
+				b.Fatalf("%s: %v\n%s", mode, err, out)
+			}
+			var base, rss, heap, svcs, slices int
+			if _, err := fmt.Sscanf(lastLine(out), "base %d rss %d heap %d services %d slices %d", &base, &rss, &heap, &svcs, &slices); err != nil {
+				b.Fatalf("%s: parse %q: %v", mode, out, err)
+			}
+			if svcs < services || slices < services {
+				b.Fatalf("%s: saw %d Services and %d EndpointSlices, want %d", mode, svcs, slices, services)
+			}
+			b.Logf("%s: RSS %d MiB (%d MiB before the first list), Go heap %d MiB", mode, rss>>10, base>>10, heap>>20)
+			b.ReportMetric(float64(rss)/1024, mode+"-RSS-MiB")
+			b.ReportMetric(float64(heap)/(1<<20), mode+"-heap-MiB")
+		}
+	}
+}
+
+var netipLoopback = netip.MustParseAddr("127.0.0.1")
+
+func lastLine(s string) string {
+	lines := strings.Split(s, "\n")
+	return lines[len(lines)-1]
+}
+
+// createServices creates n Services in namespace ns, each with one
+// EndpointSlice of m ready endpoints, 32 requests at a time.
+func createServices(ctx context.Context, client kubernetes.Interface, ns string, n, m int) error {
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	var next atomic.Int64
+	var firstErr error
+	var once sync.Once
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n || ctx.Err() != nil {
+					return
+				}
+				if err := createService(ctx, client, ns, i, m); err != nil {
+					once.Do(func() { firstErr = err })
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return firstErr
+}
+
+func createService(ctx context.Context, client kubernetes.Interface, ns string, i, m int) error {
+	name := fmt.Sprintf("svc-%05d", i)
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": name}},
+		Spec: corev1.ServiceSpec{
+			Selector: map[string]string{"app": name},
+			Ports:    []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}},
+		},
+	}
+	if _, err := client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create service %s: %w", name, err)
+	}
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: name + "-abcde", Namespace: ns,
+			Labels: map[string]string{discoveryv1.LabelServiceName: name, discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"},
+		},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: new("http"), Port: new(int32(8080)), Protocol: new(corev1.ProtocolTCP)}},
+	}
+	for j := range m {
+		node := fmt.Sprintf("node-%d", (i+j)%100)
+		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{
+			Addresses:  []string{fmt.Sprintf("10.%d.%d.%d", 244+i/65536%8, i/256%256, i%256/26*10+j+1)},
+			Conditions: discoveryv1.EndpointConditions{Ready: new(true), Serving: new(true), Terminating: new(false)},
+			NodeName:   &node,
+			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: fmt.Sprintf("%s-%d", name, j)},
+		})
+	}
+	if _, err := client.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create endpointslice %s: %w", slice.Name, err)
+	}
+	return nil
+}
+
+// kubeRSSChild is the measured process: "base <KiB> rss <KiB> heap <bytes>
+// services <n> slices <n>" after the caches are synced and the garbage is
+// returned to the OS.
+func kubeRSSChild(arg string) int {
+	mode, kubeconfig, _ := strings.Cut(arg, ":")
+	cfg, err := kube.ClientConfig(kubeconfig)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	cfg.QPS = -1
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	debug.FreeOSMemory()
+	base := vmRSS()
+	var svcs, slices int
+	switch mode {
+	case "compact":
+		store := cluster.NewStore()
+		go func() { _ = kube.New(kube.Options{Client: client, Store: store}).Run(ctx) }()
+		select {
+		case <-store.Synced():
+		case <-ctx.Done():
+			fmt.Fprintln(os.Stderr, "not synced")
+			return 1
+		}
+		for _, s := range store.Services() {
+			svcs++
+			slices += len(store.EndpointSlicesFor(s.Key()))
+		}
+	case "full":
+		f := informers.NewSharedInformerFactory(client, 0)
+		si := f.Core().V1().Services().Informer()
+		ei := f.Discovery().V1().EndpointSlices().Informer()
+		f.Core().V1().Nodes().Informer()
+		f.Core().V1().Namespaces().Informer()
+		f.Start(ctx.Done())
+		for _, ok := range f.WaitForCacheSync(ctx.Done()) {
+			if !ok {
+				fmt.Fprintln(os.Stderr, "not synced")
+				return 1
+			}
+		}
+		svcs, slices = len(si.GetStore().List()), len(ei.GetStore().List())
+	default:
+		fmt.Fprintln(os.Stderr, "unknown mode", mode)
+		return 1
+	}
+	runtime.GC()
+	debug.FreeOSMemory()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	fmt.Printf("base %d rss %d heap %d services %d slices %d\n", base, vmRSS(), ms.HeapInuse, svcs, slices)
+	return 0
+}
+
+// vmRSS is this process's resident set in KiB.
+func vmRSS() int {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return -1
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			return n
+		}
+	}
+	return -1
+}
