@@ -99,22 +99,22 @@ func (z *Zone) answerOutside(buf []byte, s *snapshot, r *request) ([]byte, *node
 // nodeAnswer answers from a name that exists. soaOwner/zoneOff place the
 // SOA of a NODATA answer.
 func nodeAnswer(buf []byte, r *request, s *snapshot, n *node, soaOwner []byte, zoneOff int) ([]byte, *node, zoneResult) {
-	var set *rrset
+	part := -1
 	switch r.qtype {
 	case typeA:
 		if n.cname != "" {
 			return buf, n, needsCNAME
 		}
-		set = &n.a
+		part = partA
 	case typeAAAA:
 		if n.cname != "" {
 			return buf, n, needsCNAME
 		}
-		set = &n.aaaa
+		part = partAAAA
 	case typeSRV:
-		set = &n.srv
+		part = partSRV
 	case typeTXT:
-		set = &n.txt
+		part = partTXT
 	case typeCNAME:
 		if n.cname != "" {
 			buf = replyHeader(buf, r, flagAA, rcodeSuccess)
@@ -125,13 +125,22 @@ func nodeAnswer(buf []byte, r *request, s *snapshot, n *node, soaOwner []byte, z
 	case typeAXFR, typeIXFR:
 		return errorReply(buf, r, rcodeRefused), nil, answered
 	}
-	if set == nil || set.n == 0 {
+	if part < 0 {
+		return negative(buf, r, s, rcodeSuccess, soaOwner, zoneOff), nil, answered
+	}
+	an, count := n.part(part)
+	if count == 0 {
 		return negative(buf, r, s, rcodeSuccess, soaOwner, zoneOff), nil, answered
 	}
 	buf = replyHeader(buf, r, flagAA, rcodeSuccess)
-	buf = append(buf, set.an...)
-	buf = append(buf, set.ex...)
-	setCounts(buf, int(set.n), 0, int(set.nx))
+	buf = append(buf, an...)
+	extra := 0
+	if part == partSRV {
+		ex, nx := n.part(partSRVExtra)
+		buf = append(buf, ex...)
+		extra = nx
+	}
+	setCounts(buf, count, 0, extra)
 	return withOPT(buf, r), nil, answered
 }
 

@@ -89,11 +89,61 @@ type rrset struct {
 	nx uint16
 }
 
-// node is everything a name owns.
+// node is everything a name owns: its answers for A, AAAA, SRV (then the
+// SRV targets' addresses for the additional section) and TXT, back to back
+// in one exact-size allocation; with tens of thousands of names the index
+// stays small.
 type node struct {
-	a, aaaa, srv, txt rrset
+	wire  []byte
+	end   [numParts]uint32 // where each part ends in wire
+	count [numParts]uint16 // records in each part
 	// cname is an ExternalName target; answers for it take the slow path.
 	cname string
+}
+
+const (
+	partA = iota
+	partAAAA
+	partSRV
+	partSRVExtra
+	partTXT
+	numParts
+)
+
+// part returns the records of one part and how many there are.
+func (n *node) part(i int) ([]byte, int) {
+	start := uint32(0)
+	if i > 0 {
+		start = n.end[i-1]
+	}
+	return n.wire[start:n.end[i]], int(n.count[i])
+}
+
+// packNode builds a node from its record sets.
+func packNode(a, aaaa, srv, txt rrset, cname string) *node {
+	n := &node{cname: cname}
+	parts := [numParts]struct {
+		b []byte
+		c uint16
+	}{{a.an, a.n}, {aaaa.an, aaaa.n}, {srv.an, srv.n}, {srv.ex, srv.nx}, {txt.an, txt.n}}
+	size := 0
+	for _, p := range parts {
+		size += len(p.b)
+	}
+	if size > 0 {
+		n.wire = make([]byte, 0, size)
+	}
+	for i, p := range parts {
+		n.wire = append(n.wire, p.b...)
+		n.end[i] = uint32(len(n.wire))
+		n.count[i] = p.c
+	}
+	return n
+}
+
+// sameRecords reports whether two nodes answer alike.
+func sameRecords(a, b *node) bool {
+	return a.end == b.end && a.count == b.count && a.cname == b.cname && string(a.wire) == string(b.wire)
 }
 
 // snapshot is one immutable version of the index.
@@ -413,9 +463,8 @@ func (b *builder) apply(z *Zone, s *snapshot, p pending) bool {
 	}
 	if !slices.Equal(s.nsAddrs, b.dnsService) {
 		s.nsAddrs = b.dnsService
-		n := &node{}
-		n.a, n.aaaa = addressSets(s.nsAddrs, s.ttl)
-		s.names[string(joinWire(wireName("ns.dns"), s.zone))] = n
+		a, aaaa := addressSets(s.nsAddrs, s.ttl)
+		s.names[string(joinWire(wireName("ns.dns"), s.zone))] = packNode(a, aaaa, rrset{}, rrset{}, "")
 	}
 	return changed
 }
@@ -464,9 +513,8 @@ func (z *Zone) addFixedNames(s *snapshot) {
 		s.names[string(joinWire(wireName(sub), s.zone))] = &node{}
 	}
 	s.names[string(joinWire(wireName("ns.dns"), s.zone))] = &node{}
-	v := &node{}
-	v.txt = rrset{an: appendRR(nil, ptrTo(headerLen), typeTXT, 28800, []byte("\x051.1.0")), n: 1}
-	s.names[string(joinWire(wireName("dns-version"), s.zone))] = v
+	txt := rrset{an: appendRR(nil, ptrTo(headerLen), typeTXT, 28800, []byte("\x051.1.0")), n: 1}
+	s.names[string(joinWire(wireName("dns-version"), s.zone))] = packNode(rrset{}, rrset{}, rrset{}, txt, "")
 	s.nsAddrs = nil
 }
 
@@ -536,7 +584,7 @@ func serviceRecords(svc *cluster.Service, eps []*cluster.EndpointSlice, podHost 
 		if _, err := netip.ParseAddr(target); err == nil || target == "" {
 			return out // an address is not a CNAME target; the name does not exist
 		}
-		out.base = &node{cname: target + "."}
+		out.base = packNode(rrset{}, rrset{}, rrset{}, rrset{}, target+".")
 		out.names = append(out.names, namedNode{string(svcName), out.base})
 		return out
 	}
@@ -626,7 +674,7 @@ func serviceRecords(svc *cluster.Service, eps []*cluster.EndpointSlice, podHost 
 						return strings.EqualFold(q.Name, p.Name) && protoLabel(q.Protocol) == protoLabel(p.Protocol)
 					})...)
 				}
-				out.names = append(out.names, namedNode{string(joinWire(wireName(rel), svcName)), entryNode(es, ttl)})
+				out.names = append(out.names, namedNode{string(joinWire(wireName(rel), svcName)), shared(out.base, entryNode(es, ttl))})
 			}
 		}
 		return out
@@ -659,7 +707,7 @@ func serviceRecords(svc *cluster.Service, eps []*cluster.EndpointSlice, podHost 
 		es := entries(func(q cluster.ServicePort) bool {
 			return strings.EqualFold(q.Name, p.Name) && protoLabel(q.Protocol) == protoLabel(p.Protocol)
 		})
-		out.names = append(out.names, namedNode{string(joinWire(wireName(rel), svcName)), entryNode(es, ttl)})
+		out.names = append(out.names, namedNode{string(joinWire(wireName(rel), svcName)), shared(out.base, entryNode(es, ttl))})
 	}
 	for _, ip := range svc.ClusterIPs {
 		out.ptrs = append(out.ptrs, ptrRecord{addr: ip.Unmap(), owner: ptrOwner{clusterIP: true, target: svcName}})
@@ -667,18 +715,27 @@ func serviceRecords(svc *cluster.Service, eps []*cluster.EndpointSlice, podHost 
 	return out
 }
 
+// shared returns base when n answers exactly like it (a Service with one
+// port: its _port._proto name), so both names share one node.
+func shared(base, n *node) *node {
+	if base != nil && sameRecords(base, n) {
+		return base
+	}
+	return n
+}
+
 // entryNode encodes the A, AAAA and SRV answers of a set of entries. SRV
 // weights follow CoreDNS: 100 split evenly over all entries (at least 1).
 func entryNode(es []srvEntry, ttl uint32) *node {
-	n := &node{}
 	addrs := make([]netip.Addr, 0, len(es))
 	for _, e := range es {
 		addrs = append(addrs, e.addr)
 	}
-	n.a, n.aaaa = addressSets(addrs, ttl)
+	a, aaaa := addressSets(addrs, ttl)
 	if len(es) == 0 {
-		return n
+		return packNode(a, aaaa, rrset{}, rrset{}, "")
 	}
+	var srv rrset
 	weight := uint16(max(100/len(es), 1))
 	type srvKey struct {
 		target string
@@ -700,16 +757,16 @@ func entryNode(es []srvEntry, ttl uint32) *node {
 			rd = binary.BigEndian.AppendUint16(rd, weight)
 			rd = binary.BigEndian.AppendUint16(rd, uint16(e.port))
 			rd = append(rd, e.target...)
-			n.srv.an = appendRR(n.srv.an, ptrTo(headerLen), typeSRV, ttl, rd)
-			n.srv.n++
+			srv.an = appendRR(srv.an, ptrTo(headerLen), typeSRV, ttl, rd)
+			srv.n++
 		}
 		if k := (exKey{string(e.target), e.addr}); !seenEx[k] {
 			seenEx[k] = true
-			n.srv.ex = appendAddrRR(n.srv.ex, e.target, e.addr, ttl)
-			n.srv.nx++
+			srv.ex = appendAddrRR(srv.ex, e.target, e.addr, ttl)
+			srv.nx++
 		}
 	}
-	return n
+	return packNode(a, aaaa, srv, rrset{}, "")
 }
 
 // addressSets encodes A and AAAA answers (owner: the question), without
