@@ -77,7 +77,7 @@ func svcStart(t *testing.T) *svcCluster {
 		c.startProxyd(n)
 	}
 	for _, n := range l.Nodes {
-		waitUntil(t, 10*time.Second, func() bool { return fileExists(n.NodeConfigPath()) }, "node config of "+n.Name)
+		svcWaitUntil(t, 10*time.Second, func() bool { return svcFileExists(n.NodeConfigPath()) }, "node config of "+n.Name)
 	}
 	ctx := t.Context()
 	add := func(node, name string) *lab.Pod {
@@ -97,12 +97,12 @@ func svcStart(t *testing.T) *svcCluster {
 	return c
 }
 
-func fileExists(path string) bool {
+func svcFileExists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
 }
 
-func waitUntil(t *testing.T, timeout time.Duration, cond func() bool, what string) {
+func svcWaitUntil(t *testing.T, timeout time.Duration, cond func() bool, what string) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
@@ -115,7 +115,7 @@ func waitUntil(t *testing.T, timeout time.Duration, cond func() bool, what strin
 
 // probeIn runs lab.Probe ("tcp" or "udp") inside the namespace at nsPath:
 // the socket is made on the namespace's thread, so it lives there.
-func probeIn(nsPath, proto, addr string, timeout time.Duration) (string, error) {
+func svcProbeIn(nsPath, proto, addr string, timeout time.Duration) (string, error) {
 	var out string
 	err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
 		var err error
@@ -127,7 +127,7 @@ func probeIn(nsPath, proto, addr string, timeout time.Duration) (string, error) 
 
 // answer splits an echo answer into the server's name and the client
 // address it saw.
-func answer(s string) (name string, client netip.Addr) {
+func svcAnswer(s string) (name string, client netip.Addr) {
 	f := strings.Fields(s)
 	if len(f) != 2 {
 		return "", netip.Addr{}
@@ -141,15 +141,15 @@ func answer(s string) (name string, client netip.Addr) {
 
 // servers probes n times and returns how often each server answered; it
 // fails the test on any error.
-func servers(t *testing.T, nsPath, proto, addr string, n int) map[string]int {
+func svcServers(t *testing.T, nsPath, proto, addr string, n int) map[string]int {
 	t.Helper()
 	seen := make(map[string]int)
 	for range n {
-		out, err := probeIn(nsPath, proto, addr, 2*time.Second)
+		out, err := svcProbeIn(nsPath, proto, addr, 2*time.Second)
 		if err != nil {
 			t.Fatalf("probe %s %s: %v", proto, addr, err)
 		}
-		name, _ := answer(out)
+		name, _ := svcAnswer(out)
 		seen[name]++
 	}
 	return seen
@@ -157,7 +157,7 @@ func servers(t *testing.T, nsPath, proto, addr string, n int) map[string]int {
 
 // eventuallyServes waits until probes of addr reach exactly the servers
 // in want (checked over several probes).
-func eventuallyServes(t *testing.T, nsPath, proto, addr string, want ...string) {
+func svcEventuallyServes(t *testing.T, nsPath, proto, addr string, want ...string) {
 	t.Helper()
 	var last map[string]int
 	var lastErr error
@@ -166,12 +166,12 @@ func eventuallyServes(t *testing.T, nsPath, proto, addr string, want ...string) 
 		seen := make(map[string]int)
 		lastErr = nil
 		for range 12 {
-			out, err := probeIn(nsPath, proto, addr, time.Second)
+			out, err := svcProbeIn(nsPath, proto, addr, time.Second)
 			if err != nil {
 				lastErr = err
 				break
 			}
-			name, _ := answer(out)
+			name, _ := svcAnswer(out)
 			seen[name]++
 		}
 		last = seen
@@ -202,7 +202,7 @@ type svcEndpoint struct {
 	ready, serving, terminating bool
 }
 
-func ready(p *lab.Pod) svcEndpoint { return svcEndpoint{pod: p, ready: true, serving: true} }
+func svcReady(p *lab.Pod) svcEndpoint { return svcEndpoint{pod: p, ready: true, serving: true} }
 
 type svcDef struct {
 	name, clusterIP, typ string
@@ -280,7 +280,7 @@ func (c *svcCluster) apply(d svcDef) {
 	}
 }
 
-func tcpPort(port int) []svcPort {
+func svcTCPPort(port int) []svcPort {
 	return []svcPort{{name: "tcp", proto: "TCP", port: port, target: 9090}}
 }
 
@@ -290,18 +290,18 @@ func TestServices(t *testing.T) {
 	n1, n2, n3 := l.Node("node1"), l.Node("node2"), l.Node("node3")
 
 	t.Run("basic endpoint from every kind of client, source IP kept", func(t *testing.T) {
-		c.apply(svcDef{name: "basic", clusterIP: "10.96.1.10", ports: tcpPort(80), endpoints: []svcEndpoint{ready(c.web1), ready(c.web2)}})
+		c.apply(svcDef{name: "basic", clusterIP: "10.96.1.10", ports: svcTCPPort(80), endpoints: []svcEndpoint{svcReady(c.web1), svcReady(c.web2)}})
 		for _, client := range []*lab.Pod{c.c1, c.c3, c.c4} {
-			eventuallyServes(t, client.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
-			out, err := probeIn(client.NSPath(), "tcp", "10.96.1.10:80", 2*time.Second)
-			if _, src := answer(out); err != nil || src != client.IP {
+			svcEventuallyServes(t, client.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
+			out, err := svcProbeIn(client.NSPath(), "tcp", "10.96.1.10:80", 2*time.Second)
+			if _, src := svcAnswer(out); err != nil || src != client.IP {
 				t.Errorf("from %s: %q, %v; want the endpoint to see the pod's own address %s", client.Name, out, err, client.IP)
 			}
 		}
 		// From a node's own network.
-		eventuallyServes(t, n3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
+		svcEventuallyServes(t, n3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
 		// The choice is random and even: both get a fair share of 60.
-		seen := servers(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", 60)
+		seen := svcServers(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", 60)
 		if seen["web1"] < 12 || seen["web2"] < 12 {
 			t.Errorf("60 connections went %v; want both endpoints used evenly", seen)
 		}
@@ -311,10 +311,10 @@ func TestServices(t *testing.T) {
 		c.apply(svcDef{name: "multi", clusterIP: "10.96.1.11", ports: []svcPort{
 			{name: "http", proto: "TCP", port: 80, target: 8080},
 			{name: "raw", proto: "TCP", port: 81, target: 9090},
-		}, endpoints: []svcEndpoint{ready(c.web1)}})
-		eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.11:81", "web1")
+		}, endpoints: []svcEndpoint{svcReady(c.web1)}})
+		svcEventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.11:81", "web1")
 		out, err := c.c3.Probe(t.Context(), "http", "10.96.1.11:80")
-		if name, _ := answer(out); err != nil || name != "web1" {
+		if name, _ := svcAnswer(out); err != nil || name != "web1" {
 			t.Errorf("HTTP port of a multi-port Service: %q, %v", out, err)
 		}
 	})
@@ -323,9 +323,9 @@ func TestServices(t *testing.T) {
 		c.apply(svcDef{name: "dns", clusterIP: "10.96.1.12", ports: []svcPort{
 			{name: "dns-tcp", proto: "TCP", port: 53, target: 5353},
 			{name: "dns-udp", proto: "UDP", port: 53, target: 5353},
-		}, endpoints: []svcEndpoint{ready(c.web1)}})
-		eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.12:53", "web1")
-		eventuallyServes(t, c.c3.NSPath(), "udp", "10.96.1.12:53", "web1")
+		}, endpoints: []svcEndpoint{svcReady(c.web1)}})
+		svcEventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.12:53", "web1")
+		svcEventuallyServes(t, c.c3.NSPath(), "udp", "10.96.1.12:53", "web1")
 		// The UDP port alone goes to web2 once its slice port says so.
 		d := svcDef{name: "dns2", clusterIP: "10.96.1.22", ports: []svcPort{
 			{name: "dns-tcp", proto: "TCP", port: 53, target: 5353},
@@ -349,12 +349,12 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
 		if err := l.WriteState("svc-dns2-slices.yaml", split); err != nil {
 			t.Fatal(err)
 		}
-		eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.22:53", "web1")
-		eventuallyServes(t, c.c3.NSPath(), "udp", "10.96.1.22:53", "web2")
+		svcEventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.22:53", "web1")
+		svcEventuallyServes(t, c.c3.NSPath(), "udp", "10.96.1.22:53", "web2")
 	})
 
 	t.Run("no endpoints: connection refused within one second", func(t *testing.T) {
-		c.apply(svcDef{name: "empty", clusterIP: "10.96.1.13", ports: tcpPort(80), noSlice: true})
+		c.apply(svcDef{name: "empty", clusterIP: "10.96.1.13", ports: svcTCPPort(80), noSlice: true})
 		// Until the rules are in, connections fail otherwise; a full sync
 		// (every 2 s here) also puts the proxy's filter jumps back on top
 		// if the node agent inserted its own above them.
@@ -362,7 +362,7 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
 		deadline := time.Now().Add(svcTimeout)
 		for {
 			start := time.Now()
-			_, lastErr = probeIn(c.c3.NSPath(), "tcp", "10.96.1.13:80", 3*time.Second)
+			_, lastErr = svcProbeIn(c.c3.NSPath(), "tcp", "10.96.1.13:80", 3*time.Second)
 
 			if errors.Is(lastErr, syscall.ECONNREFUSED) && time.Since(start) < time.Second {
 				break
@@ -375,7 +375,7 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
 		}
 		for _, from := range []string{c.c1.NSPath(), c.c4.NSPath(), n3.NSPath()} {
 			start := time.Now()
-			_, err := probeIn(from, "tcp", "10.96.1.13:80", 3*time.Second)
+			_, err := svcProbeIn(from, "tcp", "10.96.1.13:80", 3*time.Second)
 			if !errors.Is(err, syscall.ECONNREFUSED) || time.Since(start) > time.Second {
 				t.Errorf("from %s: %v after %v; want connection refused within 1s", from, err, time.Since(start))
 			}
@@ -383,10 +383,10 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
 	})
 
 	t.Run("hairpin: a pod reaches itself through its Service", func(t *testing.T) {
-		c.apply(svcDef{name: "hairpin", clusterIP: "10.96.1.14", ports: tcpPort(80), endpoints: []svcEndpoint{ready(c.web1)}})
-		eventuallyServes(t, c.web1.NSPath(), "tcp", "10.96.1.14:80", "web1")
-		out, _ := probeIn(c.web1.NSPath(), "tcp", "10.96.1.14:80", 2*time.Second)
-		if _, src := answer(out); src == c.web1.IP || !src.IsValid() {
+		c.apply(svcDef{name: "hairpin", clusterIP: "10.96.1.14", ports: svcTCPPort(80), endpoints: []svcEndpoint{svcReady(c.web1)}})
+		svcEventuallyServes(t, c.web1.NSPath(), "tcp", "10.96.1.14:80", "web1")
+		out, _ := svcProbeIn(c.web1.NSPath(), "tcp", "10.96.1.14:80", 2*time.Second)
+		if _, src := svcAnswer(out); src == c.web1.IP || !src.IsValid() {
 			t.Errorf("hairpin answer %q: the pod saw its own address, want it masqueraded", out)
 		}
 	})
@@ -394,32 +394,32 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
 	t.Run("NodePort from outside, other nodes and pods", func(t *testing.T) {
 		c.apply(svcDef{name: "np", clusterIP: "10.96.1.15", typ: "NodePort",
 			ports:     []svcPort{{name: "tcp", proto: "TCP", port: 80, target: 9090, nodePort: 30080}},
-			endpoints: []svcEndpoint{ready(c.web1), ready(c.web2)}})
+			endpoints: []svcEndpoint{svcReady(c.web1), svcReady(c.web2)}})
 		for _, n := range []*lab.Node{n1, n3, l.Node("node4")} {
 			addr := net.JoinHostPort(n.IP.String(), "30080")
-			eventuallyServes(t, l.OutsideHost.NSPath(), "tcp", addr, "web1", "web2")
-			out, _ := probeIn(l.OutsideHost.NSPath(), "tcp", addr, 2*time.Second)
-			if _, src := answer(out); src == l.OutsideIP {
+			svcEventuallyServes(t, l.OutsideHost.NSPath(), "tcp", addr, "web1", "web2")
+			out, _ := svcProbeIn(l.OutsideHost.NSPath(), "tcp", addr, 2*time.Second)
+			if _, src := svcAnswer(out); src == l.OutsideIP {
 				t.Errorf("NodePort with policy Cluster via %s: endpoint saw the client %s; want it masqueraded", n.Name, src)
 			}
 		}
-		eventuallyServes(t, c.c4.NSPath(), "tcp", net.JoinHostPort(n2.IP.String(), "30080"), "web1", "web2")
+		svcEventuallyServes(t, c.c4.NSPath(), "tcp", net.JoinHostPort(n2.IP.String(), "30080"), "web1", "web2")
 	})
 
 	t.Run("session affinity, off and on again", func(t *testing.T) {
-		d := svcDef{name: "sticky", clusterIP: "10.96.1.16", ports: tcpPort(80), affinity: 600,
-			endpoints: []svcEndpoint{ready(c.web1), ready(c.web2)}}
+		d := svcDef{name: "sticky", clusterIP: "10.96.1.16", ports: svcTCPPort(80), affinity: 600,
+			endpoints: []svcEndpoint{svcReady(c.web1), svcReady(c.web2)}}
 		c.apply(d)
 		sticky := func() {
 			t.Helper()
-			waitUntil(t, svcTimeout, func() bool {
+			svcWaitUntil(t, svcTimeout, func() bool {
 				seen := make(map[string]bool)
 				for range 15 {
-					out, err := probeIn(c.c3.NSPath(), "tcp", "10.96.1.16:80", time.Second)
+					out, err := svcProbeIn(c.c3.NSPath(), "tcp", "10.96.1.16:80", time.Second)
 					if err != nil {
 						return false
 					}
-					name, _ := answer(out)
+					name, _ := svcAnswer(out)
 					seen[name] = true
 				}
 				return len(seen) == 1
@@ -428,7 +428,7 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
 		sticky()
 		d.affinity = 0
 		c.apply(d)
-		eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.16:80", "web1", "web2")
+		svcEventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.16:80", "web1", "web2")
 		d.affinity = 600
 		c.apply(d)
 		sticky()
@@ -437,14 +437,14 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
 	t.Run("externalTrafficPolicy Local and its health check port", func(t *testing.T) {
 		c.apply(svcDef{name: "local", clusterIP: "10.96.1.17", typ: "NodePort", etpLocal: true, healthCheckNodePort: 32081,
 			ports:     []svcPort{{name: "tcp", proto: "TCP", port: 80, target: 9090, nodePort: 30081}},
-			endpoints: []svcEndpoint{ready(c.web2)}})
+			endpoints: []svcEndpoint{svcReady(c.web2)}})
 		addr := net.JoinHostPort(n2.IP.String(), "30081")
-		eventuallyServes(t, l.OutsideHost.NSPath(), "tcp", addr, "web2")
-		out, _ := probeIn(l.OutsideHost.NSPath(), "tcp", addr, 2*time.Second)
-		if _, src := answer(out); src != l.OutsideIP {
+		svcEventuallyServes(t, l.OutsideHost.NSPath(), "tcp", addr, "web2")
+		out, _ := svcProbeIn(l.OutsideHost.NSPath(), "tcp", addr, 2*time.Second)
+		if _, src := svcAnswer(out); src != l.OutsideIP {
 			t.Errorf("externalTrafficPolicy Local: endpoint saw %s, want the client's own %s", src, l.OutsideIP)
 		}
-		if out, err := probeIn(l.OutsideHost.NSPath(), "tcp", net.JoinHostPort(n1.IP.String(), "30081"), time.Second); err == nil {
+		if out, err := svcProbeIn(l.OutsideHost.NSPath(), "tcp", net.JoinHostPort(n1.IP.String(), "30081"), time.Second); err == nil {
 			t.Errorf("node1 has no local endpoint but its NodePort answered %q", out)
 		}
 		hc := func(n *lab.Node) (int, string) {
@@ -454,7 +454,7 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
 			}
 			return code, body
 		}
-		waitUntil(t, svcTimeout, func() bool { code, _ := hc(n2); return code == 200 }, "health check 200 on node2")
+		svcWaitUntil(t, svcTimeout, func() bool { code, _ := hc(n2); return code == 200 }, "health check 200 on node2")
 		if code, body := hc(n2); !strings.Contains(body, `"localEndpoints":1`) {
 			t.Errorf("node2 health check: %d %s; want the local endpoint count 1", code, body)
 		}
@@ -462,14 +462,14 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
 			t.Errorf("node1 health check: %d %s; want 503", code, body)
 		}
 		// Pods may still use every endpoint.
-		eventuallyServes(t, c.c1.NSPath(), "tcp", net.JoinHostPort(n1.IP.String(), "30081"), "web2")
+		svcEventuallyServes(t, c.c1.NSPath(), "tcp", net.JoinHostPort(n1.IP.String(), "30081"), "web2")
 	})
 
 	t.Run("internalTrafficPolicy Local", func(t *testing.T) {
-		c.apply(svcDef{name: "itp", clusterIP: "10.96.1.18", ports: tcpPort(80), itpLocal: true,
-			endpoints: []svcEndpoint{ready(c.web1), ready(c.web2)}})
-		eventuallyServes(t, c.c1.NSPath(), "tcp", "10.96.1.18:80", "web1")
-		if out, err := probeIn(c.c3.NSPath(), "tcp", "10.96.1.18:80", time.Second); err == nil {
+		c.apply(svcDef{name: "itp", clusterIP: "10.96.1.18", ports: svcTCPPort(80), itpLocal: true,
+			endpoints: []svcEndpoint{svcReady(c.web1), svcReady(c.web2)}})
+		svcEventuallyServes(t, c.c1.NSPath(), "tcp", "10.96.1.18:80", "web1")
+		if out, err := svcProbeIn(c.c3.NSPath(), "tcp", "10.96.1.18:80", time.Second); err == nil {
 			t.Errorf("node3 has no local endpoint but the Service answered %q", out)
 		}
 	})
@@ -493,28 +493,28 @@ endpoints:
 		}
 		// A client next to an endpoint uses it; one on a node without
 		// any uses all of them (or those of its zone).
-		eventuallyServes(t, c.c1.NSPath(), "tcp", "10.96.1.24:80", "web1")
+		svcEventuallyServes(t, c.c1.NSPath(), "tcp", "10.96.1.24:80", "web1")
 		if n3.Zone == n1.Zone && n3.Zone == n2.Zone {
-			eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.24:80", "web1", "web2")
+			svcEventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.24:80", "web1", "web2")
 		}
 	})
 
 	t.Run("terminating endpoints are used only when none is ready", func(t *testing.T) {
 		term := svcEndpoint{pod: c.web1, serving: true, terminating: true}
 		gone := svcEndpoint{pod: c.web2, serving: false, terminating: true}
-		d := svcDef{name: "term", clusterIP: "10.96.1.19", ports: tcpPort(80), endpoints: []svcEndpoint{term, gone}}
+		d := svcDef{name: "term", clusterIP: "10.96.1.19", ports: svcTCPPort(80), endpoints: []svcEndpoint{term, gone}}
 		c.apply(d)
-		eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.19:80", "web1")
-		d.endpoints = []svcEndpoint{term, ready(c.web2)}
+		svcEventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.19:80", "web1")
+		d.endpoints = []svcEndpoint{term, svcReady(c.web2)}
 		c.apply(d)
-		eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.19:80", "web2")
+		svcEventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.19:80", "web2")
 	})
 
 	t.Run("UDP endpoint replaced while the client keeps sending", func(t *testing.T) {
 		d := svcDef{name: "udp", clusterIP: "10.96.1.20", ports: []svcPort{{name: "dns", proto: "UDP", port: 53, target: 5353}},
-			endpoints: []svcEndpoint{ready(c.web1)}}
+			endpoints: []svcEndpoint{svcReady(c.web1)}}
 		c.apply(d)
-		eventuallyServes(t, c.c3.NSPath(), "udp", "10.96.1.20:53", "web1")
+		svcEventuallyServes(t, c.c3.NSPath(), "udp", "10.96.1.20:53", "web1")
 		// One socket, one source port: the conntrack entry would pin it to
 		// web1 if nobody deleted it.
 		var conn net.Conn
@@ -534,11 +534,11 @@ endpoints:
 			if err != nil {
 				return ""
 			}
-			name, _ := answer(strings.TrimSpace(string(buf[:n])))
+			name, _ := svcAnswer(strings.TrimSpace(string(buf[:n])))
 			return name
 		}
-		waitUntil(t, svcTimeout, func() bool { return ask() == "web1" }, "UDP answers from web1")
-		d.endpoints = []svcEndpoint{ready(c.web2)}
+		svcWaitUntil(t, svcTimeout, func() bool { return ask() == "web1" }, "UDP answers from web1")
+		d.endpoints = []svcEndpoint{svcReady(c.web2)}
 		c.apply(d)
 		changed := time.Now()
 		var got string
@@ -573,7 +573,7 @@ endpoints:
 			if err != nil {
 				return ""
 			}
-			name, _ := answer(strings.TrimSpace(string(buf[:n])))
+			name, _ := svcAnswer(strings.TrimSpace(string(buf[:n])))
 			return name
 		}
 		for range 5 {
@@ -582,7 +582,7 @@ endpoints:
 			}
 		}
 		c.apply(svcDef{name: "late", clusterIP: "10.96.1.30", ports: []svcPort{{name: "dns", proto: "UDP", port: 53, target: 5353}},
-			endpoints: []svcEndpoint{ready(c.web1)}})
+			endpoints: []svcEndpoint{svcReady(c.web1)}})
 		start := time.Now()
 		var got string
 		for time.Since(start) < 5*time.Second && got == "" {
@@ -594,7 +594,7 @@ endpoints:
 	})
 
 	t.Run("proxyd restart under steady load loses no request", func(t *testing.T) {
-		eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
+		svcEventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
 		var ok, failed atomic.Int64
 		var firstErr atomic.Value
 		stop := make(chan struct{})
@@ -608,7 +608,7 @@ endpoints:
 					return
 				default:
 				}
-				if _, err := probeIn(c.c3.NSPath(), "tcp", "10.96.1.10:80", 2*time.Second); err != nil {
+				if _, err := svcProbeIn(c.c3.NSPath(), "tcp", "10.96.1.10:80", 2*time.Second); err != nil {
 					failed.Add(1)
 					firstErr.CompareAndSwap(nil, err.Error())
 				} else {
@@ -635,15 +635,15 @@ endpoints:
 	})
 
 	t.Run("a full resync repairs rules someone else deleted", func(t *testing.T) {
-		eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
+		svcEventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
 		if out, err := n3.Exec(t.Context(), "iptables", "-t", "nat", "-F", "PODSVC-SERVICES"); err != nil {
 			t.Fatalf("flush: %v: %s", err, out)
 		}
-		if out, err := probeIn(c.c3.NSPath(), "tcp", "10.96.1.10:80", time.Second); err == nil {
+		if out, err := svcProbeIn(c.c3.NSPath(), "tcp", "10.96.1.10:80", time.Second); err == nil {
 			t.Fatalf("Service still answered (%q) right after its rules were flushed", out)
 		}
 		// --sync-period is 2 s here.
-		eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
+		svcEventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
 	})
 
 	t.Run("Services of another proxy and headless Services are left alone", func(t *testing.T) {
@@ -663,9 +663,9 @@ endpoints: [{addresses: [%s], conditions: {ready: true}}]
 			t.Fatal(err)
 		}
 		// A Service written after it is programmed, so the state was read.
-		c.apply(svcDef{name: "after-other", clusterIP: "10.96.1.23", ports: tcpPort(80), endpoints: []svcEndpoint{ready(c.web2)}})
-		eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.23:80", "web2")
-		if out, err := probeIn(c.c3.NSPath(), "tcp", "10.96.1.21:80", time.Second); err == nil {
+		c.apply(svcDef{name: "after-other", clusterIP: "10.96.1.23", ports: svcTCPPort(80), endpoints: []svcEndpoint{svcReady(c.web2)}})
+		svcEventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.23:80", "web2")
+		if out, err := svcProbeIn(c.c3.NSPath(), "tcp", "10.96.1.21:80", time.Second); err == nil {
 			t.Errorf("a Service of another proxy answered %q", out)
 		}
 	})
