@@ -6,7 +6,7 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 ARG VERSION=dev
-RUN make build VERSION=${VERSION} CGO_ENABLED=0
+RUN make bin/podnet bin/proxyd bin/dnsd VERSION=${VERSION} CGO_ENABLED=0
 
 FROM debian:bookworm-slim
 RUN apt-get update \
