@@ -215,3 +215,60 @@ func TestDetectBackend(t *testing.T) {
 		}
 	}
 }
+
+// TestRealIptablesAcceptsEveryRuleForm applies the golden scenario (every
+// kind of Service: NodePort, externalIPs, load balancer with source ranges,
+// both traffic policies, affinity, SCTP, no endpoints) to real iptables
+// with both backends, then a partial sync and a cleanup.
+func TestRealIptablesAcceptsEveryRuleForm(t *testing.T) {
+	roottest.Require(t)
+	for _, backend := range []string{iptables.BackendNFT, iptables.BackendLegacy} {
+		t.Run(backend, func(t *testing.T) {
+			if _, err := exec.LookPath("iptables-" + backend + "-restore"); err != nil {
+				t.Skipf("iptables-%s-restore not installed", backend)
+			}
+			l := newNetnsLab(t, "f"+backend[:3])
+			err := l.node.Do(func(ns.NetNS) error {
+				r := iptables.ExecRunner{Backend: backend}
+				p := iptables.NewProxier(iptables.Config{ClusterCIDR: clusterCIDR, MasqueradeAll: true}, r)
+				if _, err := p.Sync(scenario(), nil, true); err != nil {
+					return fmt.Errorf("full sync: %w", err)
+				}
+				ports := scenario()
+				for k, sps := range ports {
+					if k.Name == "local" {
+						sps[0].LocalEndpoints = nil
+					}
+				}
+				if _, err := p.Sync(ports, nil, false); err != nil {
+					return fmt.Errorf("partial sync: %w", err)
+				}
+				// A second proxier (a restart) finds the jumps in place.
+				if _, err := iptables.NewProxier(iptables.Config{ClusterCIDR: clusterCIDR}, r).Sync(scenario(), nil, true); err != nil {
+					return fmt.Errorf("sync after restart: %w", err)
+				}
+				save, err := exec.Command("iptables-"+backend+"-save").Output()
+				if err != nil {
+					return err
+				}
+				if n := strings.Count(string(save), iptables.JumpComment); n != len(iptables.Jumps) {
+					return fmt.Errorf("%d jumps after a restart, want %d:\n%s", n, len(iptables.Jumps), save)
+				}
+				if err := iptables.Cleanup(r); err != nil {
+					return err
+				}
+				save, err = exec.Command("iptables-"+backend+"-save").Output()
+				if err != nil {
+					return err
+				}
+				if strings.Contains(string(save), "PODSVC") {
+					return fmt.Errorf("cleanup left:\n%s", save)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
