@@ -247,7 +247,7 @@ func TestRealIptablesAcceptsEveryRuleForm(t *testing.T) {
 				if _, err := iptables.NewProxier(iptables.Config{ClusterCIDR: clusterCIDR}, r).Sync(scenario(), nil, true); err != nil {
 					return fmt.Errorf("sync after restart: %w", err)
 				}
-				save, err := exec.Command("iptables-"+backend+"-save").Output()
+				save, err := exec.Command("iptables-" + backend + "-save").Output()
 				if err != nil {
 					return err
 				}
@@ -257,7 +257,7 @@ func TestRealIptablesAcceptsEveryRuleForm(t *testing.T) {
 				if err := iptables.Cleanup(r); err != nil {
 					return err
 				}
-				save, err = exec.Command("iptables-"+backend+"-save").Output()
+				save, err = exec.Command("iptables-" + backend + "-save").Output()
 				if err != nil {
 					return err
 				}
