@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os/exec"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -93,7 +94,11 @@ func cleanupServiceProxy(logger *slog.Logger) error {
 	}
 	var errs []error
 	for _, b := range []string{iptables.BackendNFT, iptables.BackendLegacy} {
-		if _, err := exec.LookPath("iptables-" + b + "-restore"); err != nil {
+		// iptables-save without -t lists only the tables that exist, so a
+		// backend the node does not use is left untouched (naming a table
+		// would create it).
+		out, err := exec.Command("iptables-" + b + "-save").Output()
+		if err != nil || !strings.Contains(string(out), iptables.ChainPrefix) {
 			continue
 		}
 		if err := iptables.Cleanup(iptables.ExecRunner{Backend: b}); err != nil {
