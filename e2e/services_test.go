@@ -406,6 +406,36 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
 		svcEventuallyServes(t, c.c4.NSPath(), "tcp", net.JoinHostPort(n2.IP.String(), "30080"), "web1", "web2")
 	})
 
+	t.Run("externalIPs and load-balancer IPs with source ranges", func(t *testing.T) {
+		if err := l.WriteState("svc-lb.yaml", fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: lb, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.1.25
+  clusterIPs: [10.96.1.25]
+  externalIPs: [192.0.2.50]
+  loadBalancerSourceRanges: [%s]
+  ports: [{name: tcp, protocol: TCP, port: 80, targetPort: 9090, nodePort: 30085}]
+status: {loadBalancer: {ingress: [{ip: 192.0.2.60}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+addressType: IPv4
+metadata: {name: lb-x, namespace: default, labels: {kubernetes.io/service-name: lb}}
+ports: [{name: tcp, protocol: TCP, port: 9090}]
+endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node1}]
+`, netip.PrefixFrom(c.c3.IP, 32), c.web1.IP)); err != nil {
+			t.Fatal(err)
+		}
+		// Traffic to these addresses that reaches a node is DNATed there.
+		svcEventuallyServes(t, c.c4.NSPath(), "tcp", "192.0.2.50:80", "web1")
+		svcEventuallyServes(t, c.c3.NSPath(), "tcp", "192.0.2.60:80", "web1")
+		if out, err := svcProbeIn(c.c4.NSPath(), "tcp", "192.0.2.60:80", time.Second); err == nil {
+			t.Errorf("load-balancer IP answered %q to a client outside loadBalancerSourceRanges", out)
+		}
+	})
+
 	t.Run("session affinity, off and on again", func(t *testing.T) {
 		d := svcDef{name: "sticky", clusterIP: "10.96.1.16", ports: svcTCPPort(80), affinity: 600,
 			endpoints: []svcEndpoint{svcReady(c.web1), svcReady(c.web2)}}
