@@ -25,6 +25,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/restmapper"
 
+	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/cluster/kube"
 	"github.com/podnet/podnet/dataplane/nodestatus"
 	"github.com/podnet/podnet/dataplane/podcidr"
 	"github.com/podnet/podnet/dataplane/roottest"
@@ -357,6 +359,19 @@ func TestKubeNodeStatus(t *testing.T) {
 	}
 }
 
+// kubeWaitUntil polls cond every 20 ms until it holds, failing the test
+// after timeout.
+func kubeWaitUntil(t *testing.T, timeout time.Duration, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // createNode creates a Node (deleted again when the test ends).
 func createNode(t *testing.T, client kubernetes.Interface, name, podCIDR string) *corev1.Node {
 	t.Helper()
@@ -376,4 +391,61 @@ func createNode(t *testing.T, client kubernetes.Interface, name, podCIDR string)
 		}
 	})
 	return n
+}
+
+// The kube source against the real API server: it fills the Store, keeps
+// it through an outage while reporting the staleness, and catches up once
+// the API server is back.
+func TestKubeSourceOutage(t *testing.T) {
+	_, srv := kubeAPI(t)
+	ctx := t.Context()
+	admin, err := srv.Client(apiserver.Admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "outage"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = admin.CoreV1().Namespaces().Delete(context.Background(), "outage", metav1.DeleteOptions{})
+	})
+	mkService := func(name string) {
+		t.Helper()
+		svc := &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "outage"},
+			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80, Protocol: corev1.ProtocolTCP}}},
+		}
+		if _, err := admin.CoreV1().Services("outage").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mkService("before")
+
+	store := cluster.NewStore()
+	src := kube.New(kube.Options{Config: srv.RestConfig(apiserver.NodeSA), Store: store})
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- src.Run(runCtx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	has := func(name string) bool { return store.Service(cluster.Key{Namespace: "outage", Name: name}) != nil }
+	kubeWaitUntil(t, 10*time.Second, func() bool { return has("before") }, "Service before the outage in the Store")
+
+	if err := srv.StopAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	kubeWaitUntil(t, 20*time.Second, func() bool { return src.Err() != nil }, "staleness reported")
+	t.Logf("during the outage: %v", src.Err())
+	if !has("before") {
+		t.Error("the Store lost a Service during the outage")
+	}
+	if err := srv.StartAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mkService("after")
+	kubeWaitUntil(t, 30*time.Second, func() bool { return has("after") && src.Err() == nil }, "Service created after the outage, staleness cleared")
 }

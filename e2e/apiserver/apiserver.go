@@ -60,6 +60,7 @@ const (
 // Process is a background process in the namespace: what lab.Proc offers.
 type Process interface {
 	Stop() error
+	Kill()
 	Done() <-chan struct{}
 	Output() string
 }
@@ -219,22 +220,24 @@ func (s *Server) StartAPIServer(ctx context.Context) error {
 	s.apiserver = p
 	if err := s.waitReady(ctx, p); err != nil {
 		s.apiserver = nil
-		return errors.Join(err, p.Stop())
+		p.Kill()
+		return err
 	}
 	return nil
 }
 
-// StopAPIServer stops kube-apiserver (etcd keeps running), for outage
-// tests.
+// StopAPIServer kills kube-apiserver (etcd keeps running): an outage as
+// clients see a crash. Its graceful shutdown would wait for every watch to
+// end.
 func (s *Server) StopAPIServer() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.apiserver == nil {
 		return nil
 	}
-	err := s.apiserver.Stop()
+	s.apiserver.Kill()
 	s.apiserver = nil
-	return err
+	return nil
 }
 
 func (s *Server) waitReady(ctx context.Context, p Process) error {

@@ -155,3 +155,8 @@ func (l *Lab) Attach(cp *ControlPlane, addr netip.Prefix) (detach func() error, 
 		return nil
 	}, nil
 }
+
+// Kill ends the process at once with SIGKILL and waits (up to 5 s) until it
+// is gone: a crash, for outage tests and for servers whose graceful
+// shutdown waits for long-lived clients.
+func (p *Proc) Kill() { p.kill() }

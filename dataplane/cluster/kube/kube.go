@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"sync"
 	"time"
 
@@ -35,6 +36,12 @@ var DefaultKinds = []cluster.Kind{cluster.KindNode, cluster.KindService, cluster
 
 // Options configures a Source.
 type Options struct {
+	// Config is the API server to read; Run builds the client from it,
+	// watching every request it makes: a failed one marks the state stale
+	// at once, the next answer clears that. Alternatively Client (tests
+	// with a fake clientset), whose staleness is seen only through watch
+	// errors.
+	Config *rest.Config
 	Client kubernetes.Interface
 	Store  *cluster.Store
 	Logger *slog.Logger
@@ -96,8 +103,17 @@ func (s *Source) Err() error {
 // Run starts the informers, marks the Store synced once every cache has
 // listed, and keeps it current until ctx ends.
 func (s *Source) Run(ctx context.Context) error {
+	if s.o.Client == nil && s.o.Config != nil {
+		cfg := rest.CopyConfig(s.o.Config)
+		cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return observer{rt: rt, s: s} })
+		client, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return fmt.Errorf("kube source: %w", err)
+		}
+		s.o.Client = client
+	}
 	if s.o.Client == nil || s.o.Store == nil {
-		return errors.New("kube source: Client and Store are required")
+		return errors.New("kube source: Config or Client, and Store are required")
 	}
 	factory := informers.NewSharedInformerFactory(s.o.Client, s.o.Resync)
 	var synced []cache.InformerSynced
@@ -141,7 +157,6 @@ func (s *Source) Run(ctx context.Context) error {
 			}
 			if _, err := s.o.Client.Discovery().ServerVersion(); err == nil {
 				s.seen()
-				s.o.Logger.Info("API server reachable again")
 			}
 		}
 	}
@@ -245,24 +260,60 @@ func (s *Source) handler(kind cluster.Kind) cache.ResourceEventHandler {
 
 func (s *Source) watchError(kind cluster.Kind) cache.WatchErrorHandlerWithContext {
 	return func(ctx context.Context, r *cache.Reflector, err error) {
-		s.mu.Lock()
-		if s.watchErr == nil {
-			s.errSince = time.Now()
-		}
-		s.watchErr = fmt.Errorf("watch %s: %w", kind, err)
-		s.mu.Unlock()
-		s.o.Logger.Warn("API server watch failed; serving the last known state", "kind", kind.String(), "err", err)
+		s.stale(fmt.Errorf("watch %s: %w", kind, err))
 		cache.DefaultWatchErrorHandler(ctx, r, err)
 	}
+}
+
+// stale records why the state may be out of date; the first error of a
+// stale period is logged.
+func (s *Source) stale(err error) {
+	s.mu.Lock()
+	first := s.watchErr == nil
+	if first {
+		s.errSince = time.Now()
+	}
+	s.watchErr = err
+	s.mu.Unlock()
+	if first {
+		s.o.Logger.Warn("API server unreachable; serving the last known state", "err", err)
+	}
+}
+
+// observer sees every request the Source's client makes. The informers
+// retry a refused watch on their own, without telling the watch error
+// handler, so this is where an outage shows first.
+type observer struct {
+	rt http.RoundTripper
+	s  *Source
+}
+
+func (o observer) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := o.rt.RoundTrip(req)
+	switch {
+	case err != nil:
+		if req.Context().Err() == nil {
+			o.s.stale(fmt.Errorf("%s %s: %w", req.Method, req.URL.Path, err))
+		}
+	case resp.StatusCode >= 500:
+		o.s.stale(fmt.Errorf("%s %s: %s", req.Method, req.URL.Path, resp.Status))
+	default:
+		o.s.seen()
+	}
+	return resp, err
 }
 
 // seen records that the API server delivered something, which ends a stale
 // period.
 func (s *Source) seen() {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	was := s.watchErr
 	s.lastEvent = time.Now()
 	s.watchErr = nil
+	s.mu.Unlock()
+	if was != nil {
+		s.o.Logger.Info("API server reachable again")
+	}
 }
 
 // RouteKlog sends client-go's klog output through the binary's logger, so
