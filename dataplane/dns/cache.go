@@ -136,7 +136,7 @@ func (c *Cache) wantsPrefetch(e *cacheEntry, now time.Time) bool {
 		return false
 	}
 	h := e.hits.Add(1)
-	if int(h) < c.opts.PrefetchHits || e.ttl < 10*time.Second {
+	if int(h) < c.opts.PrefetchHits || e.ttl < 2*time.Second {
 		return false
 	}
 	left := e.ttl - now.Sub(e.stored)
