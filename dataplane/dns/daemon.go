@@ -131,8 +131,14 @@ func RunDaemon(ctx context.Context, cfg Config, log *slog.Logger) error {
 	fo.Upstreams = ups
 	fo.Logger = log.With("part", "forward")
 	for _, l := range cfg.Listen {
+		if strings.HasPrefix(l, ":") { // ":53" listens on every address
+			l = "0.0.0.0" + l
+		}
 		if ap, err := netip.ParseAddrPort(l); err == nil {
 			fo.Forbidden = append(fo.Forbidden, ap)
+			if ap.Addr().IsUnspecified() {
+				fo.Forbidden = append(fo.Forbidden, netip.AddrPortFrom(netip.IPv6Unspecified(), ap.Port()))
+			}
 		}
 	}
 	if cfg.DNSServiceIP.IsValid() {
