@@ -13,6 +13,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	mdns "github.com/miekg/dns"
 	"golang.org/x/sys/unix"
@@ -169,8 +170,9 @@ func reusePort(_, _ string, c syscall.RawConn) error {
 func (s *Server) serveUDP(ctx context.Context, c *net.UDPConn) {
 	pkt := make([]byte, 65535)
 	sc := s.pool.New().(*scratch)
+	src := newSourceAddr(c)
 	for {
-		n, from, err := c.ReadFromUDPAddrPort(pkt)
+		n, oobn, _, from, err := c.ReadMsgUDPAddrPort(pkt, src.oob)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
@@ -178,26 +180,111 @@ func (s *Server) serveUDP(ctx context.Context, c *net.UDPConn) {
 			continue
 		}
 		resp, async := s.serve(ctx, pkt[:n], sc, false, false)
+		reply := src.reply(oobn)
 		if async {
-			resp = s.serveLater(ctx, c, pkt[:n], from, sc)
+			resp = s.serveLater(ctx, c, pkt[:n], from, reply, sc)
 		}
 		if resp != nil {
-			c.WriteToUDPAddrPort(resp, from)
+			c.WriteMsgUDPAddrPort(resp, reply, from)
 		}
 	}
 }
 
+// sourceAddr makes a socket bound to a wildcard address answer from the
+// address each query was sent to (IP_PKTINFO, IPV6_PKTINFO), as a client
+// that asked one of several addresses of the host expects. For sockets bound
+// to one address it does nothing.
+type sourceAddr struct {
+	v6  bool
+	oob []byte // control messages received with the datagram
+	out []byte // the IP_PKTINFO/IPV6_PKTINFO message to send with the answer
+}
+
+func newSourceAddr(c *net.UDPConn) *sourceAddr {
+	a, ok := c.LocalAddr().(*net.UDPAddr)
+	if !ok || !a.IP.IsUnspecified() {
+		return &sourceAddr{}
+	}
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return &sourceAddr{}
+	}
+	src := &sourceAddr{v6: a.IP.To4() == nil, oob: make([]byte, 128)}
+	var serr error
+	rc.Control(func(fd uintptr) {
+		if src.v6 {
+			// IPv4 datagrams reaching a v6 wildcard socket keep the
+			// kernel's choice of source.
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO, 1)
+		} else {
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_PKTINFO, 1)
+		}
+	})
+	if serr != nil {
+		return &sourceAddr{}
+	}
+	src.out = make([]byte, unix.CmsgSpace(unix.SizeofInet6Pktinfo))
+	return src
+}
+
+// reply returns the control message that makes the answer leave from the
+// query's destination address, or nil.
+func (s *sourceAddr) reply(oobn int) []byte {
+	if s.out == nil {
+		return nil
+	}
+	b := s.oob[:oobn]
+	for len(b) >= unix.SizeofCmsghdr {
+		h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
+		l := int(h.Len)
+		if l < unix.SizeofCmsghdr || l > len(b) {
+			return nil
+		}
+		data := b[unix.CmsgLen(0):l]
+		switch {
+		case !s.v6 && h.Level == unix.IPPROTO_IP && h.Type == unix.IP_PKTINFO && len(data) >= unix.SizeofInet4Pktinfo:
+			in := (*unix.Inet4Pktinfo)(unsafe.Pointer(&data[0]))
+			out := s.out[:unix.CmsgSpace(unix.SizeofInet4Pktinfo)]
+			clear(out)
+			oh := (*unix.Cmsghdr)(unsafe.Pointer(&out[0]))
+			oh.Level, oh.Type = unix.IPPROTO_IP, unix.IP_PKTINFO
+			oh.SetLen(unix.CmsgLen(unix.SizeofInet4Pktinfo))
+			op := (*unix.Inet4Pktinfo)(unsafe.Pointer(&out[unix.CmsgLen(0)]))
+			op.Spec_dst = in.Addr
+			return out
+		case h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_PKTINFO && len(data) >= unix.SizeofInet6Pktinfo:
+			in := (*unix.Inet6Pktinfo)(unsafe.Pointer(&data[0]))
+			out := s.out[:unix.CmsgSpace(unix.SizeofInet6Pktinfo)]
+			clear(out)
+			oh := (*unix.Cmsghdr)(unsafe.Pointer(&out[0]))
+			oh.Level, oh.Type = unix.IPPROTO_IPV6, unix.IPV6_PKTINFO
+			oh.SetLen(unix.CmsgLen(unix.SizeofInet6Pktinfo))
+			op := (*unix.Inet6Pktinfo)(unsafe.Pointer(&out[unix.CmsgLen(0)]))
+			op.Addr = in.Addr
+			op.Ifindex = in.Ifindex // a link-local address needs its interface
+			return out
+		}
+		next := unix.CmsgSpace(l - unix.CmsgLen(0))
+		if next > len(b) {
+			return nil
+		}
+		b = b[next:]
+	}
+	return nil
+}
+
 // serveLater answers a query that needs an upstream on its own goroutine,
 // or REFUSED at once when too many are in flight.
-func (s *Server) serveLater(ctx context.Context, c *net.UDPConn, pkt []byte, to netip.AddrPort, sc *scratch) []byte {
+func (s *Server) serveLater(ctx context.Context, c *net.UDPConn, pkt []byte, to netip.AddrPort, oob []byte, sc *scratch) []byte {
 	if s.opts.Forwarder != nil && !s.opts.Forwarder.roomFor() {
 		return s.refuse(pkt, sc)
 	}
 	q := append([]byte(nil), pkt...)
+	oob = append([]byte(nil), oob...)
 	go func() {
 		sc := s.pool.Get().(*scratch)
 		if resp, _ := s.serve(ctx, q, sc, false, true); resp != nil {
-			c.WriteToUDPAddrPort(resp, to)
+			c.WriteMsgUDPAddrPort(resp, oob, to)
 		}
 		s.pool.Put(sc)
 	}()
