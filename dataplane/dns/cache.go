@@ -53,8 +53,6 @@ type Cache struct {
 	seed   maphash.Seed
 	shards [cacheShards]cacheShard
 	now    func() time.Time
-	hits   atomic.Uint64
-	misses atomic.Uint64
 }
 
 type cacheShard struct {

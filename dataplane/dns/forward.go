@@ -454,7 +454,6 @@ func (s *Server) forward(ctx context.Context, pkt []byte, r *request, sc *scratc
 		sc.key = cacheKey(sc.key, r)
 		var fresh bool
 		if e, fresh = c.get(sc.key, now); fresh {
-			c.hits.Add(1)
 			if s.opts.Metrics != nil {
 				s.opts.Metrics.cacheHits.Inc()
 			}
@@ -467,11 +466,8 @@ func (s *Server) forward(ctx context.Context, pkt []byte, r *request, sc *scratc
 	if !block {
 		return nil, true
 	}
-	if c != nil {
-		c.misses.Add(1)
-		if s.opts.Metrics != nil {
-			s.opts.Metrics.cacheMisses.Inc()
-		}
+	if c != nil && s.opts.Metrics != nil {
+		s.opts.Metrics.cacheMisses.Inc()
 	}
 	if !f.acquire() {
 		if s.opts.Metrics != nil {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/netip"
 	"runtime"
@@ -29,7 +28,6 @@ type ServerOptions struct {
 	// Cache holds forwarded answers; nil disables caching.
 	Cache   *Cache
 	Metrics *Metrics
-	Logger  *slog.Logger
 	// Sockets per UDP listen address (SO_REUSEPORT); GOMAXPROCS by default.
 	Sockets int
 	// TCPIdleTimeout closes idle TCP connections; 10 s by default.
@@ -49,7 +47,6 @@ type ServerOptions struct {
 //     there is no forwarder.
 type Server struct {
 	opts ServerOptions
-	log  *slog.Logger
 
 	pool sync.Pool // *scratch
 }
@@ -74,10 +71,7 @@ func NewServer(opts ServerOptions) *Server {
 	if opts.TCPIdleTimeout <= 0 {
 		opts.TCPIdleTimeout = 10 * time.Second
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
-	}
-	s := &Server{opts: opts, log: opts.Logger}
+	s := &Server{opts: opts}
 	s.pool.New = func() any { return &scratch{resp: make([]byte, 0, 4096), key: make([]byte, 0, 300)} }
 	return s
 }
