@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/podnet/podnet/dataplane/agent"
+	"github.com/podnet/podnet/dataplane/cluster/kube"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
 	"github.com/podnet/podnet/dataplane/routing"
 	"github.com/podnet/podnet/dataplane/version"
@@ -38,9 +39,12 @@ func run(args []string) int {
 		cleanup           bool
 		showVersion       bool
 		logLevel          string
+		kubeconfig        string
 	)
 	fs.StringVar(&o.NodeName, "node-name", hostname, "this node's name in the cluster state")
-	fs.StringVar(&o.StateDir, "state-dir", "/etc/podnet/state", "directory of Kubernetes objects (YAML/JSON) to read the cluster state from")
+	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the API server to read the cluster from (default: in-cluster config, unless --state-dir is set)")
+	fs.StringVar(&o.StateDir, "state-dir", "", "directory of Kubernetes objects (YAML/JSON) to read the cluster state from instead of the API server")
+	fs.BoolVar(&o.AllocateNodeCIDRs, "allocate-node-cidrs", false, "claim a free /24 of --cluster-cidr for a node without spec.podCIDR (when kube-controller-manager does not allocate them)")
 	fs.StringVar(&clusterCIDR, "cluster-cidr", "10.244.0.0/16", "the pod network of the whole cluster")
 	fs.StringVar(&backend, "backend", string(routing.BackendAuto), "how to reach other nodes' pods: auto (host-gw on this node's subnet, VXLAN beyond), host-gw or vxlan")
 	fs.IntVar(&o.VXLANVNI, "vxlan-vni", routing.DefaultVNI, "VXLAN network identifier")
@@ -74,6 +78,7 @@ func run(args []string) int {
 		return 2
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	kube.RouteKlog(logger.With("component", "client-go"))
 
 	if cleanup {
 		err := errors.Join(agent.Cleanup(logger), cleanupServiceProxy(logger))
@@ -105,6 +110,12 @@ func run(args []string) int {
 			return 2
 		}
 		npa = append(npa, p.Masked())
+	}
+	if kubeconfig != "" || o.StateDir == "" {
+		if o.Kube, err = kube.ClientConfig(kubeconfig); err != nil {
+			fmt.Fprintf(os.Stderr, "proxyd: %v\n", err)
+			return 2
+		}
 	}
 	o.Logger = logger
 	o.ServiceProxy = func(ctx context.Context, env agent.ServiceProxyEnv) error {

@@ -26,14 +26,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/coreos/go-iptables/iptables"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/cluster/kube"
 	"github.com/podnet/podnet/dataplane/cluster/statedir"
 	"github.com/podnet/podnet/dataplane/health"
 	"github.com/podnet/podnet/dataplane/hostnet"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
+	"github.com/podnet/podnet/dataplane/nodestatus"
+	"github.com/podnet/podnet/dataplane/podcidr"
 	"github.com/podnet/podnet/dataplane/routing"
 )
 
@@ -51,21 +56,26 @@ type ServiceProxyEnv struct {
 
 // Options configure the agent. Defaults are the flags' defaults.
 type Options struct {
-	NodeName       string
-	StateDir       string
-	ClusterCIDR    netip.Prefix
-	Backend        routing.Backend
-	VXLANVNI       int
-	VXLANPort      int
-	Iface          string // "" = the interface holding the node's InternalIP
-	NodeConfigPath string
-	Masquerade     bool
-	SyncPeriod     time.Duration
-	MinSyncPeriod  time.Duration
-	HealthzAddr    string // "" disables
-	MetricsAddr    string // "" disables
-	ServiceProxy   ServiceProxy
-	Logger         *slog.Logger
+	NodeName string
+	// Kube is the API server to read the cluster from; when nil, StateDir.
+	Kube     *rest.Config
+	StateDir string
+	// AllocateNodeCIDRs claims a podCIDR for this node when its Node has
+	// none (needs Kube).
+	AllocateNodeCIDRs bool
+	ClusterCIDR       netip.Prefix
+	Backend           routing.Backend
+	VXLANVNI          int
+	VXLANPort         int
+	Iface             string // "" = the interface holding the node's InternalIP
+	NodeConfigPath    string
+	Masquerade        bool
+	SyncPeriod        time.Duration
+	MinSyncPeriod     time.Duration
+	HealthzAddr       string // "" disables
+	MetricsAddr       string // "" disables
+	ServiceProxy      ServiceProxy
+	Logger            *slog.Logger
 }
 
 // Validate names the first option that is wrong.
@@ -73,8 +83,12 @@ func (o Options) Validate() error {
 	switch {
 	case o.NodeName == "":
 		return errors.New("--node-name: empty")
-	case o.StateDir == "":
-		return errors.New("--state-dir: empty (the state directory is the only cluster state source so far)")
+	case o.StateDir == "" && o.Kube == nil:
+		return errors.New("no cluster state source: set --state-dir or --kubeconfig")
+	case o.StateDir != "" && o.Kube != nil:
+		return errors.New("--state-dir and --kubeconfig: choose one cluster state source")
+	case o.AllocateNodeCIDRs && o.Kube == nil:
+		return errors.New("--allocate-node-cidrs: needs the API server (--kubeconfig or in-cluster)")
 	case !o.ClusterCIDR.IsValid() || !o.ClusterCIDR.Addr().Is4():
 		return fmt.Errorf("--cluster-cidr: %v is not an IPv4 prefix", o.ClusterCIDR)
 	case o.NodeConfigPath == "":
@@ -120,7 +134,24 @@ func Run(ctx context.Context, o Options) error {
 	checker.Set(componentNetwork, errors.New("node network not synced yet"))
 
 	store := cluster.NewStore()
-	src := statedir.New(statedir.Options{Dir: o.StateDir, Store: store, Logger: log.With("component", "statedir")})
+	var (
+		runSource  func(context.Context) error
+		stale      = func() error { return nil }
+		fileErrors func() int
+		client     kubernetes.Interface
+	)
+	if o.Kube != nil {
+		src := kube.New(kube.Options{Config: o.Kube, Store: store, Logger: log.With("component", "kube")})
+		runSource, stale = src.Run, src.Err
+		var err error
+		if client, err = kubernetes.NewForConfig(o.Kube); err != nil {
+			return fmt.Errorf("kubernetes client: %w", err)
+		}
+	} else {
+		src := statedir.New(statedir.Options{Dir: o.StateDir, Store: store, Logger: log.With("component", "statedir")})
+		runSource = src.Run
+		fileErrors = func() int { return len(src.FileErrors()) }
+	}
 
 	h, err := netlink.NewHandle()
 	if err != nil {
@@ -143,7 +174,10 @@ func Run(ctx context.Context, o Options) error {
 		ipt:     ipt,
 		sysctl:  hostnet.ProcSysctl{},
 		mod:     hostnet.ExecModprobe,
-		metrics: newMetrics(reg, src),
+		metrics: newMetrics(reg, fileErrors),
+	}
+	if client != nil {
+		n.routed = make(chan struct{})
 	}
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -187,16 +221,51 @@ func Run(ctx context.Context, o Options) error {
 		log.Info("serving", "what", srv.name, "addr", ln.Addr().String())
 	}
 
-	goRun("state directory", src.Run)
+	goRun("cluster state", runSource)
 	goRun("state sync", func(ctx context.Context) error {
 		select {
 		case <-store.Synced():
 			checker.Set(componentState, nil)
 			log.Info("cluster state loaded", "dir", o.StateDir, "nodes", len(store.Nodes()), "services", len(store.Services()))
 		case <-ctx.Done():
+			return nil
 		}
-		return nil
+		// The last known state keeps being served while the API server is
+		// away; /healthz says since when it is stale.
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-tick.C:
+				checker.Set(componentState, stale())
+			}
+		}
 	})
+	if o.AllocateNodeCIDRs {
+		goRun("podCIDR allocation", func(ctx context.Context) error {
+			return retry(ctx, log, "claim a podCIDR", func() error {
+				p, err := podcidr.Ensure(ctx, podcidr.Options{Client: client, NodeName: o.NodeName, ClusterCIDR: o.ClusterCIDR})
+				if err == nil {
+					log.Info("node podCIDR", "podCIDR", p)
+				}
+				return err
+			})
+		})
+	}
+	if client != nil {
+		goRun("node status", func(ctx context.Context) error {
+			select {
+			case <-n.routed:
+			case <-ctx.Done():
+				return nil
+			}
+			return retry(ctx, log, "set NetworkUnavailable=False", func() error {
+				return nodestatus.SetNetworkAvailable(ctx, client, o.NodeName)
+			})
+		})
+	}
 	goRun("node network", n.run)
 	if o.ServiceProxy != nil {
 		goRun("service proxy", func(ctx context.Context) error {
@@ -230,6 +299,28 @@ type nodeNet struct {
 
 	lastPlan    string
 	lastProblem string
+	// routed, when set, is closed after the first sync that put every
+	// route in place.
+	routed     chan struct{}
+	routedOnce sync.Once
+}
+
+// retry calls f until it succeeds or ctx ends, backing off from 1 s to 30 s.
+func retry(ctx context.Context, log *slog.Logger, what string, f func() error) error {
+	wait := time.Second
+	for {
+		err := f()
+		if err == nil || ctx.Err() != nil {
+			return nil
+		}
+		log.Warn("retrying", "what", what, "in", wait, "err", err)
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return nil
+		}
+		wait = min(2*wait, 30*time.Second)
+	}
 }
 
 func (n *nodeNet) run(ctx context.Context) error {
@@ -307,6 +398,9 @@ func (n *nodeNet) sync() {
 	}
 	n.lastProblem = ""
 	n.health.Set(componentNetwork, nil)
+	if n.routed != nil {
+		n.routedOnce.Do(func() { close(n.routed) })
+	}
 }
 
 // underlay is the interface that carries the node's InternalIP.

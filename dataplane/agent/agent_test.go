@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/rest"
 
 	"github.com/podnet/podnet/dataplane/cluster"
-	"github.com/podnet/podnet/dataplane/cluster/statedir"
 	"github.com/podnet/podnet/dataplane/health"
 	"github.com/podnet/podnet/dataplane/hostnet"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
@@ -35,6 +35,8 @@ func TestOptionsValidate(t *testing.T) {
 	}{
 		{"--node-name", func(o *Options) { o.NodeName = "" }},
 		{"--state-dir", func(o *Options) { o.StateDir = "" }},
+		{"--kubeconfig", func(o *Options) { o.Kube = &rest.Config{Host: "https://127.0.0.1:6443"} }},
+		{"--allocate-node-cidrs", func(o *Options) { o.AllocateNodeCIDRs = true }},
 		{"--cluster-cidr", func(o *Options) { o.ClusterCIDR = netip.MustParsePrefix("fd00::/64") }},
 		{"--node-config", func(o *Options) { o.NodeConfigPath = "" }},
 		{"--sync-period", func(o *Options) { o.SyncPeriod = 0 }},
@@ -83,7 +85,7 @@ func newTestNodeNet(t *testing.T, backend routing.Backend, k *routing.FakeKernel
 		ipt:     ipt,
 		sysctl:  fakeSysctl{"net/ipv4/ip_forward": "0", "net/bridge/bridge-nf-call-iptables": "0"},
 		mod:     func(string) error { return nil },
-		metrics: newMetrics(prometheus.NewRegistry(), statedir.New(statedir.Options{Dir: o.StateDir, Store: store})),
+		metrics: newMetrics(prometheus.NewRegistry(), nil),
 	}, store
 }
 

@@ -2,8 +2,6 @@ package agent
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/podnet/podnet/dataplane/cluster/statedir"
 )
 
 type metrics struct {
@@ -14,7 +12,9 @@ type metrics struct {
 	peers        *prometheus.GaugeVec
 }
 
-func newMetrics(reg prometheus.Registerer, src *statedir.Source) *metrics {
+// newMetrics registers the agent's metrics; fileErrors (the state
+// directory's unparsable files) is nil for the API source.
+func newMetrics(reg prometheus.Registerer, fileErrors func() int) *metrics {
 	m := &metrics{
 		syncs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "podnet_node_network_syncs_total", Help: "Node network reconciliations run.",
@@ -33,9 +33,11 @@ func newMetrics(reg prometheus.Registerer, src *statedir.Source) *metrics {
 			Name: "podnet_peers", Help: "Other nodes this node routes pods to, by backend.",
 		}, []string{"backend"}),
 	}
-	fileErrors := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "podnet_state_file_errors", Help: "State directory files that currently do not parse.",
-	}, func() float64 { return float64(len(src.FileErrors())) })
-	reg.MustRegister(m.syncs, m.syncErrors, m.syncDuration, m.changes, m.peers, fileErrors)
+	reg.MustRegister(m.syncs, m.syncErrors, m.syncDuration, m.changes, m.peers)
+	if fileErrors != nil {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "podnet_state_file_errors", Help: "State directory files that currently do not parse.",
+		}, func() float64 { return float64(fileErrors()) }))
+	}
 	return m
 }
