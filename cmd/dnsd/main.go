@@ -50,7 +50,7 @@ func run() int {
 	fs.DurationVar(&cfg.Cache.StaleFor, "serve-stale", time.Hour, "how long past expiry an answer is served when no upstream answers (0: never)")
 	fs.BoolVar(&cfg.NoCache, "no-cache", false, "do not cache forwarded answers")
 	fs.StringVar(&cfg.StateDir, "state-dir", "", "directory of Kubernetes objects (YAML/JSON) to serve")
-	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the cluster to serve (not available yet)")
+	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the API server to read the cluster from (default: in-cluster config, unless --state-dir is set)")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", ":9153", "address of /metrics (empty: off)")
 	fs.StringVar(&cfg.HealthAddress, "health-address", ":8080", "address of /health (empty: off)")
 	fs.StringVar(&cfg.ReadyAddress, "ready-address", ":8181", "address of /ready (empty: off)")

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/cluster/kube"
 	"github.com/podnet/podnet/dataplane/cluster/statedir"
 )
 
@@ -37,19 +38,18 @@ type Config struct {
 	NoCache bool
 	// DNSServiceIP is the kube-dns VIP; an upstream there would be a loop.
 	DNSServiceIP netip.Addr
-	StateDir     string
-	Kubeconfig   string
+	// The cluster state: StateDir, else the API server of Kubeconfig (the
+	// in-cluster config when Kubeconfig is empty too).
+	StateDir   string
+	Kubeconfig string
 
 	MetricsAddress, HealthAddress, ReadyAddress string
 }
 
 // Validate checks the configuration, naming the field and value at fault.
 func (c *Config) Validate() error {
-	if c.StateDir == "" && c.Kubeconfig == "" {
-		return errors.New("state source: set --state-dir (or --kubeconfig)")
-	}
-	if c.Kubeconfig != "" {
-		return fmt.Errorf("kubeconfig %q: the Kubernetes API source is not available yet; use --state-dir", c.Kubeconfig)
+	if c.StateDir != "" && c.Kubeconfig != "" {
+		return fmt.Errorf("state source: --state-dir %q and --kubeconfig %q both set; choose one", c.StateDir, c.Kubeconfig)
 	}
 	if len(c.Listen) == 0 {
 		return errors.New("listen: at least one address is needed")
@@ -113,7 +113,23 @@ func RunDaemon(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer cancel()
 
 	store := cluster.NewStore()
-	src := statedir.New(statedir.Options{Dir: cfg.StateDir, Store: store, Logger: log.With("source", "state-dir")})
+	var runSource func(context.Context) error
+	if cfg.StateDir != "" {
+		runSource = statedir.New(statedir.Options{Dir: cfg.StateDir, Store: store, Logger: log.With("source", "state-dir")}).Run
+	} else {
+		kc, err := kube.ClientConfig(cfg.Kubeconfig)
+		if err != nil {
+			return err
+		}
+		kube.RouteKlog(log.With("source", "kubernetes"))
+		// Pods only matter to verified pod records; watching every Pod of
+		// a cluster costs memory CoreDNS also saves in the other modes.
+		kinds := []cluster.Kind{cluster.KindService, cluster.KindEndpointSlice, cluster.KindNamespace}
+		if cfg.Zone.Pods == PodsVerified {
+			kinds = append(kinds, cluster.KindPod)
+		}
+		runSource = kube.New(kube.Options{Config: kc, Store: store, Kinds: kinds, Logger: log.With("source", "kubernetes")}).Run
+	}
 	zone := NewZone(store, cfg.Zone)
 
 	var ups []netip.AddrPort
@@ -175,7 +191,7 @@ func RunDaemon(ctx context.Context, cfg Config, log *slog.Logger) error {
 			cancel()
 		}
 	}
-	wg.Go(func() { fail(src.Run(ctx)) })
+	wg.Go(func() { fail(runSource(ctx)) })
 	wg.Go(func() { zone.Run(ctx) })
 	wg.Go(func() { fwd.Run(ctx) })
 	wg.Go(func() { fail(srv.Run(ctx, serving)) })
