@@ -283,24 +283,45 @@ func (s *Source) stale(err error) {
 // observer sees every request the Source's client makes. The informers
 // retry a refused watch on their own, without telling the watch error
 // handler, so this is where an outage shows first.
+//
+// A watch that cannot reach the API server is retried here, every
+// watchRetry, instead of failing: the informers would back off
+// exponentially (up to 30 s, doubled by jitter), and changes made right
+// after the API server returns would wait that long. A watch is a GET
+// without a body, safe to send again.
 type observer struct {
 	rt http.RoundTripper
 	s  *Source
 }
 
+// watchRetry is how often a watch is re-sent while the API server is away.
+const watchRetry = 500 * time.Millisecond
+
 func (o observer) RoundTrip(req *http.Request) (*http.Response, error) {
-	resp, err := o.rt.RoundTrip(req)
-	switch {
-	case err != nil:
-		if req.Context().Err() == nil {
+	for {
+		resp, err := o.rt.RoundTrip(req)
+		switch {
+		case err != nil:
+			if req.Context().Err() != nil {
+				return nil, err
+			}
 			o.s.stale(fmt.Errorf("%s %s: %w", req.Method, req.URL.Path, err))
+			if req.URL.Query().Get("watch") != "true" || req.Body != nil {
+				return nil, err
+			}
+			select {
+			case <-time.After(watchRetry):
+				continue
+			case <-req.Context().Done():
+				return nil, err
+			}
+		case resp.StatusCode >= 500:
+			o.s.stale(fmt.Errorf("%s %s: %s", req.Method, req.URL.Path, resp.Status))
+		default:
+			o.s.seen()
 		}
-	case resp.StatusCode >= 500:
-		o.s.stale(fmt.Errorf("%s %s: %s", req.Method, req.URL.Path, resp.Status))
-	default:
-		o.s.seen()
+		return resp, err
 	}
-	return resp, err
 }
 
 // seen records that the API server delivered something, which ends a stale
