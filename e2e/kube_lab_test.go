@@ -42,6 +42,9 @@ type kubeLab struct {
 	// client is a pod on node1 that probes and resolves.
 	client *lab.Pod
 	pods   map[string]*lab.Pod
+	// proxyd and its arguments, by node name
+	proxyd     map[string]*lab.Proc
+	proxydArgs map[string][]string
 }
 
 const kubeLabNS = "default"
@@ -64,7 +67,7 @@ func startKubeLab(t *testing.T) *kubeLab {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := &kubeLab{t: t, l: l, srv: srv, admin: admin, pods: map[string]*lab.Pod{}}
+	k := &kubeLab{t: t, l: l, srv: srv, admin: admin, pods: map[string]*lab.Pod{}, proxyd: map[string]*lab.Proc{}, proxydArgs: map[string][]string{}}
 
 	// The Nodes, as kubelets would register them; node4 without a podCIDR:
 	// its proxyd claims one.
@@ -95,6 +98,7 @@ func startKubeLab(t *testing.T) *kubeLab {
 
 	var wg sync.WaitGroup
 	errs := make([]error, len(l.Nodes))
+	procs := make([]*lab.Proc, len(l.Nodes))
 	for i, n := range l.Nodes {
 		kc := filepath.Join(n.Dir, "kubeconfig")
 		if err := srv.WriteKubeconfig(kc, apiserver.NodeSA, kubeAPIAddr.Addr()); err != nil {
@@ -104,13 +108,15 @@ func startKubeLab(t *testing.T) *kubeLab {
 		if n.Name == "node4" {
 			args = append(args, "--allocate-node-cidrs")
 		}
-		wg.Go(func() { _, errs[i] = n.StartProxyd(ctx, args...) })
+		k.proxydArgs[n.Name] = args
+		wg.Go(func() { procs[i], errs[i] = n.StartProxyd(ctx, args...) })
 	}
 	wg.Wait()
-	for _, err := range errs {
+	for i, err := range errs {
 		if err != nil {
 			t.Fatal(err)
 		}
+		k.proxyd[l.Nodes[i].Name] = procs[i]
 	}
 
 	k.client = k.addPod(ctx, "node1", "client")
@@ -437,6 +443,17 @@ func TestKubeLab(t *testing.T) {
 			}
 		}
 		t.Logf("node1 /healthz during the outage: %d %s", code, strings.TrimSpace(body))
+		// A proxyd restarted while the API server is away has no state to
+		// sync from: it must leave the node's routes and rules alone (the
+		// probes from node1's pod go on meanwhile).
+		if err := k.proxyd["node1"].Stop(); err != nil {
+			t.Errorf("stop proxyd on node1: %v", err)
+		}
+		p, err := k.l.Node("node1").StartProxyd(ctx, k.proxydArgs["node1"]...)
+		if err != nil {
+			t.Fatalf("restart proxyd on node1 during the outage: %v", err)
+		}
+		k.proxyd["node1"] = p
 		time.Sleep(10*time.Second - time.Since(outage))
 		startErr := k.srv.StartAPIServer(ctx)
 		close(stop)
