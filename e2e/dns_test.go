@@ -35,14 +35,14 @@ func dnsdBinary(t *testing.T) string {
 	return bin
 }
 
-func userName() string {
+func dnsUserName() string {
 	if u, err := user.Current(); err == nil {
 		return u.Username
 	}
 	return "root"
 }
 
-func loopbackPort(t *testing.T) int {
+func dnsLoopbackPort(t *testing.T) int {
 	t.Helper()
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
@@ -105,16 +105,16 @@ func TestDnsdProcess(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(state, "cluster.yaml"), []byte(dnsTestState), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	upPort := loopbackPort(t)
+	upPort := dnsLoopbackPort(t)
 	dm := exec.Command("dnsmasq", "--no-daemon", "--no-resolv", "--no-hosts", "--bind-interfaces", "--listen-address=127.0.0.1",
-		fmt.Sprintf("--port=%d", upPort), "--address=/example.test/192.0.2.1", "--user="+userName(), "--pid-file=")
+		fmt.Sprintf("--port=%d", upPort), "--address=/example.test/192.0.2.1", "--user="+dnsUserName(), "--pid-file=")
 	dm.Stderr = io.Discard
 	if err := dm.Start(); err != nil {
 		t.Skipf("dnsmasq: %v (scripts/deps.sh installs dnsmasq-base)", err)
 	}
 	t.Cleanup(func() { dm.Process.Kill(); dm.Wait() })
 
-	dnsPort, metricsPort, healthPort, readyPort := loopbackPort(t), loopbackPort(t), loopbackPort(t), loopbackPort(t)
+	dnsPort, metricsPort, healthPort, readyPort := dnsLoopbackPort(t), dnsLoopbackPort(t), dnsLoopbackPort(t), dnsLoopbackPort(t)
 	cmd := exec.Command(bin,
 		"--state-dir", state,
 		"--listen", fmt.Sprintf("127.0.0.1:%d", dnsPort),
