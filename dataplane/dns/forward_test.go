@@ -339,14 +339,15 @@ func TestOneUpstreamDown(t *testing.T) {
 		Upstreams: []netip.AddrPort{dead, good.addr}, Policy: PolicySequential,
 		TryTimeout: 100 * time.Millisecond, HealthInterval: time.Hour,
 	}, CacheOptions{})
+	deadTries := func() float64 { return testutil.ToFloat64(fs.m.forwardRequests.WithLabelValues(dead.String())) }
 	for i := range 3 {
-		start := time.Now()
+		before := deadTries()
 		m := query(t, fs.srv, fmt.Sprintf("n%d.test.", i), mdns.TypeA, false)
 		if m.Rcode != 0 || len(m.Answer) != 1 {
 			t.Fatalf("query %d with one upstream down: %v", i, m)
 		}
-		if i == 2 && time.Since(start) > 50*time.Millisecond {
-			t.Errorf("down upstream still tried: query took %v", time.Since(start))
+		if i == 2 && deadTries() != before {
+			t.Errorf("the upstream marked down was still tried")
 		}
 	}
 	if fs.fwd.Healthy(dead) {
@@ -424,7 +425,7 @@ func TestAllUpstreamsDown(t *testing.T) {
 	if m.Rcode != mdns.RcodeServerFailure {
 		t.Fatalf("uncached name with every upstream down: %s, want SERVFAIL", mdns.RcodeToString[m.Rcode])
 	}
-	if took > 600*time.Millisecond {
+	if took > time.Second { // the 400 ms deadline, and slack for a loaded CI box
 		t.Errorf("SERVFAIL after %v, deadline is 400ms", took)
 	}
 	if got := testutil.ToFloat64(fs.m.cacheStale); got != 1 {
