@@ -443,6 +443,11 @@ func TestKubeLab(t *testing.T) {
 			}
 		}
 		t.Logf("node1 /healthz during the outage: %d %s", code, strings.TrimSpace(body))
+		kubeWaitUntil(t, 5*time.Second, func() bool {
+			code, body = httpGetIn(k.dnsPod.NSPath(), "127.0.0.1:8181", "/ready")
+			return code == http.StatusServiceUnavailable && strings.Contains(body, "stale")
+		}, "dnsd /ready reporting stale cluster state")
+		t.Logf("dnsd /ready during the outage: %d %s", code, strings.TrimSpace(body))
 		// A proxyd restarted while the API server is away has no state to
 		// sync from: it must leave the node's routes and rules alone (the
 		// probes from node1's pod go on meanwhile).
@@ -480,6 +485,10 @@ func TestKubeLab(t *testing.T) {
 			code, _ := k.healthz("node1")
 			return code == http.StatusOK
 		}, "node1 /healthz healthy again")
+		kubeWaitUntil(t, 10*time.Second, func() bool {
+			code, _ := httpGetIn(k.dnsPod.NSPath(), "127.0.0.1:8181", "/ready")
+			return code == http.StatusOK
+		}, "dnsd /ready again")
 	})
 }
 

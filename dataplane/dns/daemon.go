@@ -114,6 +114,9 @@ func RunDaemon(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	store := cluster.NewStore()
 	var runSource func(context.Context) error
+	// stale reports why the cluster state may be out of date (the API
+	// server is away); the state dir is never stale.
+	stale := func() error { return nil }
 	if cfg.StateDir != "" {
 		runSource = statedir.New(statedir.Options{Dir: cfg.StateDir, Store: store, Logger: log.With("source", "state-dir")}).Run
 	} else {
@@ -128,7 +131,8 @@ func RunDaemon(ctx context.Context, cfg Config, log *slog.Logger) error {
 		if cfg.Zone.Pods == PodsVerified {
 			kinds = append(kinds, cluster.KindPod)
 		}
-		runSource = kube.New(kube.Options{Config: kc, Store: store, Kinds: kinds, Logger: log.With("source", "kubernetes")}).Run
+		src := kube.New(kube.Options{Config: kc, Store: store, Kinds: kinds, Logger: log.With("source", "kubernetes")})
+		runSource, stale = src.Run, src.Err
 	}
 	zone := NewZone(store, cfg.Zone)
 
@@ -228,7 +232,8 @@ func RunDaemon(ctx context.Context, cfg Config, log *slog.Logger) error {
 		if !zone.Synced() {
 			return errors.New("cluster state not synced yet")
 		}
-		return nil
+		// Still answering from the last known state, but say so.
+		return stale()
 	}
 	httpServe := func(addr string, h http.Handler) {
 		if addr == "" {
