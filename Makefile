@@ -7,9 +7,12 @@ LDFLAGS  := -s -w -X github.com/podnet/podnet/dataplane/version.Version=$(VERSIO
 GOFLAGS_BUILD := -trimpath -ldflags '$(LDFLAGS)'
 export CGO_ENABLED ?= 0
 
+# How long make test fuzzes dnsd's query path (seed corpus always runs).
+FUZZTIME ?= 20s
+
 BINARIES := bin/podnet bin/proxyd bin/dnsd bin/podnet-lab
 
-.PHONY: all build deps test unit e2e demo demo-down bench lint generate clean apiserver
+.PHONY: all build deps test demo demo-down bench lint generate clean apiserver
 
 all: build
 
@@ -48,6 +51,7 @@ $(APISERVER):
 # where the freshly built binaries are.
 test: deps build apiserver
 	$(GO) test -count=1 -timeout 20m $$($(GO) list ./... | grep -v /e2e)
+	$(GO) test -run '^$$' -fuzz '^FuzzServe$$' -fuzztime $(FUZZTIME) ./dataplane/dns
 	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) $(GO) test -count=1 -p 1 -timeout 25m ./e2e/...
 
 demo: deps build
