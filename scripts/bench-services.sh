@@ -9,6 +9,8 @@
 #
 #   BENCH_BACKENDS="nft legacy"   iptables backends to measure
 #   BENCH_SIZES="1000 5000 10000" Service counts for the sync figures
+#   BENCH_ROUNDS=1                sync figures are the median of this many
+#                                 rounds, each in a fresh namespace
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" -ne 0 ]; then
@@ -23,6 +25,7 @@ rc=0
 PODNET_BENCH=1 \
 PODNET_BENCH_BACKENDS="${BENCH_BACKENDS:-nft legacy}" \
 PODNET_BENCH_SIZES="${BENCH_SIZES:-1000 5000 10000}" \
+PODNET_BENCH_ROUNDS="${BENCH_ROUNDS:-1}" \
 	go test -count=1 -timeout 60m -run '^TestBenchServices$' -v ./dataplane/proxy/iptables/ >"$out" 2>&1 || rc=$?
 if [ "$rc" -ne 0 ]; then
 	cat "$out" >&2

@@ -88,6 +88,17 @@ func connectTimes(t *testing.T, from ns.NetNS, addr string, n int) []time.Durati
 
 func pct(d []time.Duration, p float64) time.Duration { return d[int(float64(len(d)-1)*p)] }
 
+func median(d []time.Duration) time.Duration {
+	d = slices.Clone(d)
+	slices.Sort(d)
+	if len(d)%2 == 0 {
+		return (d[len(d)/2-1] + d[len(d)/2]) / 2
+	}
+	return d[len(d)/2]
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
 // TestBenchServices measures sync times, rule counts and first-packet
 // latency at scale. It is a benchmark, not a test: scripts/bench-services.sh
 // runs it with PODNET_BENCH=1; make test skips it.
@@ -108,47 +119,56 @@ func TestBenchServices(t *testing.T) {
 			sizes = append(sizes, n)
 		}
 	}
+	rounds := 1
+	if r, err := strconv.Atoi(os.Getenv("PODNET_BENCH_ROUNDS")); err == nil && r > 0 {
+		rounds = r
+	}
 	const eps = 10
 	fmt.Printf("| backend | Services × endpoints | full sync (iptables CPU) | one endpoint changed (iptables CPU) | nat rules | nat chains | proxy RSS | iptables-restore RSS |\n|---|---|---|---|---|---|---|---|\n")
 	for _, backend := range backends {
 		for _, n := range sizes {
-			l := newNetnsLab(t, fmt.Sprintf("b%s%d", backend[:1], n))
-			st, state := benchState(n, eps)
-			p := iptables.NewProxier(defaultCfg, timedRunner{iptables.ExecRunner{Backend: backend}})
+			// Each figure is the median of rounds, each in a fresh node.
+			var full, fullCPU, partial, partialCPU []time.Duration
 			var res proxy.SyncResult
-			cpu0 := childCPU()
-			start := time.Now()
-			if err := l.node.Do(func(ns.NetNS) error {
-				var err error
-				res, err = p.Sync(state.Ports, nil, true)
-				return err
-			}); err != nil {
-				t.Fatal(err)
-			}
-			full, fullCPU := time.Since(start), childCPU()-cpu0
+			var chains int
+			for r := range rounds {
+				l := newNetnsLab(t, fmt.Sprintf("b%s%d-%d", backend[:1], n, r))
+				st, state := benchState(n, eps)
+				p := iptables.NewProxier(defaultCfg, timedRunner{iptables.ExecRunner{Backend: backend}})
+				cpu0 := childCPU()
+				start := time.Now()
+				if err := l.node.Do(func(ns.NetNS) error {
+					var err error
+					res, err = p.Sync(state.Ports, nil, true)
+					return err
+				}); err != nil {
+					t.Fatal(err)
+				}
+				full, fullCPU = append(full, time.Since(start)), append(fullCPU, childCPU()-cpu0)
 
-			// One endpoint of one Service in the middle changes.
-			key := cluster.Key{Namespace: "default", Name: fmt.Sprintf("s%05d", n/2)}
-			s := st.Service(key)
-			st.Upsert(slice(s, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{a("10.250.250.250"), "node-c", true}))
-			changed := state.Update(st, nodeName, map[cluster.Key]bool{key: true}, false)
-			cpu0 = childCPU()
-			start = time.Now()
-			if err := l.node.Do(func(ns.NetNS) error {
-				_, err := p.Sync(state.Ports, changed, false)
-				return err
-			}); err != nil {
-				t.Fatal(err)
+				// One endpoint of one Service in the middle changes.
+				key := cluster.Key{Namespace: "default", Name: fmt.Sprintf("s%05d", n/2)}
+				s := st.Service(key)
+				st.Upsert(slice(s, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{a("10.250.250.250"), "node-c", true}))
+				changed := state.Update(st, nodeName, map[cluster.Key]bool{key: true}, false)
+				cpu0 = childCPU()
+				start = time.Now()
+				if err := l.node.Do(func(ns.NetNS) error {
+					_, err := p.Sync(state.Ports, changed, false)
+					return err
+				}); err != nil {
+					t.Fatal(err)
+				}
+				partial, partialCPU = append(partial, time.Since(start)), append(partialCPU, childCPU()-cpu0)
+				var save []byte
+				l.node.Do(func(ns.NetNS) error {
+					save, _ = exec.Command("iptables-"+backend+"-save", "-t", "nat").Output()
+					return nil
+				})
+				chains = len(iptables.ProxyChains(save))
 			}
-			partial, partialCPU := time.Since(start), childCPU()-cpu0
-			var save []byte
-			l.node.Do(func(ns.NetNS) error {
-				save, _ = exec.Command("iptables-"+backend+"-save", "-t", "nat").Output()
-				return nil
-			})
-			chains := len(iptables.ProxyChains(save))
 			fmt.Printf("| %s | %d × %d | %.2f s (%.2f s) | %.0f ms (%.0f ms) | %d | %d | %d MiB | %d MiB |\n", backend, n, eps,
-				full.Seconds(), fullCPU.Seconds(), float64(partial.Microseconds())/1000, float64(partialCPU.Microseconds())/1000, res.Rules["nat"], chains,
+				median(full).Seconds(), median(fullCPU).Seconds(), ms(median(partial)), ms(median(partialCPU)), res.Rules["nat"], chains,
 				maxRSSKiB(syscall.RUSAGE_SELF)/1024, maxRSSKiB(syscall.RUSAGE_CHILDREN)/1024)
 		}
 	}
