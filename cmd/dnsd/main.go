@@ -17,6 +17,7 @@ import (
 
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/dns"
+	"github.com/podnet/podnet/dataplane/dns/daemon"
 	"github.com/podnet/podnet/dataplane/version"
 )
 
@@ -27,7 +28,7 @@ func main() {
 func run() int {
 	fs := pflag.NewFlagSet("dnsd", pflag.ContinueOnError)
 	showVersion := fs.Bool("version", false, "print the version and exit")
-	var cfg dns.Config
+	var cfg daemon.Config
 	fs.StringArrayVar(&cfg.Listen, "listen", []string{"0.0.0.0:53"}, "address to serve DNS on, UDP and TCP (repeatable)")
 	fs.StringVar(&cfg.Zone.Domain, "cluster-domain", "cluster.local", "the cluster's DNS domain")
 	ttl := fs.Uint32("ttl", 5, "TTL of cluster records, in seconds")
@@ -100,7 +101,7 @@ func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log.Info("dnsd starting", "version", version.String())
-	if err := dns.RunDaemon(ctx, cfg, log); err != nil {
+	if err := daemon.Run(ctx, cfg, log); err != nil {
 		log.Error("dnsd failed", "err", err)
 		return 1
 	}

@@ -29,6 +29,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/cluster/convert"
 )
 
 // DefaultKinds are the kinds both daemons need; Pods only when asked for.
@@ -198,15 +199,15 @@ func (s *Source) transform(kind cluster.Kind) cache.TransformFunc {
 		)
 		switch o := obj.(type) {
 		case *corev1.Node:
-			out, err = cluster.FromV1Node(o)
+			out, err = convert.FromV1Node(o)
 		case *corev1.Service:
-			out, err = cluster.FromV1Service(o)
+			out, err = convert.FromV1Service(o)
 		case *discoveryv1.EndpointSlice:
-			out, err = cluster.FromV1EndpointSlice(o)
+			out, err = convert.FromV1EndpointSlice(o)
 		case *corev1.Namespace:
-			out, err = cluster.FromV1Namespace(o)
+			out, err = convert.FromV1Namespace(o)
 		case *corev1.Pod:
-			out, err = cluster.FromV1Pod(o)
+			out, err = convert.FromV1Pod(o)
 		default:
 			// Tombstones and already-reduced objects pass through.
 			return obj, nil

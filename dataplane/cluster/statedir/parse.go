@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/cluster/convert"
 )
 
 // ParseError is a file that could not be read as Kubernetes objects, with
@@ -211,15 +212,15 @@ func (p *parser) objectAt(j []byte, line int, itemLines func() []int) {
 func decode(apiVersion, kind string, j []byte) (cluster.Object, error) {
 	switch apiVersion + "/" + kind {
 	case "v1/Node":
-		return decodeAs(j, cluster.FromV1Node)
+		return decodeAs(j, convert.FromV1Node)
 	case "v1/Service":
-		return decodeAs(j, cluster.FromV1Service)
+		return decodeAs(j, convert.FromV1Service)
 	case "v1/Namespace":
-		return decodeAs(j, cluster.FromV1Namespace)
+		return decodeAs(j, convert.FromV1Namespace)
 	case "v1/Pod":
-		return decodeAs(j, cluster.FromV1Pod)
+		return decodeAs(j, convert.FromV1Pod)
 	case "discovery.k8s.io/v1/EndpointSlice":
-		return decodeAs(j, cluster.FromV1EndpointSlice)
+		return decodeAs(j, convert.FromV1EndpointSlice)
 	}
 	return nil, nil
 }

@@ -1,7 +1,10 @@
-package dns
+// Package daemon wires dnsd together: the cluster state source, the zone
+// index, the forwarder and cache, the DNS server and the HTTP endpoints. It is
+// apart from package dns so that the query path (and its fuzz test) does not
+// link the Kubernetes client.
+package daemon
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -9,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -23,17 +25,18 @@ import (
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/cluster/kube"
 	"github.com/podnet/podnet/dataplane/cluster/statedir"
+	"github.com/podnet/podnet/dataplane/dns"
 )
 
 // Config is everything dnsd is configured with (its flags).
 type Config struct {
 	Listen []string
-	Zone   ZoneOptions
+	Zone   dns.ZoneOptions
 	// Upstreams as HOST:PORT; when empty, the nameservers of ResolvConf.
 	Upstreams  []string
 	ResolvConf string
-	Forward    ForwardOptions
-	Cache      CacheOptions
+	Forward    dns.ForwardOptions
+	Cache      dns.CacheOptions
 	// NoCache turns the cache of forwarded answers off.
 	NoCache bool
 	// DNSServiceIP is the kube-dns VIP; an upstream there would be a loop.
@@ -81,31 +84,9 @@ func parseUpstream(s string) (netip.AddrPort, error) {
 	return netip.AddrPort{}, fmt.Errorf("upstream %q: want IP:PORT or IP", s)
 }
 
-// ReadResolvConf returns the nameservers of a resolv.conf, port 53.
-func ReadResolvConf(path string) ([]netip.AddrPort, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("read resolv.conf: %w", err)
-	}
-	defer f.Close()
-	var out []netip.AddrPort
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) >= 2 && fields[0] == "nameserver" {
-			a, err := netip.ParseAddr(fields[1])
-			if err != nil {
-				continue
-			}
-			out = append(out, netip.AddrPortFrom(a, 53))
-		}
-	}
-	return out, sc.Err()
-}
-
-// RunDaemon runs dnsd until ctx ends: the state source, the zone index, the
+// Run runs dnsd until ctx ends: the state source, the zone index, the
 // forwarder, the DNS server and the HTTP endpoints.
-func RunDaemon(ctx context.Context, cfg Config, log *slog.Logger) error {
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -128,13 +109,13 @@ func RunDaemon(ctx context.Context, cfg Config, log *slog.Logger) error {
 		// Pods only matter to verified pod records; watching every Pod of
 		// a cluster costs memory CoreDNS also saves in the other modes.
 		kinds := []cluster.Kind{cluster.KindService, cluster.KindEndpointSlice, cluster.KindNamespace}
-		if cfg.Zone.Pods == PodsVerified {
+		if cfg.Zone.Pods == dns.PodsVerified {
 			kinds = append(kinds, cluster.KindPod)
 		}
 		src := kube.New(kube.Options{Config: kc, Store: store, Kinds: kinds, Logger: log.With("source", "kubernetes")})
 		runSource, stale = src.Run, src.Err
 	}
-	zone := NewZone(store, cfg.Zone)
+	zone := dns.NewZone(store, cfg.Zone)
 
 	var ups []netip.AddrPort
 	for _, u := range cfg.Upstreams {
@@ -143,7 +124,7 @@ func RunDaemon(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	if len(ups) == 0 {
 		var err error
-		if ups, err = ReadResolvConf(cfg.ResolvConf); err != nil {
+		if ups, err = dns.ReadResolvConf(cfg.ResolvConf); err != nil {
 			return err
 		}
 	}
@@ -164,7 +145,7 @@ func RunDaemon(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if cfg.DNSServiceIP.IsValid() {
 		fo.Forbidden = append(fo.Forbidden, netip.AddrPortFrom(cfg.DNSServiceIP, 53))
 	}
-	fwd, err := NewForwarder(fo)
+	fwd, err := dns.NewForwarder(fo)
 	for _, r := range rejectedOf(fwd) {
 		log.Error("upstream rejected", "err", r)
 	}
@@ -172,21 +153,21 @@ func RunDaemon(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	log.Info("forwarding", "upstreams", fmt.Sprint(fwd.Upstreams()))
-	var cache *Cache
+	var cache *dns.Cache
 	if !cfg.NoCache {
-		cache = NewCache(cfg.Cache)
+		cache = dns.NewCache(cfg.Cache)
 	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := NewMetrics(reg, zone, cache, fwd)
-	srv := NewServer(ServerOptions{Listen: cfg.Listen, Zone: zone, Forwarder: fwd, Cache: cache, Metrics: metrics})
+	metrics := dns.NewMetrics(reg, zone, cache, fwd)
+	srv := dns.NewServer(dns.ServerOptions{Listen: cfg.Listen, Zone: zone, Forwarder: fwd, Cache: cache, Metrics: metrics})
 
 	var (
 		wg       sync.WaitGroup
 		errOnce  sync.Once
 		firstErr error
-		serving  = make(chan Listening, 1)
+		serving  = make(chan dns.Listening, 1)
 		up       = make(chan struct{})
 	)
 	fail := func(err error) {
@@ -270,7 +251,7 @@ func RunDaemon(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return firstErr
 }
 
-func rejectedOf(f *Forwarder) []error {
+func rejectedOf(f *dns.Forwarder) []error {
 	if f == nil {
 		return nil
 	}

@@ -1,6 +1,7 @@
-package cluster
+package convert
 
 import (
+	"github.com/podnet/podnet/dataplane/cluster"
 	"net/netip"
 	"reflect"
 	"testing"
@@ -19,7 +20,7 @@ func TestFromV1Service(t *testing.T) {
 	tests := []struct {
 		name string
 		in   v1.Service
-		want *Service
+		want *cluster.Service
 	}{{
 		name: "defaults",
 		in: v1.Service{
@@ -30,16 +31,16 @@ func TestFromV1Service(t *testing.T) {
 				SessionAffinity: v1.ServiceAffinityClientIP,
 			},
 		},
-		want: &Service{
-			Namespace: "default", Name: "web", Type: ServiceTypeClusterIP,
+		want: &cluster.Service{
+			Namespace: "default", Name: "web", Type: cluster.ServiceTypeClusterIP,
 			ClusterIPs:             []netip.Addr{netip.MustParseAddr("10.96.0.20")},
-			Ports:                  []ServicePort{{Protocol: TCP, Port: 80, TargetPort: "http"}},
+			Ports:                  []cluster.ServicePort{{Protocol: cluster.TCP, Port: 80, TargetPort: "http"}},
 			SessionAffinityTimeout: 10800 * time.Second,
 		},
 	}, {
 		name: "everything",
 		in: v1.Service{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "lb", Labels: map[string]string{LabelServiceProxyName: "other"}},
+			ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "lb", Labels: map[string]string{cluster.LabelServiceProxyName: "other"}},
 			Spec: v1.ServiceSpec{
 				Type:                     v1.ServiceTypeLoadBalancer,
 				ClusterIP:                "10.96.0.21",
@@ -59,13 +60,13 @@ func TestFromV1Service(t *testing.T) {
 			},
 			Status: v1.ServiceStatus{LoadBalancer: v1.LoadBalancerStatus{Ingress: []v1.LoadBalancerIngress{{IP: "192.0.2.7"}, {Hostname: "lb.example"}}}},
 		},
-		want: &Service{
-			Namespace: "shop", Name: "lb", Type: ServiceTypeLoadBalancer,
+		want: &cluster.Service{
+			Namespace: "shop", Name: "lb", Type: cluster.ServiceTypeLoadBalancer,
 			ClusterIPs:                 []netip.Addr{netip.MustParseAddr("10.96.0.21"), netip.MustParseAddr("fd00::21")},
 			ExternalIPs:                []netip.Addr{netip.MustParseAddr("203.0.113.5")},
 			LoadBalancerIPs:            []netip.Addr{netip.MustParseAddr("192.0.2.7")},
 			LoadBalancerSourceRanges:   []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
-			Ports:                      []ServicePort{{Name: "dns", Protocol: UDP, Port: 53, NodePort: 30053, TargetPort: "5353"}},
+			Ports:                      []cluster.ServicePort{{Name: "dns", Protocol: cluster.UDP, Port: 53, NodePort: 30053, TargetPort: "5353"}},
 			SessionAffinityTimeout:     60 * time.Second,
 			ExternalTrafficPolicyLocal: true,
 			InternalTrafficPolicyLocal: true,
@@ -77,11 +78,11 @@ func TestFromV1Service(t *testing.T) {
 	}, {
 		name: "headless",
 		in:   v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "h"}, Spec: v1.ServiceSpec{ClusterIP: "None", ClusterIPs: []string{"None"}}},
-		want: &Service{Namespace: "a", Name: "h", Type: ServiceTypeClusterIP, Headless: true},
+		want: &cluster.Service{Namespace: "a", Name: "h", Type: cluster.ServiceTypeClusterIP, Headless: true},
 	}, {
 		name: "external name",
 		in:   v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "x"}, Spec: v1.ServiceSpec{Type: v1.ServiceTypeExternalName, ExternalName: "db.example.com"}},
-		want: &Service{Namespace: "a", Name: "x", Type: ServiceTypeExternalName, ExternalName: "db.example.com"},
+		want: &cluster.Service{Namespace: "a", Name: "x", Type: cluster.ServiceTypeExternalName, ExternalName: "db.example.com"},
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -105,7 +106,7 @@ func TestFromV1ServiceBadIP(t *testing.T) {
 
 func TestFromV1EndpointSlice(t *testing.T) {
 	in := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Namespace: "shop", Name: "web-abc", Labels: map[string]string{LabelServiceName: "web"}},
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "shop", Name: "web-abc", Labels: map[string]string{cluster.LabelServiceName: "web"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(8080))}, {Protocol: ptr(v1.ProtocolUDP), Port: ptr(int32(53))}},
 		Endpoints: []discoveryv1.Endpoint{
@@ -117,10 +118,10 @@ func TestFromV1EndpointSlice(t *testing.T) {
 			{Addresses: []string{"10.244.4.5"}, TargetRef: &v1.ObjectReference{Kind: "Node", Name: "n"}},
 		},
 	}
-	want := &EndpointSlice{
+	want := &cluster.EndpointSlice{
 		Namespace: "shop", Name: "web-abc", ServiceName: "web", AddressType: "IPv4",
-		Ports: []EndpointPort{{Name: "http", Protocol: TCP, Port: 8080}, {Protocol: UDP, Port: 53}},
-		Endpoints: []Endpoint{
+		Ports: []cluster.EndpointPort{{Name: "http", Protocol: cluster.TCP, Port: 8080}, {Protocol: cluster.UDP, Port: 53}},
+		Endpoints: []cluster.Endpoint{
 			{Addresses: []netip.Addr{netip.MustParseAddr("10.244.1.5")}, Ready: true, Serving: true, Hostname: "web-0", NodeName: "node1", Zone: "z1",
 				HintZones: []string{"z1"}, HintNodes: []string{"node1"}, TargetPod: "web-0"},
 			{Addresses: []netip.Addr{netip.MustParseAddr("10.244.2.5")}},
@@ -139,7 +140,7 @@ func TestFromV1EndpointSlice(t *testing.T) {
 
 func TestFromV1NodeAndPod(t *testing.T) {
 	n, err := FromV1Node(&v1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: "node1", Labels: map[string]string{LabelZone: "z1"}},
+		ObjectMeta: metav1.ObjectMeta{Name: "node1", Labels: map[string]string{cluster.LabelZone: "z1"}},
 		Spec:       v1.NodeSpec{PodCIDR: "10.244.1.0/24"},
 		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{
 			{Type: v1.NodeHostName, Address: "node1"},
@@ -150,8 +151,8 @@ func TestFromV1NodeAndPod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantNode := &Node{
-		Name: "node1", Zone: "z1", Labels: map[string]string{LabelZone: "z1"},
+	wantNode := &cluster.Node{
+		Name: "node1", Zone: "z1", Labels: map[string]string{cluster.LabelZone: "z1"},
 		PodCIDRs:    []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")},
 		InternalIPs: []netip.Addr{netip.MustParseAddr("192.168.10.11")},
 		ExternalIPs: []netip.Addr{netip.MustParseAddr("203.0.113.11")},
@@ -167,7 +168,7 @@ func TestFromV1NodeAndPod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantPod := &Pod{Namespace: "default", Name: "p", Hostname: "h", Subdomain: "s", NodeName: "node1",
+	wantPod := &cluster.Pod{Namespace: "default", Name: "p", Hostname: "h", Subdomain: "s", NodeName: "node1",
 		IPs: []netip.Addr{netip.MustParseAddr("10.244.1.9"), netip.MustParseAddr("fd00::9")}}
 	if !reflect.DeepEqual(p, wantPod) {
 		t.Errorf("pod: got %+v, want %+v", p, wantPod)

@@ -1,10 +1,11 @@
-package cluster
-
-// Reducers from Kubernetes API objects to the compact structs. Both sources
-// (the state directory and the Kubernetes API) use them, so an object means
-// the same thing whichever way it arrives. Defaults the API server would
-// apply (Service type, protocol, session affinity timeout, namespace) are
-// applied here too, because state-directory files are written by hand.
+// Package convert reduces Kubernetes API objects to the compact cluster
+// structs. Both sources (the state directory and the Kubernetes API) use it,
+// so an object means the same thing whichever way it arrives. Defaults the
+// API server would apply (cluster.Service type, protocol, session affinity timeout,
+// namespace) are applied here too, because state-directory files are
+// written by hand. It is apart from package cluster so that consumers of the
+// compact structs (the DNS query path, say) do not link the API types.
+package convert
 
 import (
 	"fmt"
@@ -14,18 +15,9 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-)
 
-// Well-known labels the dataplane reads.
-const (
-	LabelZone             = "topology.kubernetes.io/zone"
-	LabelServiceName      = "kubernetes.io/service-name"
-	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+	"github.com/podnet/podnet/dataplane/cluster"
 )
-
-// DefaultSessionAffinityTimeout is the API default for
-// sessionAffinityConfig.clientIP.timeoutSeconds.
-const DefaultSessionAffinityTimeout = 10800 * time.Second
 
 func defaultNamespace(ns string) string {
 	if ns == "" {
@@ -65,16 +57,16 @@ func parsePrefixes(field string, ss []string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
-func protocol(p v1.Protocol) Protocol {
+func protocol(p v1.Protocol) cluster.Protocol {
 	if p == "" {
-		return TCP
+		return cluster.TCP
 	}
-	return Protocol(p)
+	return cluster.Protocol(p)
 }
 
 // FromV1Node reduces a v1.Node.
-func FromV1Node(n *v1.Node) (*Node, error) {
-	out := &Node{Name: n.Name, Zone: n.Labels[LabelZone]}
+func FromV1Node(n *v1.Node) (*cluster.Node, error) {
+	out := &cluster.Node{Name: n.Name, Zone: n.Labels[cluster.LabelZone]}
 	if len(n.Labels) > 0 {
 		out.Labels = make(map[string]string, len(n.Labels))
 		for k, v := range n.Labels {
@@ -109,21 +101,21 @@ func FromV1Node(n *v1.Node) (*Node, error) {
 }
 
 // FromV1Service reduces a v1.Service.
-func FromV1Service(s *v1.Service) (*Service, error) {
-	out := &Service{
+func FromV1Service(s *v1.Service) (*cluster.Service, error) {
+	out := &cluster.Service{
 		Namespace:                defaultNamespace(s.Namespace),
 		Name:                     s.Name,
-		Type:                     ServiceType(s.Spec.Type),
+		Type:                     cluster.ServiceType(s.Spec.Type),
 		ExternalName:             s.Spec.ExternalName,
 		HealthCheckNodePort:      uint16(s.Spec.HealthCheckNodePort),
 		PublishNotReadyAddresses: s.Spec.PublishNotReadyAddresses,
-		ProxyName:                s.Labels[LabelServiceProxyName],
+		ProxyName:                s.Labels[cluster.LabelServiceProxyName],
 	}
-	fail := func(err error) (*Service, error) {
+	fail := func(err error) (*cluster.Service, error) {
 		return nil, fmt.Errorf("service %s: %w", out.Key(), err)
 	}
 	if out.Type == "" {
-		out.Type = ServiceTypeClusterIP
+		out.Type = cluster.ServiceTypeClusterIP
 	}
 	if s.Spec.TrafficDistribution != nil {
 		out.TrafficDistribution = *s.Spec.TrafficDistribution
@@ -133,7 +125,7 @@ func FromV1Service(s *v1.Service) (*Service, error) {
 		ips = []string{s.Spec.ClusterIP}
 	}
 	switch {
-	case out.Type == ServiceTypeExternalName:
+	case out.Type == cluster.ServiceTypeExternalName:
 	case len(ips) > 0 && ips[0] == v1.ClusterIPNone:
 		out.Headless = true
 	default:
@@ -157,7 +149,7 @@ func FromV1Service(s *v1.Service) (*Service, error) {
 		return fail(err)
 	}
 	for _, p := range s.Spec.Ports {
-		out.Ports = append(out.Ports, ServicePort{
+		out.Ports = append(out.Ports, cluster.ServicePort{
 			Name:       p.Name,
 			Protocol:   protocol(p.Protocol),
 			Port:       uint16(p.Port),
@@ -166,7 +158,7 @@ func FromV1Service(s *v1.Service) (*Service, error) {
 		})
 	}
 	if s.Spec.SessionAffinity == v1.ServiceAffinityClientIP {
-		out.SessionAffinityTimeout = DefaultSessionAffinityTimeout
+		out.SessionAffinityTimeout = cluster.DefaultSessionAffinityTimeout
 		if c := s.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
 			out.SessionAffinityTimeout = time.Duration(*c.ClientIP.TimeoutSeconds) * time.Second
 		}
@@ -176,22 +168,22 @@ func FromV1Service(s *v1.Service) (*Service, error) {
 	return out, nil
 }
 
-// FromV1EndpointSlice reduces a discovery.k8s.io/v1 EndpointSlice. Nil
+// FromV1EndpointSlice reduces a discovery.k8s.io/v1 cluster.EndpointSlice. Nil
 // conditions are resolved as the API documents: ready nil is true, serving
 // nil follows ready, terminating nil is false.
-func FromV1EndpointSlice(e *discoveryv1.EndpointSlice) (*EndpointSlice, error) {
-	out := &EndpointSlice{
+func FromV1EndpointSlice(e *discoveryv1.EndpointSlice) (*cluster.EndpointSlice, error) {
+	out := &cluster.EndpointSlice{
 		Namespace:   defaultNamespace(e.Namespace),
 		Name:        e.Name,
-		ServiceName: e.Labels[LabelServiceName],
+		ServiceName: e.Labels[cluster.LabelServiceName],
 		AddressType: string(e.AddressType),
 	}
 	for _, p := range e.Ports {
-		var ep EndpointPort
+		var ep cluster.EndpointPort
 		if p.Name != nil {
 			ep.Name = *p.Name
 		}
-		ep.Protocol = TCP
+		ep.Protocol = cluster.TCP
 		if p.Protocol != nil {
 			ep.Protocol = protocol(*p.Protocol)
 		}
@@ -201,7 +193,7 @@ func FromV1EndpointSlice(e *discoveryv1.EndpointSlice) (*EndpointSlice, error) {
 		out.Ports = append(out.Ports, ep)
 	}
 	for i, ep := range e.Endpoints {
-		c := Endpoint{Ready: true, Hostname: deref(ep.Hostname), NodeName: deref(ep.NodeName), Zone: deref(ep.Zone)}
+		c := cluster.Endpoint{Ready: true, Hostname: deref(ep.Hostname), NodeName: deref(ep.NodeName), Zone: deref(ep.Zone)}
 		if e.AddressType != discoveryv1.AddressTypeFQDN {
 			var err error
 			if c.Addresses, err = parseAddrs(fmt.Sprintf("endpoints[%d].addresses", i), ep.Addresses); err != nil {
@@ -235,13 +227,13 @@ func FromV1EndpointSlice(e *discoveryv1.EndpointSlice) (*EndpointSlice, error) {
 }
 
 // FromV1Namespace reduces a v1.Namespace.
-func FromV1Namespace(n *v1.Namespace) (*Namespace, error) {
-	return &Namespace{Name: n.Name}, nil
+func FromV1Namespace(n *v1.Namespace) (*cluster.Namespace, error) {
+	return &cluster.Namespace{Name: n.Name}, nil
 }
 
 // FromV1Pod reduces a v1.Pod.
-func FromV1Pod(p *v1.Pod) (*Pod, error) {
-	out := &Pod{
+func FromV1Pod(p *v1.Pod) (*cluster.Pod, error) {
+	out := &cluster.Pod{
 		Namespace: defaultNamespace(p.Namespace),
 		Name:      p.Name,
 		Hostname:  p.Spec.Hostname,
