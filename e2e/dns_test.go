@@ -21,19 +21,8 @@ import (
 	"github.com/podnet/podnet/e2e/lab"
 )
 
-// dnsdBinary is bin/dnsd under test: from PODNET_BIN, else built from this
-// tree.
-func dnsdBinary(t *testing.T) string {
-	t.Helper()
-	if dir := os.Getenv("PODNET_BIN"); dir != "" {
-		return filepath.Join(dir, "dnsd")
-	}
-	bin := filepath.Join(t.TempDir(), "dnsd")
-	if out, err := exec.CommandContext(t.Context(), "go", "build", "-o", bin, "../cmd/dnsd").CombinedOutput(); err != nil {
-		t.Fatalf("build dnsd: %v\n%s", err, out)
-	}
-	return bin
-}
+// dnsdBinary is bin/dnsd under test.
+func dnsdBinary(t *testing.T) string { return commandBinary(t, "dnsd", "../cmd/dnsd") }
 
 func dnsUserName() string {
 	if u, err := user.Current(); err == nil {

@@ -649,20 +649,8 @@ func TestLabEcho(t *testing.T) {
 	}
 }
 
-// demoBinary is the podnet-lab command under test: `make test` sets
-// PODNET_BIN to the binaries it has just built; run by hand, the test
-// builds the command from this tree.
-func demoBinary(t *testing.T) string {
-	t.Helper()
-	if dir := os.Getenv("PODNET_BIN"); dir != "" {
-		return filepath.Join(dir, "podnet-lab")
-	}
-	bin := filepath.Join(t.TempDir(), "podnet-lab")
-	if out, err := exec.CommandContext(t.Context(), "go", "build", "-o", bin, "./cmd/podnet-lab").CombinedOutput(); err != nil {
-		t.Fatalf("build podnet-lab: %v\n%s", err, out)
-	}
-	return bin
-}
+// demoBinary is the podnet-lab command under test.
+func demoBinary(t *testing.T) string { return commandBinary(t, "podnet-lab", "./cmd/podnet-lab") }
 
 // TestLabDemoInterrupted stops `podnet-lab demo` with SIGTERM in the middle
 // of a step: it must tear its lab down before it exits.

@@ -43,6 +43,7 @@ func runCLI(args []string) int {
 		if err == pflag.ErrHelp {
 			return 0
 		}
+		fmt.Fprintf(os.Stderr, "podnet: %v (see podnet --help)\n", err)
 		return 2
 	}
 	if *showVersion {

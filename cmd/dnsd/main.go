@@ -60,6 +60,7 @@ func run() int {
 		if err == pflag.ErrHelp {
 			return 0
 		}
+		fmt.Fprintf(os.Stderr, "dnsd: %v (see dnsd --help)\n", err)
 		return 2
 	}
 	if *showVersion {

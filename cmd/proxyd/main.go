@@ -66,6 +66,7 @@ func run(args []string) int {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0
 		}
+		fmt.Fprintf(os.Stderr, "proxyd: %v (see proxyd --help)\n", err)
 		return 2
 	}
 	if showVersion {

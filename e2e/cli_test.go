@@ -1,0 +1,55 @@
+package e2e
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// commandBinary is one of podnet's commands under test: from PODNET_BIN (make test
+// sets it to the binaries it has just built), else built from this tree.
+func commandBinary(t *testing.T, name, pkg string) string {
+	t.Helper()
+	if dir := os.Getenv("PODNET_BIN"); dir != "" {
+		return filepath.Join(dir, name)
+	}
+	bin := filepath.Join(t.TempDir(), name)
+	if out, err := exec.CommandContext(t.Context(), "go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+		t.Fatalf("build %s: %v\n%s", name, err, out)
+	}
+	return bin
+}
+
+// TestCommandLine: each program prints its version, answers --help, and
+// refuses a bad flag with exit code 2 and a message naming the flag.
+func TestCommandLine(t *testing.T) {
+	for _, c := range []struct{ name, pkg string }{
+		{"podnet", "../cmd/cni-plugin"},
+		{"proxyd", "../cmd/proxyd"},
+		{"dnsd", "../cmd/dnsd"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			bin := commandBinary(t, c.name, c.pkg)
+
+			out, err := exec.Command(bin, "--version").CombinedOutput()
+			if err != nil || !strings.HasPrefix(string(out), c.name+" ") {
+				t.Errorf("--version: %v, %q", err, out)
+			}
+			out, err = exec.Command(bin, "--help").CombinedOutput()
+			if err != nil || !strings.Contains(string(out), "--version") {
+				t.Errorf("--help: %v, %q", err, out)
+			}
+			out, err = exec.Command(bin, "--no-such-flag").CombinedOutput()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() != 2 {
+				t.Errorf("bad flag: want exit code 2, got %v", err)
+			}
+			if !strings.Contains(string(out), "--no-such-flag") {
+				t.Errorf("bad flag: message does not name the flag: %q", out)
+			}
+		})
+	}
+}
