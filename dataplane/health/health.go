@@ -9,35 +9,23 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"time"
 )
 
 // Checker holds the last reported state of each component. Safe for
 // concurrent use.
 type Checker struct {
 	mu    sync.Mutex
-	state map[string]status
-}
-
-type status struct {
-	err   error
-	since time.Time
+	state map[string]error
 }
 
 // NewChecker returns a Checker with no components (healthy).
-func NewChecker() *Checker { return &Checker{state: make(map[string]status)} }
+func NewChecker() *Checker { return &Checker{state: make(map[string]error)} }
 
 // Set records the component's state: nil error means healthy.
 func (c *Checker) Set(component string, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	prev, ok := c.state[component]
-	if ok && (prev.err == nil) == (err == nil) {
-		prev.err = err
-		c.state[component] = prev
-		return
-	}
-	c.state[component] = status{err: err, since: time.Now()}
+	c.state[component] = err
 }
 
 // Err returns an error naming every unhealthy component, or nil.
@@ -45,9 +33,9 @@ func (c *Checker) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var bad []string
-	for name, s := range c.state {
-		if s.err != nil {
-			bad = append(bad, fmt.Sprintf("%s: %v", name, s.err))
+	for name, err := range c.state {
+		if err != nil {
+			bad = append(bad, fmt.Sprintf("%s: %v", name, err))
 		}
 	}
 	if len(bad) == 0 {
