@@ -17,7 +17,9 @@ func commandBinary(t *testing.T, name, pkg string) string {
 		return filepath.Join(dir, name)
 	}
 	bin := filepath.Join(t.TempDir(), name)
-	if out, err := exec.CommandContext(t.Context(), "go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+	build := exec.CommandContext(t.Context(), "go", "build", "-o", bin, pkg)
+	build.Env = append(os.Environ(), "CGO_ENABLED=0") // as the Makefile builds them
+	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build %s: %v\n%s", name, err, out)
 	}
 	return bin
