@@ -39,6 +39,7 @@ import (
 	"github.com/podnet/podnet/dataplane/nodeconfig"
 	"github.com/podnet/podnet/dataplane/nodestatus"
 	"github.com/podnet/podnet/dataplane/podcidr"
+	proxyiptables "github.com/podnet/podnet/dataplane/proxy/iptables"
 	"github.com/podnet/podnet/dataplane/routing"
 )
 
@@ -463,7 +464,7 @@ func (n *nodeNet) syncOnce() error {
 	if err := hostnet.EnsureSysctls(n.sysctl, n.mod); err != nil {
 		errs = append(errs, err)
 	}
-	if changed, err := hostnet.EnsureChains(n.ipt, hostnet.Rules{ClusterCIDR: n.o.ClusterCIDR, Masquerade: n.o.Masquerade}); err != nil {
+	if changed, err := hostnet.EnsureChains(n.ipt, hostnet.Rules{ClusterCIDR: n.o.ClusterCIDR, Masquerade: n.o.Masquerade, StayBehind: "-j " + proxyiptables.ChainPrefix}); err != nil {
 		errs = append(errs, fmt.Errorf("iptables: %w", err))
 	} else if changed {
 		n.log.Info("iptables chains written", "chains", []string{hostnet.ChainPostrouting, hostnet.ChainForward})

@@ -118,6 +118,11 @@ type Rules struct {
 	ClusterCIDR netip.Prefix
 	// Masquerade pod traffic leaving the cluster CIDR.
 	Masquerade bool
+	// StayBehind marks the jumps of other podnet parts that must be met
+	// before podnet's own (text a rule of theirs contains, e.g. "-j PODSVC-"):
+	// the Service proxy rejects traffic to Services without endpoints in
+	// FORWARD, and podnet's accept of all pod traffic must not overtake it.
+	StayBehind string
 }
 
 // Chain is one of podnet's chains: its rules and where it is jumped to from.
@@ -185,15 +190,42 @@ func EnsureChains(ipt IPTables, r Rules) (bool, error) {
 			return changed, fmt.Errorf("check jump %s/%s -> %s: %w", c.Table, c.From, c.Name, err)
 		}
 		if !ok {
-			// First, so a host FORWARD policy or rule that drops does
-			// not cut pods off.
-			if err := ipt.Insert(c.Table, c.From, 1, jump(c)...); err != nil {
+			// First but for the StayBehind jumps, so a host FORWARD policy
+			// or rule that drops does not cut pods off.
+			pos, err := insertPosition(ipt, c.Table, c.From, r.StayBehind)
+			if err != nil {
+				return changed, err
+			}
+			if err := ipt.Insert(c.Table, c.From, pos, jump(c)...); err != nil {
 				return changed, fmt.Errorf("insert jump %s/%s -> %s: %w", c.Table, c.From, c.Name, err)
 			}
 			changed = true
 		}
 	}
 	return changed, nil
+}
+
+// insertPosition is 1 plus the number of rules at the head of chain that
+// contain marker.
+func insertPosition(ipt IPTables, table, chain, marker string) (int, error) {
+	if marker == "" {
+		return 1, nil
+	}
+	rules, err := ipt.List(table, chain)
+	if err != nil {
+		return 0, fmt.Errorf("list %s/%s: %w", table, chain, err)
+	}
+	pos := 1
+	for _, r := range rules {
+		if !strings.HasPrefix(r, "-A ") {
+			continue // the -P or -N line
+		}
+		if !strings.Contains(r, marker) {
+			break
+		}
+		pos++
+	}
+	return pos, nil
 }
 
 // holds reports whether the chain holds exactly c's rules in order: every

@@ -137,3 +137,30 @@ func TestEnsureSysctls(t *testing.T) {
 		t.Errorf("err = %v, want one naming ip_forward", err)
 	}
 }
+
+// The Service proxy's jumps at the head of FORWARD reject traffic to
+// Services without endpoints; a re-inserted podnet jump must go behind them,
+// not above, or pod traffic to such a Service would be accepted instead.
+func TestJumpStaysBehindServiceProxy(t *testing.T) {
+	ipt := NewFakeIPTables()
+	r := rules
+	r.StayBehind = "-j PODSVC-"
+	ipt.Chains["filter/FORWARD"] = []string{
+		"-m comment --comment svc -j PODSVC-FILTER",
+		"-m comment --comment svc -j PODSVC-FORWARD",
+		"-j SOMEONE-ELSE",
+	}
+	if _, err := EnsureChains(ipt, r); err != nil {
+		t.Fatal(err)
+	}
+	got := ipt.Chains["filter/FORWARD"]
+	want := []string{
+		"-m comment --comment svc -j PODSVC-FILTER",
+		"-m comment --comment svc -j PODSVC-FORWARD",
+		"-m comment --comment podnet -j PODNET-FORWARD",
+		"-j SOMEONE-ELSE",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("FORWARD:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
