@@ -12,7 +12,6 @@ packages=(
 	bind9-dnsutils  # dig
 	iperf3          # throughput benchmarks
 	dnsmasq-base    # a real upstream DNS server for dnsd's forwarder tests
-	unbound         # a second upstream DNS implementation
 	dnsperf         # DNS benchmarks
 	ethtool
 	etcd-server     # the e2e tests' kube-apiserver stores its objects here
@@ -37,10 +36,15 @@ fi
 
 echo "deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
+# etcd-server's package would start a system etcd on the host; podnet's tests
+# run their own in a namespace of their own. Keep services from starting
+# while installing (Debian's policy-rc.d), unless the machine already has a
+# policy of its own.
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+	printf '#!/bin/sh\nexit 101\n' >"$policy"
+	chmod +x "$policy"
+	trap 'rm -f "$policy"' EXIT
+fi
 apt-get update -q
 apt-get install -y -q --no-install-recommends "${missing[@]}"
-# unbound's package enables a system resolver service; podnet's tests start
-# their own instances on loopback and never need it.
-if command -v systemctl >/dev/null 2>&1; then
-	systemctl disable --now unbound >/dev/null 2>&1 || true
-fi
