@@ -64,7 +64,7 @@ func maxRSSKiB(who int) int64 {
 }
 
 // connectTimes returns sorted TCP connect durations to addr from a namespace.
-func connectTimes(t *testing.T, from ns.NetNS, addr string, n int) []time.Duration {
+func connectTimes(t testing.TB, from ns.NetNS, addr string, n int) []time.Duration {
 	var out []time.Duration
 	err := from.Do(func(ns.NetNS) error {
 		for range n {
@@ -99,13 +99,15 @@ func median(d []time.Duration) time.Duration {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// TestBenchServices measures sync times, rule counts and first-packet
-// latency at scale. It is a benchmark, not a test: scripts/bench-services.sh
-// runs it with PODNET_BENCH=1; make test skips it.
-func TestBenchServices(t *testing.T) {
+// BenchmarkServicesAtScale measures sync times, rule counts and first-packet
+// latency at scale, once, printing tables for BENCHMARKS.md. It takes
+// minutes, so it runs only with PODNET_BENCH=1, as scripts/bench-services.sh
+// sets it (not in the `go test -bench .` sweep of make bench).
+func BenchmarkServicesAtScale(b *testing.B) {
 	if os.Getenv("PODNET_BENCH") == "" {
-		t.Skip("benchmark; run scripts/bench-services.sh")
+		b.Skip("set PODNET_BENCH=1, as scripts/bench-services.sh does")
 	}
+	var t testing.TB = b
 	roottest.Require(t)
 	backends := strings.Fields(os.Getenv("PODNET_BENCH_BACKENDS"))
 	if len(backends) == 0 {

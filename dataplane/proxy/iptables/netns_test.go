@@ -25,14 +25,14 @@ type netnsLab struct {
 	node, client, server ns.NetNS
 }
 
-func sh(t *testing.T, args ...string) {
+func sh(t testing.TB, args ...string) {
 	t.Helper()
 	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
 		t.Fatalf("%s: %v: %s", strings.Join(args, " "), err, out)
 	}
 }
 
-func newNetnsLab(t *testing.T, tag string) *netnsLab {
+func newNetnsLab(t testing.TB, tag string) *netnsLab {
 	t.Helper()
 	prefix := fmt.Sprintf("podnet-svc%d-%s", os.Getpid(), tag)
 	names := map[string]string{"node": prefix + "-n", "client": prefix + "-c", "server": prefix + "-s"}
@@ -76,7 +76,7 @@ func newNetnsLab(t *testing.T, tag string) *netnsLab {
 
 // serve accepts TCP connections in the server namespace and writes each
 // client's address back.
-func (l *netnsLab) serve(t *testing.T, addr string) {
+func (l *netnsLab) serve(t testing.TB, addr string) {
 	t.Helper()
 	var ln net.Listener
 	err := l.server.Do(func(ns.NetNS) error {
