@@ -339,14 +339,10 @@ func (f *Forwarder) try(ctx context.Context, u *upstream, q *mdns.Msg, deadline 
 		return nil, fmt.Errorf("dial %s: %w", u.addr, err)
 	}
 	defer c.Close()
-	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
-	defer stop()
-	c.SetDeadline(deadline)
-	qq := *q
-	qq.Id = uint16(rand.Uint32())
-	pkt, err := qq.Pack()
+	defer bindDeadline(ctx, c, deadline)()
+	qq, pkt, err := withFreshID(q)
 	if err != nil {
-		return nil, fmt.Errorf("pack query: %w", err)
+		return nil, err
 	}
 	if _, err := c.Write(pkt); err != nil {
 		return nil, fmt.Errorf("send to %s: %w", u.addr, err)
@@ -360,17 +356,41 @@ func (f *Forwarder) try(ctx context.Context, u *upstream, q *mdns.Msg, deadline 
 			return nil, fmt.Errorf("read from %s: %w", u.addr, err)
 		}
 		m := new(mdns.Msg)
-		if m.Unpack(buf[:n]) != nil || !answers(m, &qq) {
-			f.forged.Add(1)
-			if f.metrics != nil {
-				f.metrics.forged.Inc()
-			}
+		if m.Unpack(buf[:n]) != nil || !answers(m, qq) {
+			f.dropForged()
 			continue
 		}
 		if m.Truncated {
 			return f.tryTCP(ctx, u, q, deadline)
 		}
 		return m, nil
+	}
+}
+
+// withFreshID copies q under a new random ID, so every upstream try can be
+// told apart from forged or late answers, and packs it.
+func withFreshID(q *mdns.Msg) (*mdns.Msg, []byte, error) {
+	qq := *q
+	qq.Id = uint16(rand.Uint32())
+	pkt, err := qq.Pack()
+	if err != nil {
+		return nil, nil, fmt.Errorf("pack query: %w", err)
+	}
+	return &qq, pkt, nil
+}
+
+// bindDeadline sets c's deadline and cuts it short when ctx ends; call the
+// returned func when done with c.
+func bindDeadline(ctx context.Context, c net.Conn, deadline time.Time) (stop func() bool) {
+	c.SetDeadline(deadline)
+	return context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
+}
+
+// dropForged counts an answer dropped for not matching its query.
+func (f *Forwarder) dropForged() {
+	f.forged.Add(1)
+	if f.metrics != nil {
+		f.metrics.forged.Inc()
 	}
 }
 
@@ -390,14 +410,10 @@ func (f *Forwarder) tryTCP(ctx context.Context, u *upstream, q *mdns.Msg, deadli
 		return nil, fmt.Errorf("dial tcp %s: %w", u.addr, err)
 	}
 	defer c.Close()
-	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
-	defer stop()
-	c.SetDeadline(deadline)
-	qq := *q
-	qq.Id = uint16(rand.Uint32())
-	pkt, err := qq.Pack()
+	defer bindDeadline(ctx, c, deadline)()
+	qq, pkt, err := withFreshID(q)
 	if err != nil {
-		return nil, fmt.Errorf("pack query: %w", err)
+		return nil, err
 	}
 	out := binary.BigEndian.AppendUint16(nil, uint16(len(pkt)))
 	if _, err := c.Write(append(out, pkt...)); err != nil {
@@ -412,8 +428,8 @@ func (f *Forwarder) tryTCP(ctx context.Context, u *upstream, q *mdns.Msg, deadli
 		return nil, fmt.Errorf("read from %s over tcp: %w", u.addr, err)
 	}
 	m := new(mdns.Msg)
-	if err := m.Unpack(buf); err != nil || !answers(m, &qq) {
-		f.forged.Add(1)
+	if err := m.Unpack(buf); err != nil || !answers(m, qq) {
+		f.dropForged()
 		return nil, fmt.Errorf("bad answer from %s over tcp", u.addr)
 	}
 	return m, nil
@@ -423,8 +439,11 @@ func (f *Forwarder) tryTCP(ctx context.Context, u *upstream, q *mdns.Msg, deadli
 // own: recursion desired, the client's CD, EDNS0 with our size and its DO.
 func upstreamQuery(pkt []byte, r *request) (*mdns.Msg, error) {
 	var req mdns.Msg
-	if err := req.Unpack(pkt); err != nil || len(req.Question) != 1 {
+	if err := req.Unpack(pkt); err != nil {
 		return nil, fmt.Errorf("unpack query: %w", err)
+	}
+	if len(req.Question) != 1 {
+		return nil, fmt.Errorf("query has %d questions, want 1", len(req.Question))
 	}
 	q := new(mdns.Msg)
 	q.SetQuestion(req.Question[0].Name, req.Question[0].Qtype)
