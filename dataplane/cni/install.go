@@ -7,7 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/podnet/podnet/dataplane/nodeconfig"
+	"github.com/podnet/podnet/dataplane/atomicfile"
 )
 
 // ConflistName is the file Install writes in the CNI config directory; the
@@ -60,7 +60,7 @@ func Install(o InstallOptions) ([]string, error) {
 		if old, err := os.ReadFile(f.path); err == nil && bytes.Equal(old, f.data) {
 			continue
 		}
-		if err := nodeconfig.WriteFileAtomic(f.path, f.data, f.perm); err != nil {
+		if err := atomicfile.WriteFile(f.path, f.data, f.perm); err != nil {
 			return changed, fmt.Errorf("install %s: %w", f.path, err)
 		}
 		changed = append(changed, f.path)

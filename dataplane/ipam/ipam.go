@@ -32,6 +32,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/dataplane/atomicfile"
 )
 
 // DefaultBootIDFile is where Linux publishes the current boot's random ID.
@@ -381,7 +383,7 @@ func (t *Txn) Commit() error {
 	if err != nil {
 		return fmt.Errorf("encode ipam store: %w", err)
 	}
-	if err := writeAtomic(t.dir, stateFile, data); err != nil {
+	if err := atomicfile.Replace(filepath.Join(t.dir, stateFile), data, 0o600); err != nil {
 		return fmt.Errorf("write ipam store: %w", err)
 	}
 	t.dirty = false
@@ -400,40 +402,9 @@ func (t *Txn) Close() error {
 	t.lock = nil
 	if t.syncDir {
 		t.syncDir = false
-		if serr := syncDir(t.dir); serr != nil && err == nil {
+		if serr := atomicfile.SyncDir(t.dir); serr != nil && err == nil {
 			err = fmt.Errorf("fsync ipam dir: %w", serr)
 		}
 	}
 	return err
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
-
-// writeAtomic replaces dir/name by data: temp file, fsync, rename.
-func writeAtomic(dir, name string, data []byte) error {
-	f, err := os.CreateTemp(dir, "."+name+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // no-op after the rename
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(dir, name))
 }

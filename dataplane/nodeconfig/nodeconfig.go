@@ -9,7 +9,8 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"path/filepath"
+
+	"github.com/podnet/podnet/dataplane/atomicfile"
 )
 
 // DefaultPath is where proxyd writes the node config on a real node.
@@ -76,47 +77,5 @@ func Write(path string, c Config) error {
 	if err != nil {
 		return fmt.Errorf("encode node config: %w", err)
 	}
-	return WriteFileAtomic(path, append(data, '\n'), 0o644)
-}
-
-// WriteFileAtomic writes data to a temporary file beside path, fsyncs it,
-// renames it over path and fsyncs the directory.
-func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("create %s: %w", dir, err)
-	}
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("create temp file in %s: %w", dir, err)
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // no-op after a successful rename
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", tmp, err)
-	}
-	if err := f.Chmod(perm); err != nil {
-		f.Close()
-		return fmt.Errorf("chmod %s: %w", tmp, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("fsync %s: %w", tmp, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("rename %s: %w", path, err)
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("open %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync %s: %w", dir, err)
-	}
-	return nil
+	return atomicfile.WriteFile(path, append(data, '\n'), 0o644)
 }

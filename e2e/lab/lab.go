@@ -34,6 +34,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/podnet/podnet/dataplane/atomicfile"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
 	"github.com/podnet/podnet/dataplane/roottest"
 )
@@ -369,7 +370,7 @@ func (l *Lab) WriteState(file, yamlText string) error {
 	if err != nil {
 		return err
 	}
-	return nodeconfig.WriteFileAtomic(p, []byte(yamlText), 0o644)
+	return atomicfile.WriteFile(p, []byte(yamlText), 0o644)
 }
 
 // RemoveState removes file (relative to StateDir). A missing file is no error.

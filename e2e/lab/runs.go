@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/podnet/podnet/dataplane/nodeconfig"
+	"github.com/podnet/podnet/dataplane/atomicfile"
 )
 
 // RunDir holds one record per lab run (<prefix>.json). A run writes its
@@ -54,7 +54,7 @@ func writeRecord(r runRecord) error {
 	if err != nil {
 		return fmt.Errorf("encode run record: %w", err)
 	}
-	return nodeconfig.WriteFileAtomic(recordPath(r.Prefix), append(data, '\n'), 0o644)
+	return atomicfile.WriteFile(recordPath(r.Prefix), append(data, '\n'), 0o644)
 }
 
 func removeRecord(prefix string) error {
