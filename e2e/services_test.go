@@ -547,26 +547,7 @@ endpoints:
 		svcEventuallyServes(t, c.c3.NSPath(), "udp", "10.96.1.20:53", "web1")
 		// One socket, one source port: the conntrack entry would pin it to
 		// web1 if nobody deleted it.
-		var conn net.Conn
-		if err := ns.WithNetNSPath(c.c3.NSPath(), func(ns.NetNS) error {
-			var err error
-			conn, err = net.Dial("udp", "10.96.1.20:53")
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		ask := func() string {
-			conn.Write([]byte("q\n"))
-			conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-			buf := make([]byte, 512)
-			n, err := conn.Read(buf)
-			if err != nil {
-				return ""
-			}
-			name, _ := svcAnswer(strings.TrimSpace(string(buf[:n])))
-			return name
-		}
+		ask := svcUDPClient(t, c.c3.NSPath(), "10.96.1.20:53")
 		svcWaitUntil(t, svcTimeout, func() bool { return ask() == "web1" }, "UDP answers from web1")
 		d.endpoints = []svcEndpoint{svcReady(c.web2)}
 		c.apply(d)
@@ -586,26 +567,7 @@ endpoints:
 		// Packets to a VIP nobody programs yet are routed out and leave a
 		// conntrack entry without DNAT; once the Service appears that entry
 		// must go, or the client keeps missing it.
-		var conn net.Conn
-		if err := ns.WithNetNSPath(c.c3.NSPath(), func(ns.NetNS) error {
-			var err error
-			conn, err = net.Dial("udp", "10.96.1.30:53")
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		ask := func() string {
-			conn.Write([]byte("q\n"))
-			conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-			buf := make([]byte, 512)
-			n, err := conn.Read(buf)
-			if err != nil {
-				return ""
-			}
-			name, _ := svcAnswer(strings.TrimSpace(string(buf[:n])))
-			return name
-		}
+		ask := svcUDPClient(t, c.c3.NSPath(), "10.96.1.30:53")
 		for range 5 {
 			if got := ask(); got != "" {
 				t.Fatalf("answer %q before the Service exists", got)
@@ -758,4 +720,32 @@ func svcHTTPGet(nsPath, target string) (int, string, error) {
 	var code int
 	fmt.Sscanf(head, "HTTP/1.%d %d", new(int), &code)
 	return code, body, nil
+}
+
+// svcUDPClient dials addr over UDP from the namespace at nsPath, one socket
+// and so one source port for the whole test (the conntrack entry a stale
+// endpoint would stay pinned by), and returns a func that sends a query and
+// names the echo server that answered ("" after 100 ms of silence).
+func svcUDPClient(t *testing.T, nsPath, addr string) (ask func() string) {
+	t.Helper()
+	var conn net.Conn
+	if err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
+		var err error
+		conn, err = net.Dial("udp", addr)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	buf := make([]byte, 512)
+	return func() string {
+		conn.Write([]byte("q\n"))
+		conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		n, err := conn.Read(buf)
+		if err != nil {
+			return ""
+		}
+		name, _ := svcAnswer(strings.TrimSpace(string(buf[:n])))
+		return name
+	}
 }
