@@ -172,6 +172,37 @@ func checkKernelHolds(t *testing.T, k Kernel, p Plan) {
 }
 
 func TestWatchSeesHandDeletion(t *testing.T) {
+	ns, changed := watchedTestNS(t)
+	ipIn(t, ns, "route", "del", "10.244.2.0/24")
+	select {
+	case <-changed:
+	case <-time.After(2 * time.Second):
+		t.Fatal("no change signalled for a deleted route")
+	}
+}
+
+func TestWatchSeesNeighbourDeletionOnTheDeviceOnly(t *testing.T) {
+	ns, changed := watchedTestNS(t)
+	// ARP on the underlay is not podnet's business.
+	ipIn(t, ns, "neigh", "add", "192.168.10.77", "lladdr", "02:00:00:00:00:77", "dev", "eth0")
+	select {
+	case <-changed:
+		t.Fatal("a neighbour on eth0 signalled a change")
+	case <-time.After(300 * time.Millisecond):
+	}
+	ipIn(t, ns, "neigh", "del", "10.244.4.0", "dev", DefaultDevice)
+	select {
+	case <-changed:
+	case <-time.After(2 * time.Second):
+		t.Fatal("no change signalled for a deleted neighbour on podnet.1")
+	}
+}
+
+// watchedTestNS is a test namespace holding an applied plan (host-gw and
+// VXLAN peers) with Watch running on it; the returned channel has been
+// drained of the changes the apply itself caused.
+func watchedTestNS(t *testing.T) (string, <-chan struct{}) {
+	t.Helper()
 	ns, h, nsh := newTestNS(t)
 	r := &Reconciler{Kernel: NewNetlinkKernel(h), Device: DefaultDevice}
 	if _, err := r.Apply(Compute(config(BackendAuto), []*cluster.Node{self, node2, node4})); err != nil {
@@ -186,40 +217,5 @@ func TestWatchSeesHandDeletion(t *testing.T) {
 	for len(changed) > 0 {
 		<-changed
 	}
-	ipIn(t, ns, "route", "del", "10.244.2.0/24")
-	select {
-	case <-changed:
-	case <-time.After(2 * time.Second):
-		t.Fatal("no change signalled for a deleted route")
-	}
-}
-
-func TestWatchSeesNeighbourDeletionOnTheDeviceOnly(t *testing.T) {
-	ns, h, nsh := newTestNS(t)
-	r := &Reconciler{Kernel: NewNetlinkKernel(h), Device: DefaultDevice}
-	if _, err := r.Apply(Compute(config(BackendAuto), []*cluster.Node{self, node2, node4})); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	changed := make(chan struct{}, 1)
-	done := make(chan error, 1)
-	go func() { done <- Watch(ctx, nsh, DefaultDevice, changed) }()
-	t.Cleanup(func() { cancel(); <-done })
-	time.Sleep(100 * time.Millisecond)
-	for len(changed) > 0 {
-		<-changed
-	}
-	// ARP on the underlay is not podnet's business.
-	ipIn(t, ns, "neigh", "add", "192.168.10.77", "lladdr", "02:00:00:00:00:77", "dev", "eth0")
-	select {
-	case <-changed:
-		t.Fatal("a neighbour on eth0 signalled a change")
-	case <-time.After(300 * time.Millisecond):
-	}
-	ipIn(t, ns, "neigh", "del", "10.244.4.0", "dev", DefaultDevice)
-	select {
-	case <-changed:
-	case <-time.After(2 * time.Second):
-		t.Fatal("no change signalled for a deleted neighbour on podnet.1")
-	}
+	return ns, changed
 }
