@@ -11,15 +11,9 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 
@@ -46,7 +40,7 @@ func BenchmarkKubeSourceRSS(b *testing.B) {
 		b.Fatal(err)
 	}
 	start := time.Now()
-	if err := createServices(b.Context(), admin, "rss", services, endpoints); err != nil {
+	if err := apiserver.CreateServices(b.Context(), admin, "rss", services, endpoints); err != nil {
 		b.Fatal(err)
 	}
 	b.Logf("created %d Services and EndpointSlices in %v", services, time.Since(start).Round(time.Second))
@@ -86,69 +80,6 @@ var netipLoopback = netip.MustParseAddr("127.0.0.1")
 func lastLine(s string) string {
 	lines := strings.Split(s, "\n")
 	return lines[len(lines)-1]
-}
-
-// createServices creates n Services in namespace ns, each with one
-// EndpointSlice of m ready endpoints, 32 requests at a time.
-func createServices(ctx context.Context, client kubernetes.Interface, ns string, n, m int) error {
-	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		return err
-	}
-	var next atomic.Int64
-	var firstErr error
-	var once sync.Once
-	var wg sync.WaitGroup
-	for range 32 {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= n || ctx.Err() != nil {
-					return
-				}
-				if err := createService(ctx, client, ns, i, m); err != nil {
-					once.Do(func() { firstErr = err })
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	return firstErr
-}
-
-func createService(ctx context.Context, client kubernetes.Interface, ns string, i, m int) error {
-	name := fmt.Sprintf("svc-%05d", i)
-	svc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": name}},
-		Spec: corev1.ServiceSpec{
-			Selector: map[string]string{"app": name},
-			Ports:    []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}},
-		},
-	}
-	if _, err := client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create service %s: %w", name, err)
-	}
-	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: name + "-abcde", Namespace: ns,
-			Labels: map[string]string{discoveryv1.LabelServiceName: name, discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"},
-		},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: new("http"), Port: new(int32(8080)), Protocol: new(corev1.ProtocolTCP)}},
-	}
-	for j := range m {
-		node := fmt.Sprintf("node-%d", (i+j)%100)
-		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{
-			Addresses:  []string{fmt.Sprintf("10.%d.%d.%d", 244+i/65536%8, i/256%256, i%256/26*10+j+1)},
-			Conditions: discoveryv1.EndpointConditions{Ready: new(true), Serving: new(true), Terminating: new(false)},
-			NodeName:   &node,
-			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: fmt.Sprintf("%s-%d", name, j)},
-		})
-	}
-	if _, err := client.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create endpointslice %s: %w", slice.Name, err)
-	}
-	return nil
 }
 
 // kubeRSSChild is the measured process: "base <KiB> rss <KiB> heap <bytes>

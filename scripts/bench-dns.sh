@@ -1,33 +1,82 @@
 #!/usr/bin/env bash
-# bench-dns.sh: dnsd and CoreDNS side by side with dnsperf, each server pinned
-# to one core (taskset), dnsperf on another, on the same names:
+# bench-dns.sh: dnsd and CoreDNS side by side with dnsperf, both reading the
+# cluster from a real API server, each server pinned to one core (taskset),
+# dnsperf on another, on the same names:
 #   cluster  — A records of cluster Services
 #   nxdomain — search-path misses (<name>.<ns>.svc.cluster.local, NXDOMAIN)
 #   cached   — forwarded names, answered from each server's cache
-# CoreDNS serves an equivalent zone file (file plugin) with cache 30 and
-# forward to a loopback dnsmasq, dnsd the same Services from a state dir.
-# Everything runs on 127.0.0.1 high ports; nothing leaves the machine.
+# e2e/cmd/kubebench starts the e2e control plane (etcd + kube-apiserver in a
+# network namespace of its own), creates SERVICES ClusterIP Services in
+# namespace bench (one named port, an EndpointSlice of 3 ready endpoints
+# each; default/kubernetes is the API server's own) and runs the measuring
+# half of this script inside that namespace: dnsd with --kubeconfig, CoreDNS
+# with the kubernetes plugin, cache 30 and forward, both forwarding to a
+# dnsmasq; all on that namespace's loopback, nothing in the host's.
 #
 # Usage: scripts/bench-dns.sh [SERVICES] [SECONDS]   (defaults 1000, 10)
-# Each figure is the median of three alternating rounds.
-# Env: PODNET_BIN (dir with dnsd; default: build it), COREDNS (binary;
-# default /var/cache/podnet/coredns-$COREDNS_VERSION, built if missing),
-# SERVER_CPU (default 1), CLIENT_CPU (default 0).
+# Each figure is the median of three alternating rounds. Needs root.
+# Env: PODNET_BIN (dir with dnsd; default: build it), PODNET_KUBE_APISERVER
+# (default /var/cache/podnet/kube-apiserver-v1.36.3, see make apiserver),
+# COREDNS (binary; default /var/cache/podnet/coredns-$COREDNS_VERSION, built
+# if missing), SERVER_CPU (default 1), CLIENT_CPU (default 0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SERVICES=${1:-1000}
-SECONDS_PER_RUN=${2:-10}
-COREDNS_VERSION=${COREDNS_VERSION:-v1.15.0}
+if [[ ${1:-} != --measure ]]; then
+	SERVICES=${1:-1000}
+	SECONDS_PER_RUN=${2:-10}
+	COREDNS_VERSION=${COREDNS_VERSION:-v1.15.0}
+	CACHE_DIR=/var/cache/podnet
+	COREDNS=${COREDNS:-$CACHE_DIR/coredns-$COREDNS_VERSION}
+	export PODNET_KUBE_APISERVER=${PODNET_KUBE_APISERVER:-$CACHE_DIR/kube-apiserver-v1.36.3}
+	[[ $(id -u) == 0 ]] || { echo "bench-dns: needs root (the API server runs in a network namespace)" >&2; exit 1; }
+	for tool in dnsperf dnsmasq taskset dig curl ip; do
+		command -v "$tool" >/dev/null || { echo "bench-dns: $tool missing (scripts/deps.sh)" >&2; exit 1; }
+	done
+	work=$(mktemp -d)
+	trap 'rm -rf "$work"' EXIT
+	if [[ -n "${PODNET_BIN:-}" ]]; then
+		DNSD=$PODNET_BIN/dnsd
+	else
+		DNSD=$work/dnsd
+		go build -o "$DNSD" ./cmd/dnsd
+	fi
+	go build -o "$work/kubebench" ./e2e/cmd/kubebench
+	# CoreDNS is built from the Go module proxy into a cache outside the
+	# repo, never committed.
+	if [[ ! -x "$COREDNS" ]]; then
+		echo "building CoreDNS $COREDNS_VERSION into $COREDNS" >&2
+		mkdir -p "$CACHE_DIR" "$work/coredns"
+		cat >"$work/coredns/go.mod" <<-EOF
+			module corednsbench
+
+			go 1.26
+		EOF
+		cat >"$work/coredns/main.go" <<-'EOF'
+			package main
+
+			import (
+				_ "github.com/coredns/coredns/core/plugin"
+				"github.com/coredns/coredns/coremain"
+			)
+
+			func main() { coremain.Run() }
+		EOF
+		(cd "$work/coredns" && GOFLAGS=-mod=mod go get "github.com/coredns/coredns@$COREDNS_VERSION" &&
+			GOFLAGS=-mod=mod CGO_ENABLED=0 go build -o "$COREDNS" .)
+	fi
+	DNSD=$DNSD COREDNS=$COREDNS SECONDS_PER_RUN=$SECONDS_PER_RUN \
+		"$work/kubebench" --services "$SERVICES" --endpoints 3 --namespace bench -- bash scripts/bench-dns.sh --measure
+	exit
+fi
+
+# The measuring half: in the control plane's namespace, with KUBECONFIG,
+# BENCH_SERVICES and BENCH_NAMESPACE from kubebench.
+SERVICES=$BENCH_SERVICES
+NS=$BENCH_NAMESPACE
 SERVER_CPU=${SERVER_CPU:-1}
 CLIENT_CPU=${CLIENT_CPU:-0}
-CACHE_DIR=/var/cache/podnet
-COREDNS=${COREDNS:-$CACHE_DIR/coredns-$COREDNS_VERSION}
 DNSD_PORT=25353 COREDNS_PORT=25354 UP_PORT=25355
-
-for tool in dnsperf dnsmasq taskset; do
-	command -v "$tool" >/dev/null || { echo "bench-dns: $tool missing (scripts/deps.sh)" >&2; exit 1; }
-done
 
 work=$(mktemp -d)
 pids=()
@@ -38,79 +87,25 @@ cleanup() {
 }
 trap cleanup EXIT
 
-if [[ -n "${PODNET_BIN:-}" ]]; then
-	DNSD=$PODNET_BIN/dnsd
-else
-	DNSD=$work/dnsd
-	go build -o "$DNSD" ./cmd/dnsd
-fi
-
-# CoreDNS is built from the Go module proxy into a cache outside the repo,
-# never committed.
-if [[ ! -x "$COREDNS" ]]; then
-	echo "building CoreDNS $COREDNS_VERSION into $COREDNS" >&2
-	mkdir -p "$CACHE_DIR" "$work/coredns"
-	cat >"$work/coredns/go.mod" <<-EOF
-		module corednsbench
-
-		go 1.26
-	EOF
-	cat >"$work/coredns/main.go" <<-'EOF'
-		package main
-
-		import (
-			_ "github.com/coredns/coredns/core/plugin"
-			"github.com/coredns/coredns/coremain"
-		)
-
-		func main() { coremain.Run() }
-	EOF
-	(cd "$work/coredns" && GOFLAGS=-mod=mod go get "github.com/coredns/coredns@$COREDNS_VERSION" &&
-		GOFLAGS=-mod=mod CGO_ENABLED=0 go build -o "$COREDNS" .)
-fi
-
-# The cluster: SERVICES ClusterIP Services in namespace bench, plus the
-# usual two; the same records as a zone file for CoreDNS.
-mkdir -p "$work/state"
-python3 - "$SERVICES" "$work" <<'EOF'
-import sys
-n, work = int(sys.argv[1]), sys.argv[2]
-def ip(i):
-    i += 100
-    return "10.96.%d.%d" % (i // 250, i % 250 + 1)
-with open(work + "/state/services.yaml", "w") as f:
-    f.write("apiVersion: v1\nkind: List\nitems:\n")
-    f.write("- {apiVersion: v1, kind: Namespace, metadata: {name: bench}}\n")
-    f.write("- {apiVersion: v1, kind: Namespace, metadata: {name: default}}\n")
-    f.write("- apiVersion: v1\n  kind: Service\n  metadata: {name: kubernetes, namespace: default}\n"
-            "  spec: {clusterIP: 10.96.0.1, clusterIPs: [10.96.0.1], ports: [{name: https, port: 443, protocol: TCP}]}\n")
-    for i in range(n):
-        f.write("- apiVersion: v1\n  kind: Service\n  metadata: {name: svc-%d, namespace: bench}\n"
-                "  spec: {clusterIP: %s, clusterIPs: [%s], ports: [{name: http, port: 80, protocol: TCP}]}\n" % (i, ip(i), ip(i)))
-with open(work + "/zone.db", "w") as f:
-    f.write("$ORIGIN cluster.local.\n")
-    f.write("@ 5 IN SOA ns.dns.cluster.local. hostmaster.cluster.local. 1 7200 1800 86400 5\n")
-    f.write("@ 5 IN NS ns.dns.cluster.local.\nns.dns 5 IN A 10.96.0.10\n")
-    f.write("kubernetes.default.svc 5 IN A 10.96.0.1\n")
-    for i in range(n):
-        f.write("svc-%d.bench.svc 5 IN A %s\n" % (i, ip(i)))
-        f.write("_http._tcp.svc-%d.bench.svc 5 IN SRV 0 100 80 svc-%d.bench.svc.cluster.local.\n" % (i, i))
-m = min(n, 1000)
-with open(work + "/q-cluster", "w") as f:
-    for i in range(m):
-        f.write("svc-%d.bench.svc.cluster.local A\n" % (i * 7919 % n))
-with open(work + "/q-nxdomain", "w") as f:
-    for i in range(m):
-        f.write("svc-%d.bench.bench.svc.cluster.local A\n" % (i * 7919 % n))
-with open(work + "/q-cached", "w") as f:
-    for i in range(100):
-        f.write("host-%d.example.test A\n" % i)
-EOF
+# Query files; kubebench names the Services svc-00000, svc-00001, …
+m=$((SERVICES < 1000 ? SERVICES : 1000))
+awk -v n="$SERVICES" -v m="$m" -v ns="$NS" -v w="$work" 'BEGIN {
+	for (i = 0; i < m; i++) {
+		s = sprintf("svc-%05d", i * 7919 % n)
+		printf "%s.%s.svc.cluster.local A\n", s, ns > (w "/q-cluster")
+		printf "%s.%s.%s.svc.cluster.local A\n", s, ns, ns > (w "/q-nxdomain")
+	}
+	for (i = 0; i < 100; i++) printf "host-%d.example.test A\n", i > (w "/q-cached")
+}'
 
 cat >"$work/Corefile" <<EOF
 .:$COREDNS_PORT {
     bind 127.0.0.1
-    file $work/zone.db cluster.local
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+        kubeconfig $KUBECONFIG lab
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+    }
     cache 30
     forward . 127.0.0.1:$UP_PORT
 }
@@ -119,7 +114,7 @@ EOF
 taskset -c "$CLIENT_CPU" dnsmasq --no-daemon --no-resolv --no-hosts --bind-interfaces --listen-address=127.0.0.1 \
 	--port=$UP_PORT --address=/example.test/192.0.2.1 --user="$(id -un)" --pid-file= 2>/dev/null &
 pids+=($!)
-taskset -c "$SERVER_CPU" "$DNSD" --state-dir "$work/state" --listen 127.0.0.1:$DNSD_PORT --upstream 127.0.0.1:$UP_PORT \
+taskset -c "$SERVER_CPU" "$DNSD" --kubeconfig "$KUBECONFIG" --listen 127.0.0.1:$DNSD_PORT --upstream 127.0.0.1:$UP_PORT \
 	--metrics-address 127.0.0.1:29153 --health-address "" --ready-address 127.0.0.1:28181 --log-level warn &
 dnsd_pid=$!
 pids+=($dnsd_pid)
@@ -127,16 +122,28 @@ taskset -c "$SERVER_CPU" "$COREDNS" -conf "$work/Corefile" -quiet &
 coredns_pid=$!
 pids+=($coredns_pid)
 
+# Both have listed every Service once the last one created answers.
+last=$(printf "svc-%05d.%s.svc.cluster.local" $((SERVICES - 1)) "$NS")
+ready=
 for _ in $(seq 600); do
 	if curl -sf http://127.0.0.1:28181/ready >/dev/null 2>&1 &&
-		dig +short +time=1 @127.0.0.1 -p $COREDNS_PORT kubernetes.default.svc.cluster.local | grep -q 10.96.0.1; then
+		dig +short +time=1 @127.0.0.1 -p $COREDNS_PORT "$last" | grep -qE '^[0-9.]+$' &&
+		dig +short +time=1 @127.0.0.1 -p $DNSD_PORT "$last" | grep -qE '^[0-9.]+$'; then
+		ready=1
 		break
 	fi
 	sleep 0.1
 done
-dig +short @127.0.0.1 -p $DNSD_PORT svc-1.bench.svc.cluster.local | grep -q . || { echo "dnsd does not answer" >&2; exit 1; }
+[[ -n $ready ]] || { echo "bench-dns: dnsd or CoreDNS never answered $last" >&2; exit 1; }
+# The two must give the same answers, or the mixes measure different work.
+for q in "$last A" "kubernetes.default.svc.cluster.local A" "$(head -1 "$work/q-nxdomain")" "host-1.example.test A"; do
+	set -- $q
+	a=$(dig +noall +answer +comments @127.0.0.1 -p $DNSD_PORT "$1" "$2" | awk '/status:/ {print $6} $3 == "IN" {print $NF}')
+	b=$(dig +noall +answer +comments @127.0.0.1 -p $COREDNS_PORT "$1" "$2" | awk '/status:/ {print $6} $3 == "IN" {print $NF}')
+	[[ $a == "$b" ]] || { echo "bench-dns: $q: dnsd says $a, CoreDNS $b" >&2; exit 1; }
+done
 
-# run PORT FILE QUERIES_IN_FLIGHT -> "qps avg_latency_ms"
+# run PORT FILE QUERIES_IN_FLIGHT -> "qps avg_latency_ms lost"
 run() {
 	taskset -c "$CLIENT_CPU" dnsperf -s 127.0.0.1 -p "$1" -d "$2" -l "$SECONDS_PER_RUN" -q "$3" -c 1 -t 2 2>/dev/null |
 		awk '/Queries per second/ {q=$4} /Average Latency/ {l=$4*1000} /Queries lost/ {lost=$3} END {printf "%.0f %.3f %s\n", q, l, lost}'
@@ -156,7 +163,12 @@ HZ=$(getconf CLK_TCK)
 
 rss() { awk '/VmRSS/ {printf "%.1f", $2/1024}' "/proc/$1/status"; }
 
-echo "## $SERVICES Services, ${SECONDS_PER_RUN}s per run, servers on CPU $SERVER_CPU, dnsperf on CPU $CLIENT_CPU"
+echo "## $SERVICES Services from kube-apiserver, ${SECONDS_PER_RUN}s per run, servers on CPU $SERVER_CPU, dnsperf on CPU $CLIENT_CPU"
+echo
+echo "| server | RSS before the runs |"
+echo "|---|---:|"
+echo "| dnsd | $(rss $dnsd_pid) MiB |"
+echo "| coredns | $(rss $coredns_pid) MiB |"
 echo
 echo "| mix | server | QPS (100 in flight) | server CPU per query | avg latency (100 in flight) | median latency (1 in flight) |"
 echo "|---|---|---:|---:|---:|---:|"
