@@ -162,12 +162,14 @@ cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 HZ=$(getconf CLK_TCK)
 
 rss() { awk '/VmRSS/ {printf "%.1f", $2/1024}' "/proc/$1/status"; }
+# dnsd's Go heap in use, from its /metrics.
+heap() { curl -s http://127.0.0.1:29153/metrics | awk '/^go_memstats_heap_inuse_bytes/ {printf "%.1f", $2/1048576}'; }
 
 echo "## $SERVICES Services from kube-apiserver, ${SECONDS_PER_RUN}s per run, servers on CPU $SERVER_CPU, dnsperf on CPU $CLIENT_CPU"
 echo
 echo "| server | RSS before the runs |"
 echo "|---|---:|"
-echo "| dnsd | $(rss $dnsd_pid) MiB |"
+echo "| dnsd | $(rss $dnsd_pid) MiB (Go heap in use $(heap) MiB) |"
 echo "| coredns | $(rss $coredns_pid) MiB |"
 echo
 echo "| mix | server | QPS (100 in flight) | server CPU per query | avg latency (100 in flight) | median latency (1 in flight) |"
@@ -208,5 +210,5 @@ done
 echo
 echo "| server | RSS after the runs |"
 echo "|---|---:|"
-echo "| dnsd | $(rss $dnsd_pid) MiB |"
+echo "| dnsd | $(rss $dnsd_pid) MiB (Go heap in use $(heap) MiB) |"
 echo "| coredns | $(rss $coredns_pid) MiB |"
