@@ -39,9 +39,10 @@ import (
 
 func main() {
 	fs := pflag.NewFlagSet("kubebench", pflag.ContinueOnError)
-	services := fs.Int("services", 1000, "Services to create (besides default/kubernetes)")
-	endpoints := fs.Int("endpoints", 3, "ready endpoints in each Service's EndpointSlice")
-	namespace := fs.String("namespace", "bench", "namespace of the Services")
+	var o options
+	fs.IntVar(&o.services, "services", 1000, "Services to create (besides default/kubernetes)")
+	fs.IntVar(&o.endpoints, "endpoints", 3, "ready endpoints in each Service's EndpointSlice")
+	fs.StringVar(&o.namespace, "namespace", "bench", "namespace of the Services")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		fmt.Fprintf(os.Stderr, "kubebench: %v\n", err)
 		os.Exit(2)
@@ -57,7 +58,8 @@ func main() {
 	// SIGINT/SIGTERM end the command and tear the control plane down.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	code, err := run(ctx, *services, *endpoints, *namespace, fs.Args())
+	o.command = fs.Args()
+	code, err := run(ctx, o)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kubebench: %v\n", err)
 		if code == 0 {
@@ -67,7 +69,14 @@ func main() {
 	os.Exit(code)
 }
 
-func run(ctx context.Context, services, endpoints int, namespace string, command []string) (code int, err error) {
+// options are kubebench's flags and the command to run.
+type options struct {
+	services, endpoints int
+	namespace           string
+	command             []string
+}
+
+func run(ctx context.Context, o options) (code int, err error) {
 	bin, err := apiserver.Binary()
 	if err != nil {
 		return 1, err
@@ -103,10 +112,10 @@ func run(ctx context.Context, services, endpoints int, namespace string, command
 		return 1, err
 	}
 	start = time.Now()
-	if err := apiserver.CreateServices(ctx, admin, namespace, services, endpoints); err != nil {
+	if err := apiserver.CreateServices(ctx, admin, o.namespace, o.services, o.endpoints); err != nil {
 		return 1, fmt.Errorf("create Services: %w\n%s", err, srv.Logs())
 	}
-	logf("created %d Services with %d endpoints each in %v", services, endpoints, time.Since(start).Round(time.Second))
+	logf("created %d Services with %d endpoints each in %v", o.services, o.endpoints, time.Since(start).Round(time.Second))
 	kubeconfig := filepath.Join(cp.Dir, "admin.kubeconfig")
 	if err := srv.WriteKubeconfig(kubeconfig, apiserver.Admin, netip.MustParseAddr("127.0.0.1")); err != nil {
 		return 1, err
@@ -119,22 +128,22 @@ func run(ctx context.Context, services, endpoints int, namespace string, command
 	defer cg.Close()
 	// In the control plane's cgroup from the first instruction: closing the
 	// control plane kills whatever the command left running.
-	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", cp.Host.NS}, command...)...)
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", cp.Host.NS}, o.command...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd()), Pdeathsig: syscall.SIGKILL}
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = append(os.Environ(),
 		"KUBECONFIG="+kubeconfig,
-		"BENCH_SERVICES="+strconv.Itoa(services),
-		"BENCH_NAMESPACE="+namespace,
+		"BENCH_SERVICES="+strconv.Itoa(o.services),
+		"BENCH_NAMESPACE="+o.namespace,
 	)
 	if err := cmd.Run(); err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) && ee.ExitCode() > 0 {
 			return ee.ExitCode(), nil
 		}
-		return 1, fmt.Errorf("%s: %w", command[0], err)
+		return 1, fmt.Errorf("%s: %w", o.command[0], err)
 	}
 	return 0, nil
 }
