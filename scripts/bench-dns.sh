@@ -159,6 +159,9 @@ run1() {
 
 # cpu PID -> CPU time used so far, in clock ticks (utime + stime)
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# core N -> "busy total" clock ticks of that CPU so far (busy: not idle or
+# iowait), to tell whether the client's core was the limit.
+core() { awk -v c="cpu$1" '$1 == c {t = 0; for (i = 2; i <= NF; i++) t += $i; print t - $5 - $6, t}' /proc/stat; }
 HZ=$(getconf CLK_TCK)
 
 rss() { awk '/VmRSS/ {printf "%.1f", $2/1024}' "/proc/$1/status"; }
@@ -172,8 +175,8 @@ echo "|---|---:|"
 echo "| dnsd | $(rss $dnsd_pid) MiB (Go heap in use $(heap) MiB) |"
 echo "| coredns | $(rss $coredns_pid) MiB |"
 echo
-echo "| mix | server | QPS (100 in flight) | server CPU per query | avg latency (100 in flight) | median latency (1 in flight) |"
-echo "|---|---|---:|---:|---:|---:|"
+echo "| mix | server | QPS (100 in flight) | server CPU per query | server busy | client core busy | avg latency (100 in flight) | median latency (1 in flight) |"
+echo "|---|---|---:|---:|---:|---:|---:|---:|"
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 for mix in cluster nxdomain cached; do
 	# Warm both caches (the cached mix) and page everything in.
@@ -182,7 +185,7 @@ for mix in cluster nxdomain cached; do
 	done
 	# The two servers alternate, three rounds each; the median is reported,
 	# so a burst of background load does not decide the comparison.
-	declare -A qps lat lat1 us
+	declare -A qps lat lat1 us busy cbusy
 	for round in 1 2 3; do
 		for server in dnsd coredns; do
 			port=$DNSD_PORT
@@ -190,8 +193,16 @@ for mix in cluster nxdomain cached; do
 			pid=$dnsd_pid
 			[[ $server == coredns ]] && pid=$coredns_pid
 			c0=$(cpu $pid)
+			read -r k0 t0 < <(core "$CLIENT_CPU")
 			read -r q l _ < <(run $port "$work/q-$mix" 100)
 			c1=$(cpu $pid)
+			read -r k1 t1 < <(core "$CLIENT_CPU")
+			# How much of its core the server used, and of the client's
+			# core dnsperf (and anything else there) used: a server below
+			# 100 % with the client's core near 100 % is waiting for
+			# queries, and its QPS is the client's limit, not its own.
+			busy[$server]+="$(awk -v c=$((c1 - c0)) -v hz="$HZ" -v s="$SECONDS_PER_RUN" 'BEGIN {printf "%.0f", 100 * c / hz / s}') "
+			cbusy[$server]+="$(awk -v b=$((k1 - k0)) -v t=$((t1 - t0)) 'BEGIN {printf "%.0f", t ? 100 * b / t : 0}') "
 			# CPU microseconds per answered query: immune to the client
 			# being the bottleneck and to other load on the box.
 			us[$server]+="$(awk -v c=$((c1 - c0)) -v hz="$HZ" -v q="$q" -v s="$SECONDS_PER_RUN" 'BEGIN {printf "%.1f", c / hz * 1e6 / (q * s)}') "
@@ -203,9 +214,9 @@ for mix in cluster nxdomain cached; do
 	done
 	for server in dnsd coredns; do
 		m() { tr ' ' '\n' <<<"$1" | grep . | median; }
-		echo "| $mix | $server | $(m "${qps[$server]}") | $(m "${us[$server]}") µs | $(m "${lat[$server]}") ms | $(m "${lat1[$server]}") ms |"
+		echo "| $mix | $server | $(m "${qps[$server]}") | $(m "${us[$server]}") µs | $(m "${busy[$server]}") % | $(m "${cbusy[$server]}") % | $(m "${lat[$server]}") ms | $(m "${lat1[$server]}") ms |"
 	done
-	unset qps lat lat1 us
+	unset qps lat lat1 us busy cbusy
 done
 echo
 echo "| server | RSS after the runs |"
