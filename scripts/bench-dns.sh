@@ -11,7 +11,9 @@
 # each; default/kubernetes is the API server's own) and runs the measuring
 # half of this script inside that namespace: dnsd with --kubeconfig, CoreDNS
 # with the kubernetes plugin, cache 30 and forward, both forwarding to a
-# dnsmasq; all on that namespace's loopback, nothing in the host's.
+# dnsmasq; all on that namespace's loopback, nothing in the host's. Beside
+# them e2e/cmd/echodns, which answers every query with itself and looks
+# nothing up: the most any server can show on this box with this client.
 #
 # Usage: scripts/bench-dns.sh [SERVICES] [SECONDS]   (defaults 1000, 10)
 # Each figure is the median of three alternating rounds. Needs root.
@@ -42,6 +44,7 @@ if [[ ${1:-} != --measure ]]; then
 		go build -o "$DNSD" ./cmd/dnsd
 	fi
 	go build -o "$work/kubebench" ./e2e/cmd/kubebench
+	go build -o "$work/echodns" ./e2e/cmd/echodns
 	# CoreDNS is built from the Go module proxy into a cache outside the
 	# repo, never committed.
 	if [[ ! -x "$COREDNS" ]]; then
@@ -65,7 +68,7 @@ if [[ ${1:-} != --measure ]]; then
 		(cd "$work/coredns" && GOFLAGS=-mod=mod go get "github.com/coredns/coredns@$COREDNS_VERSION" &&
 			GOFLAGS=-mod=mod CGO_ENABLED=0 go build -o "$COREDNS" .)
 	fi
-	DNSD=$DNSD COREDNS=$COREDNS SECONDS_PER_RUN=$SECONDS_PER_RUN \
+	DNSD=$DNSD COREDNS=$COREDNS ECHODNS=$work/echodns SECONDS_PER_RUN=$SECONDS_PER_RUN \
 		"$work/kubebench" --services "$SERVICES" --endpoints 3 --namespace bench -- bash scripts/bench-dns.sh --measure
 	exit
 fi
@@ -76,7 +79,7 @@ SERVICES=$BENCH_SERVICES
 NS=$BENCH_NAMESPACE
 SERVER_CPU=${SERVER_CPU:-1}
 CLIENT_CPU=${CLIENT_CPU:-0}
-DNSD_PORT=25353 COREDNS_PORT=25354 UP_PORT=25355
+DNSD_PORT=25353 COREDNS_PORT=25354 UP_PORT=25355 ECHO_PORT=25356
 
 work=$(mktemp -d)
 pids=()
@@ -121,6 +124,12 @@ pids+=($dnsd_pid)
 taskset -c "$SERVER_CPU" "$COREDNS" -conf "$work/Corefile" -quiet &
 coredns_pid=$!
 pids+=($coredns_pid)
+# The ceiling: a responder that answers without looking anything up.
+taskset -c "$SERVER_CPU" "$ECHODNS" 127.0.0.1:$ECHO_PORT &
+echo_pid=$!
+pids+=($echo_pid)
+declare -A port=([dnsd]=$DNSD_PORT [coredns]=$COREDNS_PORT [echodns]=$ECHO_PORT)
+declare -A spid=([dnsd]=$dnsd_pid [coredns]=$coredns_pid [echodns]=$echo_pid)
 
 # Both have listed every Service once the last one created answers.
 last=$(printf "svc-%05d.%s.svc.cluster.local" $((SERVICES - 1)) "$NS")
@@ -180,21 +189,18 @@ echo "|---|---|---:|---:|---:|---:|---:|---:|"
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 for mix in cluster nxdomain cached; do
 	# Warm both caches (the cached mix) and page everything in.
-	for port in $DNSD_PORT $COREDNS_PORT; do
-		taskset -c "$CLIENT_CPU" dnsperf -s 127.0.0.1 -p $port -d "$work/q-$mix" -n 1 >/dev/null 2>&1 || true
+	for p in $DNSD_PORT $COREDNS_PORT; do
+		taskset -c "$CLIENT_CPU" dnsperf -s 127.0.0.1 -p $p -d "$work/q-$mix" -n 1 >/dev/null 2>&1 || true
 	done
 	# The two servers alternate, three rounds each; the median is reported,
 	# so a burst of background load does not decide the comparison.
 	declare -A qps lat lat1 us busy cbusy
 	for round in 1 2 3; do
-		for server in dnsd coredns; do
-			port=$DNSD_PORT
-			[[ $server == coredns ]] && port=$COREDNS_PORT
-			pid=$dnsd_pid
-			[[ $server == coredns ]] && pid=$coredns_pid
+		for server in dnsd coredns echodns; do
+			pid=${spid[$server]}
 			c0=$(cpu $pid)
 			read -r k0 t0 < <(core "$CLIENT_CPU")
-			read -r q l _ < <(run $port "$work/q-$mix" 100)
+			read -r q l _ < <(run "${port[$server]}" "$work/q-$mix" 100)
 			c1=$(cpu $pid)
 			read -r k1 t1 < <(core "$CLIENT_CPU")
 			# How much of its core the server used, and of the client's
@@ -206,13 +212,13 @@ for mix in cluster nxdomain cached; do
 			# CPU microseconds per answered query: immune to the client
 			# being the bottleneck and to other load on the box.
 			us[$server]+="$(awk -v c=$((c1 - c0)) -v hz="$HZ" -v q="$q" -v s="$SECONDS_PER_RUN" 'BEGIN {printf "%.1f", c / hz * 1e6 / (q * s)}') "
-			read -r l1 _ < <(run1 $port "$work/q-$mix")
+			read -r l1 _ < <(run1 "${port[$server]}" "$work/q-$mix")
 			qps[$server]+="$q "
 			lat[$server]+="$l "
 			lat1[$server]+="$l1 "
 		done
 	done
-	for server in dnsd coredns; do
+	for server in dnsd coredns echodns; do
 		m() { tr ' ' '\n' <<<"$1" | grep . | median; }
 		echo "| $mix | $server | $(m "${qps[$server]}") | $(m "${us[$server]}") µs | $(m "${busy[$server]}") % | $(m "${cbusy[$server]}") % | $(m "${lat[$server]}") ms | $(m "${lat1[$server]}") ms |"
 	done

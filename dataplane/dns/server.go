@@ -165,8 +165,20 @@ func (s *Server) serveUDP(ctx context.Context, c *net.UDPConn) {
 	pkt := make([]byte, 65535)
 	sc := s.pool.New().(*scratch)
 	src := newSourceAddr(c)
+	// Without control messages to read or send, recvfrom and sendto do
+	// the same as recvmsg and sendmsg with less copying in the kernel.
+	plain := src.out == nil
 	for {
-		n, oobn, _, from, err := c.ReadMsgUDPAddrPort(pkt, src.oob)
+		var (
+			n, oobn int
+			from    netip.AddrPort
+			err     error
+		)
+		if plain {
+			n, from, err = c.ReadFromUDPAddrPort(pkt)
+		} else {
+			n, oobn, _, from, err = c.ReadMsgUDPAddrPort(pkt, src.oob)
+		}
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
@@ -178,7 +190,11 @@ func (s *Server) serveUDP(ctx context.Context, c *net.UDPConn) {
 		if async {
 			resp = s.serveLater(ctx, c, pkt[:n], from, reply, sc)
 		}
-		if resp != nil {
+		switch {
+		case resp == nil:
+		case plain:
+			c.WriteToUDPAddrPort(resp, from)
+		default:
 			c.WriteMsgUDPAddrPort(resp, reply, from)
 		}
 	}
