@@ -134,7 +134,7 @@ func startKubeLab(t *testing.T) *kubeLab {
 	k.createService(ctx, "kube-system", "kube-dns", "10.96.0.10", []svcPortSpec{{"dns", corev1.ProtocolUDP, 53, 53}, {"dns-tcp", corev1.ProtocolTCP, 53, 53}}, dnsPod)
 	// The kubernetes Service is the API server's own, pointing at
 	// 192.168.10.2:6443.
-	kubeWaitUntil(t, 30*time.Second, func() bool {
+	waitUntil(t, 30*time.Second, func() bool {
 		addrs, _, err := lookupIn(k.client.NSPath(), "kubernetes.default.svc.cluster.local.")
 		return err == nil && len(addrs) == 1 && addrs[0] == "10.96.0.1"
 	}, "kubernetes.default through 10.96.0.10")
@@ -325,7 +325,7 @@ func TestKubeLab(t *testing.T) {
 			}
 		}
 		for _, n := range k.l.Nodes {
-			kubeWaitUntil(t, 10*time.Second, func() bool {
+			waitUntil(t, 10*time.Second, func() bool {
 				node, err := k.admin.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
 				if err != nil {
 					return false
@@ -347,7 +347,7 @@ func TestKubeLab(t *testing.T) {
 		if _, err := web4.StartEcho(lab.EchoOptions{TCP: []string{":8080"}}); err != nil {
 			t.Fatal(err)
 		}
-		kubeWaitUntil(t, 10*time.Second, func() bool { return k.reaches(web4.IP.String()+":8080", "web4") }, "client → web4 on node4")
+		waitUntil(t, 10*time.Second, func() bool { return k.reaches(web4.IP.String()+":8080", "web4") }, "client → web4 on node4")
 	})
 
 	web2 := k.addPod(ctx, "node2", "web2")
@@ -383,7 +383,7 @@ func TestKubeLab(t *testing.T) {
 
 	t.Run("an API server outage breaks nothing, later changes are applied", func(t *testing.T) {
 		k.createService(ctx, kubeLabNS, "steady", "10.96.100.20", []svcPortSpec{{"http", corev1.ProtocolTCP, 80, 8080}}, web2)
-		kubeWaitUntil(t, 5*time.Second, func() bool {
+		waitUntil(t, 5*time.Second, func() bool {
 			return k.reaches("10.96.100.20:80", "web2") && k.resolves("steady.default.svc.cluster.local.", "10.96.100.20")
 		}, "steady Service")
 
@@ -443,7 +443,7 @@ func TestKubeLab(t *testing.T) {
 			}
 		}
 		t.Logf("node1 /healthz during the outage: %d %s", code, strings.TrimSpace(body))
-		kubeWaitUntil(t, 5*time.Second, func() bool {
+		waitUntil(t, 5*time.Second, func() bool {
 			code, body = httpGetIn(k.dnsPod.NSPath(), "127.0.0.1:8181", "/ready")
 			return code == http.StatusServiceUnavailable && strings.Contains(body, "stale")
 		}, "dnsd /ready reporting stale cluster state")
@@ -481,11 +481,11 @@ func TestKubeLab(t *testing.T) {
 		within(t, 3*time.Second, "Service created after the outage reachable and resolvable", func() bool {
 			return k.reaches("10.96.100.30:80", "web2") && k.resolves("after.default.svc.cluster.local.", "10.96.100.30")
 		})
-		kubeWaitUntil(t, 10*time.Second, func() bool {
+		waitUntil(t, 10*time.Second, func() bool {
 			code, _ := k.healthz("node1")
 			return code == http.StatusOK
 		}, "node1 /healthz healthy again")
-		kubeWaitUntil(t, 10*time.Second, func() bool {
+		waitUntil(t, 10*time.Second, func() bool {
 			code, _ := httpGetIn(k.dnsPod.NSPath(), "127.0.0.1:8181", "/ready")
 			return code == http.StatusOK
 		}, "dnsd /ready again")

@@ -359,9 +359,9 @@ func TestKubeNodeStatus(t *testing.T) {
 	}
 }
 
-// kubeWaitUntil polls cond every 20 ms until it holds, failing the test
+// waitUntil polls cond every 20 ms until it holds, failing the test
 // after timeout.
-func kubeWaitUntil(t *testing.T, timeout time.Duration, cond func() bool, what string) {
+func waitUntil(t *testing.T, timeout time.Duration, cond func() bool, what string) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
@@ -433,12 +433,12 @@ func TestKubeSourceOutage(t *testing.T) {
 		}
 	})
 	has := func(name string) bool { return store.Service(cluster.Key{Namespace: "outage", Name: name}) != nil }
-	kubeWaitUntil(t, 10*time.Second, func() bool { return has("before") }, "Service before the outage in the Store")
+	waitUntil(t, 10*time.Second, func() bool { return has("before") }, "Service before the outage in the Store")
 
 	if err := srv.StopAPIServer(); err != nil {
 		t.Fatal(err)
 	}
-	kubeWaitUntil(t, 20*time.Second, func() bool { return src.Err() != nil }, "staleness reported")
+	waitUntil(t, 20*time.Second, func() bool { return src.Err() != nil }, "staleness reported")
 	t.Logf("during the outage: %v", src.Err())
 	if !has("before") {
 		t.Error("the Store lost a Service during the outage")
@@ -450,6 +450,6 @@ func TestKubeSourceOutage(t *testing.T) {
 	mkService("after")
 	// Watches are retried every 500 ms while the API server is away, not
 	// after client-go's backoff of up to a minute.
-	kubeWaitUntil(t, 5*time.Second, func() bool { return has("after") && src.Err() == nil }, "Service created after the outage, staleness cleared")
+	waitUntil(t, 5*time.Second, func() bool { return has("after") && src.Err() == nil }, "Service created after the outage, staleness cleared")
 	t.Logf("Service created after the outage in the Store %v after the API server returned", time.Since(back).Round(time.Millisecond))
 }

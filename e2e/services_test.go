@@ -77,7 +77,7 @@ func svcStart(t *testing.T) *svcCluster {
 		c.startProxyd(n)
 	}
 	for _, n := range l.Nodes {
-		svcWaitUntil(t, 10*time.Second, func() bool { return svcFileExists(n.NodeConfigPath()) }, "node config of "+n.Name)
+		waitUntil(t, 10*time.Second, func() bool { return svcFileExists(n.NodeConfigPath()) }, "node config of "+n.Name)
 	}
 	ctx := t.Context()
 	add := func(node, name string) *lab.Pod {
@@ -100,17 +100,6 @@ func svcStart(t *testing.T) *svcCluster {
 func svcFileExists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
-}
-
-func svcWaitUntil(t *testing.T, timeout time.Duration, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // probeIn runs lab.Probe ("tcp" or "udp") inside the namespace at nsPath:
@@ -442,7 +431,7 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node1}]
 		c.apply(d)
 		sticky := func() {
 			t.Helper()
-			svcWaitUntil(t, svcTimeout, func() bool {
+			waitUntil(t, svcTimeout, func() bool {
 				seen := make(map[string]bool)
 				for range 15 {
 					out, err := svcProbeIn(c.c3.NSPath(), "tcp", "10.96.1.16:80", time.Second)
@@ -484,7 +473,7 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node1}]
 			}
 			return code, body
 		}
-		svcWaitUntil(t, svcTimeout, func() bool { code, _ := hc(n2); return code == 200 }, "health check 200 on node2")
+		waitUntil(t, svcTimeout, func() bool { code, _ := hc(n2); return code == 200 }, "health check 200 on node2")
 		if code, body := hc(n2); !strings.Contains(body, `"localEndpoints":1`) {
 			t.Errorf("node2 health check: %d %s; want the local endpoint count 1", code, body)
 		}
@@ -548,7 +537,7 @@ endpoints:
 		// One socket, one source port: the conntrack entry would pin it to
 		// web1 if nobody deleted it.
 		ask := svcUDPClient(t, c.c3.NSPath(), "10.96.1.20:53")
-		svcWaitUntil(t, svcTimeout, func() bool { return ask() == "web1" }, "UDP answers from web1")
+		waitUntil(t, svcTimeout, func() bool { return ask() == "web1" }, "UDP answers from web1")
 		d.endpoints = []svcEndpoint{svcReady(c.web2)}
 		c.apply(d)
 		changed := time.Now()

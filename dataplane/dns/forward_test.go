@@ -96,6 +96,14 @@ type goUpstream struct {
 	servers []*mdns.Server
 }
 
+// answerA answers r with one A record for its question name.
+func answerA(w mdns.ResponseWriter, r *mdns.Msg, ttl int, addr string) {
+	m := new(mdns.Msg)
+	m.SetReply(r)
+	m.Answer = []mdns.RR{mustRR(fmt.Sprintf("%s %d IN A %s", r.Question[0].Name, ttl, addr))}
+	w.WriteMsg(m)
+}
+
 func startGoUpstream(t testing.TB, h func(w mdns.ResponseWriter, r *mdns.Msg, tcp bool)) *goUpstream {
 	t.Helper()
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
@@ -329,10 +337,7 @@ func blackhole(t testing.TB) netip.AddrPort {
 
 func TestOneUpstreamDown(t *testing.T) {
 	good := startGoUpstream(t, func(w mdns.ResponseWriter, r *mdns.Msg, _ bool) {
-		m := new(mdns.Msg)
-		m.SetReply(r)
-		m.Answer = []mdns.RR{mustRR(r.Question[0].Name + " 300 IN A 192.0.2.9")}
-		w.WriteMsg(m)
+		answerA(w, r, 300, "192.0.2.9")
 	})
 	dead := blackhole(t)
 	fs := newForwardingServer(t, ForwardOptions{
@@ -390,10 +395,7 @@ func TestAllUpstreamsDown(t *testing.T) {
 		if !answering.Load() {
 			return // silence, like a dead resolver
 		}
-		m := new(mdns.Msg)
-		m.SetReply(r)
-		m.Answer = []mdns.RR{mustRR(r.Question[0].Name + " 60 IN A 192.0.2.10")}
-		w.WriteMsg(m)
+		answerA(w, r, 60, "192.0.2.10")
 	})
 	fs := newForwardingServer(t, ForwardOptions{
 		Upstreams: []netip.AddrPort{up.addr, blackhole(t)}, TryTimeout: 150 * time.Millisecond, Deadline: 400 * time.Millisecond,
@@ -456,10 +458,7 @@ func TestConcurrencyCap(t *testing.T) {
 
 func TestPrefetch(t *testing.T) {
 	up := startGoUpstream(t, func(w mdns.ResponseWriter, r *mdns.Msg, _ bool) {
-		m := new(mdns.Msg)
-		m.SetReply(r)
-		m.Answer = []mdns.RR{mustRR(r.Question[0].Name + " 100 IN A 192.0.2.11")}
-		w.WriteMsg(m)
+		answerA(w, r, 100, "192.0.2.11")
 	})
 	fs := newForwardingServer(t, ForwardOptions{Upstreams: []netip.AddrPort{up.addr}}, CacheOptions{PrefetchHits: 2})
 	var mu sync.Mutex
