@@ -50,6 +50,7 @@ $(APISERVER):
 # end-to-end lab tests one package at a time. PODNET_BIN tells the e2e tests
 # where the freshly built binaries are.
 test: deps build apiserver
+	bash scripts/check-bpf.sh
 	$(GO) test -count=1 -timeout 20m $$($(GO) list ./... | grep -v /e2e)
 	$(GO) test -run '^$$' -fuzz '^FuzzServe$$' -fuzztime $(FUZZTIME) ./dataplane/dns
 	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) $(GO) test -count=1 -p 1 -timeout 25m ./e2e/...

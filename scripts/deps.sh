@@ -15,6 +15,8 @@ packages=(
 	dnsperf         # DNS benchmarks
 	ethtool
 	etcd-server     # the e2e tests' kube-apiserver stores its objects here
+	clang-19        # compiles bpf/ (make generate, and make test's check of the committed objects)
+	llvm-19         # llvm-strip-19 for the generated objects
 )
 
 missing=()
