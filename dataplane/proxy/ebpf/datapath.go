@@ -1,0 +1,299 @@
+package ebpf
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/bpf"
+)
+
+// DefaultPinDir is where proxyd pins maps and links.
+const DefaultPinDir = "/sys/fs/bpf/podnet"
+
+// linksDir holds one pinned link per program, under the pin dir.
+const linksDir = "links"
+
+// Datapath is the socket-LB programs, attached to a cgroup through pinned
+// links, and their pinned maps. Closing it leaves everything attached: a
+// new proxyd picks it up where this one left off.
+type Datapath struct {
+	Maps  *Maps
+	coll  *ebpf.Collection
+	links []link.Link
+}
+
+// attachTypes says where each program of bpf/sock.c attaches.
+var attachTypes = map[string]ebpf.AttachType{
+	bpf.SockProgSock4Connect:     ebpf.AttachCGroupInet4Connect,
+	bpf.SockProgSock4Sendmsg:     ebpf.AttachCGroupUDP4Sendmsg,
+	bpf.SockProgSock4Recvmsg:     ebpf.AttachCGroupUDP4Recvmsg,
+	bpf.SockProgSock4Getpeername: ebpf.AttachCgroupInet4GetPeername,
+	bpf.SockProgSock6Connect:     ebpf.AttachCGroupInet6Connect,
+	bpf.SockProgSock6Sendmsg:     ebpf.AttachCGroupUDP6Sendmsg,
+	bpf.SockProgSock6Recvmsg:     ebpf.AttachCGroupUDP6Recvmsg,
+	bpf.SockProgSock6Getpeername: ebpf.AttachCgroupInet6GetPeername,
+}
+
+// Open loads the programs, reusing the maps pinned in pinDir (creating
+// and pinning them on first use), and attaches them to cgroup: links
+// already pinned there are updated in place to the new programs, so
+// sockets never see a moment without them. pinDir is mounted as a bpffs
+// when it is not on one.
+func Open(pinDir, cgroup string) (*Datapath, error) {
+	if err := checkCgroup(cgroup); err != nil {
+		return nil, err
+	}
+	if err := ensureBPFFS(pinDir); err != nil {
+		return nil, err
+	}
+	spec, err := bpf.LoadSock()
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range spec.Maps {
+		m.Pinning = ebpf.PinByName
+	}
+	coll, err := loadPinned(spec, pinDir)
+	if err != nil {
+		return nil, err
+	}
+	d := &Datapath{coll: coll, Maps: &Maps{
+		Services:  kernelTable[svcKey, svcVal]{coll.Maps[bpf.SockMapServicesV1]},
+		Backends:  kernelTable[uint32, backend]{coll.Maps[bpf.SockMapBackendsV1]},
+		NodeAddrs: kernelTable[nodeKey, uint8]{coll.Maps[bpf.SockMapNodeaddrsV1]},
+	}}
+	if err := d.attach(pinDir, cgroup); err != nil {
+		d.Close()
+		return nil, err
+	}
+	if err := removeStale(pinDir, spec); err != nil {
+		d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// loadPinned loads spec with its maps pinned in pinDir. A pinned map whose
+// definition no longer matches (a layout change without a new version in
+// its name) is replaced.
+func loadPinned(spec *ebpf.CollectionSpec, pinDir string) (*ebpf.Collection, error) {
+	opts := ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}
+	coll, err := ebpf.NewCollectionWithOptions(spec, opts)
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		for name := range spec.Maps {
+			if m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, name), nil); err == nil {
+				if m.Type() != spec.Maps[name].Type || m.KeySize() != spec.Maps[name].KeySize ||
+					m.ValueSize() != spec.Maps[name].ValueSize || m.MaxEntries() != spec.Maps[name].MaxEntries {
+					_ = m.Unpin()
+				}
+				m.Close()
+			}
+		}
+		coll, err = ebpf.NewCollectionWithOptions(spec, opts)
+	}
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("load socket-LB programs: %+v", ve)
+		}
+		return nil, fmt.Errorf("load socket-LB programs: %w", err)
+	}
+	return coll, nil
+}
+
+func (d *Datapath) attach(pinDir, cgroup string) error {
+	dir := filepath.Join(pinDir, linksDir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	cgID, err := cgroupID(cgroup)
+	if err != nil {
+		return err
+	}
+	names := make([]string, 0, len(attachTypes))
+	for name := range attachTypes {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		prog := d.coll.Programs[name]
+		path := filepath.Join(dir, name)
+		if l, err := link.LoadPinnedLink(path, nil); err == nil {
+			if sameCgroup(l, cgID) {
+				if err := l.Update(prog); err != nil {
+					l.Close()
+					return fmt.Errorf("update link %s: %w", path, err)
+				}
+				d.links = append(d.links, l)
+				continue
+			}
+			// Attached elsewhere (--bpf-cgroup changed): detach it.
+			_ = l.Unpin()
+			l.Close()
+		}
+		l, err := link.AttachCgroup(link.CgroupOptions{Path: cgroup, Attach: attachTypes[name], Program: prog})
+		if err != nil {
+			return fmt.Errorf("attach %s to cgroup %s: %w", name, cgroup, err)
+		}
+		if err := l.Pin(path); err != nil {
+			l.Close()
+			return fmt.Errorf("pin link %s: %w", path, err)
+		}
+		d.links = append(d.links, l)
+	}
+	return nil
+}
+
+func sameCgroup(l link.Link, id uint64) bool {
+	info, err := l.Info()
+	if err != nil {
+		return false
+	}
+	cg := info.Cgroup()
+	return cg != nil && cg.CgroupId == id
+}
+
+// cgroupID is the id the kernel reports for cgroup: its inode number.
+func cgroupID(cgroup string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(cgroup, &st); err != nil {
+		return 0, fmt.Errorf("cgroup %s: %w", cgroup, err)
+	}
+	return st.Ino, nil
+}
+
+// versionedName matches podnet's map pins (name_vN); a bpffs mounted on
+// the pin dir also holds the kernel's own maps.debug and progs.debug.
+var versionedName = regexp.MustCompile(`^[a-z0-9_]+_v[0-9]+$`)
+
+// removeStale unpins what the current objects do not use: maps of an older
+// layout, links of programs that are gone. It runs after the new programs
+// are attached, so traffic moves to the new maps first.
+func removeStale(pinDir string, spec *ebpf.CollectionSpec) error {
+	entries, err := os.ReadDir(pinDir)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", pinDir, err)
+	}
+	var errs []error
+	for _, e := range entries {
+		if e.Name() == linksDir || spec.Maps[e.Name()] != nil || !versionedName.MatchString(e.Name()) {
+			continue
+		}
+		errs = append(errs, os.Remove(filepath.Join(pinDir, e.Name())))
+	}
+	links, _ := os.ReadDir(filepath.Join(pinDir, linksDir))
+	for _, e := range links {
+		if _, ok := attachTypes[e.Name()]; !ok {
+			errs = append(errs, unpinLink(filepath.Join(pinDir, linksDir, e.Name())))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func unpinLink(path string) error {
+	l, err := link.LoadPinnedLink(path, nil)
+	if err != nil {
+		// Not a link (or a kernel that cannot read it back): the pin
+		// still goes.
+		if rmErr := os.Remove(path); rmErr != nil && !errors.Is(rmErr, fs.ErrNotExist) {
+			return fmt.Errorf("remove %s: %w", path, rmErr)
+		}
+		return nil
+	}
+	defer l.Close()
+	// Unpinned and closed, the link detaches: the program leaves the
+	// cgroup.
+	return l.Unpin()
+}
+
+// Close releases this process's handles; pins keep programs attached and
+// maps filled.
+func (d *Datapath) Close() error {
+	for _, l := range d.links {
+		l.Close()
+	}
+	d.links = nil
+	if d.coll != nil {
+		d.coll.Close()
+	}
+	return nil
+}
+
+// Cleanup detaches every program podnet attached through pinDir and
+// removes every pin, and the directory; a bpffs podnet mounted there is
+// unmounted. A missing pinDir is no error.
+func Cleanup(pinDir string) error {
+	if _, err := os.Stat(pinDir); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	var errs []error
+	links, _ := os.ReadDir(filepath.Join(pinDir, linksDir))
+	for _, e := range links {
+		errs = append(errs, unpinLink(filepath.Join(pinDir, linksDir, e.Name())))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("clean up %s: %w", pinDir, err)
+	}
+	if isMountPoint(pinDir) {
+		// Unmounting drops every pin in it.
+		if err := unix.Unmount(pinDir, 0); err != nil {
+			return fmt.Errorf("unmount %s: %w", pinDir, err)
+		}
+	}
+	if err := os.RemoveAll(pinDir); err != nil {
+		return fmt.Errorf("clean up %s: %w", pinDir, err)
+	}
+	return nil
+}
+
+const (
+	bpfFSMagic   = 0xcafe4a11
+	cgroup2Magic = 0x63677270
+)
+
+// ensureBPFFS makes dir exist on a bpffs, mounting one on dir itself when
+// it is elsewhere (a host without /sys/fs/bpf mounted).
+func ensureBPFFS(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create pin dir %s: %w", dir, err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("pin dir %s: %w", dir, err)
+	}
+	if st.Type == bpfFSMagic {
+		return nil
+	}
+	if err := unix.Mount("bpffs", dir, "bpf", 0, "mode=0700"); err != nil {
+		return fmt.Errorf("mount bpffs on pin dir %s: %w", dir, err)
+	}
+	return nil
+}
+
+func isMountPoint(dir string) bool {
+	var a, b unix.Stat_t
+	if unix.Stat(dir, &a) != nil || unix.Stat(filepath.Dir(dir), &b) != nil {
+		return false
+	}
+	return a.Dev != b.Dev
+}
+
+func checkCgroup(dir string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("--bpf-cgroup %s: %w", dir, err)
+	}
+	if st.Type != cgroup2Magic {
+		return fmt.Errorf("--bpf-cgroup %s: not a cgroup v2 directory", dir)
+	}
+	return nil
+}

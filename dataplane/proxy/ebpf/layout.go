@@ -1,0 +1,290 @@
+// Package ebpf is the eBPF Service proxy backend: socket-level load
+// balancing by cgroup programs (bpf/sock.c) for the node's pods and its own
+// processes, programmed through pinned BPF maps.
+//
+// The maps hold, per Service frontend {address, port, protocol, scope}, a
+// slot 0 entry with the backend count (the single commit point) and slots
+// 1..n naming backends by id; backends live in their own map. A ServicePort
+// owns one service id per endpoint set it uses (all cluster endpoints, or
+// this node's), and each service id owns its backends, so one endpoint
+// change rewrites only that Service's entries and a session-affinity entry
+// can tell whether its backend still belongs to the Service.
+//
+// Generation is pure (desiredPort), applying is ordered (apply): new
+// backends, then slots, then frontends; removals in the reverse order, so a
+// reader never meets a slot whose backend is missing.
+package ebpf
+
+import (
+	"net/netip"
+	"slices"
+
+	"github.com/podnet/podnet/bpf"
+	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/proxy"
+)
+
+// Kernel entry types, as the programs see them.
+type (
+	svcKey  = bpf.SockSvcKey
+	svcVal  = bpf.SockSvcVal
+	backend = bpf.SockBackend
+	nodeKey = bpf.SockNodeaddrKey
+)
+
+// Frontend scopes and flags; they mirror bpf/lb.h.
+const (
+	scopeSock = 0
+	scopeExt  = 1
+
+	feReject   = 1
+	feAffinity = 2
+)
+
+// set names one of a ServicePort's endpoint sets.
+type set uint8
+
+const (
+	setCluster set = iota
+	setLocal
+)
+
+func protoNum(p cluster.Protocol) uint8 {
+	switch p {
+	case cluster.UDP:
+		return 17
+	case cluster.SCTP:
+		return 132
+	}
+	return 6
+}
+
+// be16 converts a port to the network byte order the maps hold.
+func be16(p uint16) uint16 { return p<<8 | p>>8 }
+
+// addr16 is addr in the maps' 16-byte form (IPv4 as ::ffff:a.b.c.d); the
+// zero address (NodePort wildcard) is all zeroes.
+func addr16(a netip.Addr) [16]byte {
+	if !a.IsValid() {
+		return [16]byte{}
+	}
+	return netip.AddrFrom16(a.As16()).As16()
+}
+
+// addrFrom16 is the inverse of addr16.
+func addrFrom16(b [16]byte) netip.Addr {
+	if b == [16]byte{} {
+		return netip.Addr{}
+	}
+	return netip.AddrFrom16(b).Unmap()
+}
+
+// frontendSpec is one frontend of a ServicePort: where clients connect and
+// which endpoint set answers.
+type frontendSpec struct {
+	key      svcKey // slot 0
+	set      set
+	flags    uint8
+	affinity uint32
+}
+
+// frontends lists sp's socket-LB frontends. Every client of socket LB is a
+// pod or the node itself, so external entry points use the endpoints
+// iptables mode gives those clients: all of them, unless the Service has
+// none but local ones. Load-balancer IPs with loadBalancerSourceRanges are
+// left out: the client's address is not known at connect time.
+func frontends(sp *proxy.ServicePort) []frontendSpec {
+	flags := uint8(0)
+	if !sp.HasEndpoints {
+		flags |= feReject
+	}
+	var affinity uint32
+	if sp.AffinityTimeout > 0 {
+		flags |= feAffinity
+		affinity = uint32(sp.AffinityTimeout.Seconds())
+	}
+	mk := func(a netip.Addr, port uint16, s set) frontendSpec {
+		return frontendSpec{
+			key: svcKey{Addr: addr16(a), Port: be16(port), Proto: protoNum(sp.Protocol), Scope: scopeSock},
+			set: s, flags: flags, affinity: affinity,
+		}
+	}
+	internal := setCluster
+	if sp.InternalPolicyLocal {
+		internal = setLocal
+	}
+	out := []frontendSpec{mk(sp.ClusterIP, sp.Port, internal)}
+	if !sp.External() {
+		return out
+	}
+	external := setCluster
+	if sp.ExternalPolicyLocal && len(sp.ClusterEndpoints) == 0 {
+		external = setLocal
+	}
+	for _, a := range sp.ExternalIPs {
+		out = append(out, mk(a, sp.Port, external))
+	}
+	if len(sp.LoadBalancerSourceRanges) == 0 {
+		for _, a := range sp.LoadBalancerIPs {
+			out = append(out, mk(a, sp.Port, external))
+		}
+	}
+	if sp.NodePort != 0 {
+		out = append(out, mk(netip.Addr{}, sp.NodePort, external))
+	}
+	return out
+}
+
+func endpointsOf(sp *proxy.ServicePort, s set) []netip.AddrPort {
+	eps := sp.ClusterEndpoints
+	if s == setLocal {
+		eps = sp.LocalEndpoints
+	}
+	out := make([]netip.AddrPort, 0, len(eps))
+	for _, e := range eps {
+		out = append(out, e.AddrPort())
+	}
+	return out
+}
+
+// ids are the service and backend ids a port holds; they survive syncs so
+// an unchanged backend keeps its entry.
+type ids struct {
+	svc      map[set]uint32
+	backends map[uint32]map[netip.AddrPort]uint32 // svc id -> endpoint -> backend id
+}
+
+// portEntries is every map entry one ServicePort owns.
+type portEntries struct {
+	ids      ids
+	services map[svcKey]svcVal
+	backends map[uint32]backend
+}
+
+// idSource hands out ids: first those the port held before (or the kernel
+// held after a restart), then fresh ones.
+type idSource interface {
+	serviceID(name proxy.PortName, s set, fe svcKey) uint32
+	backendID(svc uint32, ep netip.AddrPort) uint32
+}
+
+// desiredPort computes the entries of sp. owner says which port holds each
+// frontend; a frontend another port already holds (two Services claiming
+// one external IP and port) is left to it, and the ones sp gets are
+// recorded; lost hears of the ones it did not get.
+func desiredPort(sp *proxy.ServicePort, src idSource, owner map[svcKey]proxy.PortName, lost func(svcKey)) *portEntries {
+	pe := &portEntries{
+		ids:      ids{svc: map[set]uint32{}, backends: map[uint32]map[netip.AddrPort]uint32{}},
+		services: make(map[svcKey]svcVal),
+		backends: make(map[uint32]backend),
+	}
+	proto := protoNum(sp.Protocol)
+	for _, fe := range frontends(sp) {
+		if o, ok := owner[fe.key]; ok && o != sp.Name {
+			if lost != nil {
+				lost(fe.key)
+			}
+			continue
+		}
+		owner[fe.key] = sp.Name
+		id, ok := pe.ids.svc[fe.set]
+		if !ok {
+			id = src.serviceID(sp.Name, fe.set, fe.key)
+			pe.ids.svc[fe.set] = id
+			byEP := make(map[netip.AddrPort]uint32)
+			for _, ep := range endpointsOf(sp, fe.set) {
+				bid := src.backendID(id, ep)
+				byEP[ep] = bid
+				pe.backends[bid] = backend{Addr: addr16(ep.Addr()), Port: be16(ep.Port()), Proto: proto, Svc: id}
+			}
+			pe.ids.backends[id] = byEP
+		}
+		eps := endpointsOf(sp, fe.set)
+		pe.services[fe.key] = svcVal{Id: id, Count: uint16(len(eps)), Flags: fe.flags, Affinity: fe.affinity}
+		for i, ep := range eps {
+			k := fe.key
+			k.Slot = uint16(i + 1)
+			pe.services[k] = svcVal{Id: pe.ids.backends[id][ep]}
+		}
+	}
+	return pe
+}
+
+// diff is the writes and deletes turning one set of entries into another.
+type diff struct {
+	putBackends  map[uint32]backend
+	putSlots     map[svcKey]svcVal
+	putFrontends map[svcKey]svcVal
+	delFrontends []svcKey
+	delSlots     []svcKey
+	delBackends  []uint32
+}
+
+func newDiff() *diff {
+	return &diff{putBackends: map[uint32]backend{}, putSlots: map[svcKey]svcVal{}, putFrontends: map[svcKey]svcVal{}}
+}
+
+// add records what turns old into new. old may be nil.
+func (d *diff) add(oldS map[svcKey]svcVal, oldB map[uint32]backend, newS map[svcKey]svcVal, newB map[uint32]backend) {
+	for id, b := range newB {
+		if o, ok := oldB[id]; !ok || o != b {
+			d.putBackends[id] = b
+		}
+	}
+	for k, v := range newS {
+		if o, ok := oldS[k]; ok && o == v {
+			continue
+		}
+		if k.Slot == 0 {
+			d.putFrontends[k] = v
+		} else {
+			d.putSlots[k] = v
+		}
+	}
+	for k := range oldS {
+		if _, ok := newS[k]; ok {
+			continue
+		}
+		if k.Slot == 0 {
+			d.delFrontends = append(d.delFrontends, k)
+		} else {
+			d.delSlots = append(d.delSlots, k)
+		}
+	}
+	for id := range oldB {
+		if _, ok := newB[id]; !ok {
+			d.delBackends = append(d.delBackends, id)
+		}
+	}
+}
+
+func (d *diff) empty() bool {
+	return len(d.putBackends)+len(d.putSlots)+len(d.putFrontends)+len(d.delFrontends)+len(d.delSlots)+len(d.delBackends) == 0
+}
+
+// apply writes d in the order that keeps every reader consistent.
+func (d *diff) apply(m *Maps) error {
+	if err := m.Backends.Put(d.putBackends); err != nil {
+		return err
+	}
+	if err := m.Services.Put(d.putSlots); err != nil {
+		return err
+	}
+	if err := m.Services.Put(d.putFrontends); err != nil {
+		return err
+	}
+	if err := m.Services.Delete(d.delFrontends); err != nil {
+		return err
+	}
+	if err := m.Services.Delete(d.delSlots); err != nil {
+		return err
+	}
+	return m.Backends.Delete(d.delBackends)
+}
+
+// sortedAddrs is used where output must be deterministic.
+func sortedAddrs(s []netip.Addr) []netip.Addr {
+	s = slices.Clone(s)
+	slices.SortFunc(s, func(a, b netip.Addr) int { return a.Compare(b) })
+	return slices.Compact(s)
+}

@@ -1,0 +1,409 @@
+package ebpf
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf/link"
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/proxy"
+	"github.com/podnet/podnet/dataplane/roottest"
+)
+
+// The kernel cannot test-run cgroup sock_addr programs, so socket LB is
+// tested end to end: a network namespace with echo servers on its
+// loopback, a cgroup with the programs attached, and clients started inside
+// that cgroup (this test binary again, in client mode).
+
+const clientEnv = "PODNET_EBPF_TEST_CLIENT" // netns path; ops in the arguments
+
+func TestMain(m *testing.M) {
+	if nsPath := os.Getenv(clientEnv); nsPath != "" {
+		os.Exit(clientMain(nsPath, os.Args[len(os.Args)-1]))
+	}
+	os.Exit(m.Run())
+}
+
+// clientMain runs ops ("tcp|udp|cudp ADDR N;...") in the namespace and
+// prints one line per attempt: "ok ANSWER PEER" or "err ERROR".
+func clientMain(nsPath, ops string) int {
+	for _, op := range strings.Split(ops, ";") {
+		var kind, addr string
+		var n int
+		if _, err := fmt.Sscanf(op, "%s %s %d", &kind, &addr, &n); err != nil {
+			fmt.Println("err bad op", op)
+			return 1
+		}
+		for range n {
+			var line string
+			err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
+				var err error
+				line, err = clientOnce(kind, addr)
+				return err
+			})
+			switch {
+			case errors.Is(err, syscall.ECONNREFUSED):
+				fmt.Println("err ECONNREFUSED")
+			case errors.Is(err, syscall.EHOSTUNREACH):
+				fmt.Println("err EHOSTUNREACH")
+			case err != nil:
+				fmt.Println("err", strings.ReplaceAll(err.Error(), "\n", " "))
+			default:
+				fmt.Println("ok", line)
+			}
+		}
+	}
+	return 0
+}
+
+func clientOnce(kind, addr string) (string, error) {
+	deadline := time.Now().Add(2 * time.Second)
+	switch kind {
+	case "tcp", "cudp":
+		network := map[string]string{"tcp": "tcp4", "cudp": "udp4"}[kind]
+		c, err := net.DialTimeout(network, addr, 2*time.Second)
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(deadline)
+		if kind == "cudp" {
+			if _, err := c.Write([]byte("hi\n")); err != nil {
+				return "", err
+			}
+		}
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			return "", err
+		}
+		return strings.TrimSpace(line) + " " + c.RemoteAddr().String(), nil
+	case "udp":
+		pc, err := net.ListenPacket("udp4", ":0")
+		if err != nil {
+			return "", err
+		}
+		defer pc.Close()
+		ua, err := net.ResolveUDPAddr("udp4", addr)
+		if err != nil {
+			return "", err
+		}
+		if _, err := pc.WriteTo([]byte("hi\n"), ua); err != nil {
+			return "", err
+		}
+		_ = pc.SetDeadline(deadline)
+		buf := make([]byte, 512)
+		n, from, err := pc.ReadFrom(buf)
+		if err != nil {
+			return "", err
+		}
+		return strings.TrimSpace(string(buf[:n])) + " " + from.String(), nil
+	}
+	return "", fmt.Errorf("unknown op %s", kind)
+}
+
+type sockEnv struct {
+	t      *testing.T
+	nsPath string
+	cgroup string
+	pinDir string
+}
+
+func newSockEnv(t *testing.T) *sockEnv {
+	t.Helper()
+	roottest.Require(t)
+	if err := Probe(); err != nil {
+		t.Fatalf("kernel lacks what ebpf mode needs: %v", err)
+	}
+	name := fmt.Sprintf("podnet-ebpft-%d-%d", os.Getpid(), time.Now().UnixNano()%100000)
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v: %s", args, err, out)
+		}
+	}
+	run("ip", "netns", "add", name)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	run("ip", "-n", name, "link", "set", "lo", "up")
+	for _, a := range []string{"10.244.1.2/32", "10.244.1.3/32", "192.168.77.1/32"} {
+		run("ip", "-n", name, "addr", "add", a, "dev", "lo")
+	}
+	e := &sockEnv{t: t, nsPath: "/var/run/netns/" + name}
+	root, err := cgroup2Root()
+	if err != nil {
+		t.Skip(err)
+	}
+	e.cgroup = filepath.Join(root, name)
+	if err := os.Mkdir(e.cgroup, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeCgroup(t, e.cgroup) })
+	e.pinDir = filepath.Join(t.TempDir(), "pins")
+	t.Cleanup(func() {
+		if err := Cleanup(e.pinDir); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	for _, ip := range []string{"10.244.1.2", "10.244.1.3"} {
+		e.serve(ip + ":8080")
+	}
+	return e
+}
+
+func cgroup2Root() (string, error) {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return "", err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 3 && f[2] == "cgroup2" {
+			return f[1], nil
+		}
+	}
+	return "", errors.New("no cgroup2 mounted")
+}
+
+func removeCgroup(t *testing.T, dir string) {
+	_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0o644)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		err := os.Remove(dir)
+		if err == nil || errors.Is(err, os.ErrNotExist) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("remove cgroup %s: %v", dir, err)
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// serve answers "ADDR CLIENT" on TCP and UDP at addr in the namespace.
+func (e *sockEnv) serve(addr string) {
+	var ln net.Listener
+	var pc net.PacketConn
+	err := ns.WithNetNSPath(e.nsPath, func(ns.NetNS) error {
+		var err error
+		if ln, err = net.Listen("tcp4", addr); err != nil {
+			return err
+		}
+		pc, err = net.ListenPacket("udp4", addr)
+		return err
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { ln.Close(); pc.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintf(c, "%s %s\n", addr, c.RemoteAddr())
+			c.Close()
+		}
+	}()
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			_, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo([]byte(fmt.Sprintf("%s %s\n", addr, from)), from)
+		}
+	}()
+}
+
+// client runs ops in a new process inside the cgroup (inCgroup) or
+// outside it, and returns its lines.
+func (e *sockEnv) client(inCgroup bool, ops ...string) []string {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$", strings.Join(ops, ";"))
+	cmd.Env = append(os.Environ(), clientEnv+"="+e.nsPath)
+	if inCgroup {
+		cg, err := os.Open(e.cgroup)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		defer cg.Close()
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+	}
+	out, err := cmd.Output()
+	if err != nil {
+		e.t.Fatalf("client %v: %v: %s", ops, err, out)
+	}
+	return strings.Split(strings.TrimSpace(string(out)), "\n")
+}
+
+func backendsSeen(lines []string) map[string]int {
+	m := make(map[string]int)
+	for _, l := range lines {
+		f := strings.Fields(l)
+		if len(f) >= 2 && f[0] == "ok" {
+			m[f[1]]++
+		} else {
+			m[l]++
+		}
+	}
+	return m
+}
+
+func TestSocketLB(t *testing.T) {
+	e := newSockEnv(t)
+	dp, err := Open(e.pinDir, e.cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	nodeIP := netip.MustParseAddr("192.168.77.1")
+	sy := NewSyncer(dp.Maps, func() ([]netip.Addr, error) { return []netip.Addr{nodeIP}, nil })
+	both := []proxy.Endpoint{ep("10.244.1.2", 8080, true), ep("10.244.1.3", 8080, false)}
+	web := clusterIPPort("web", "10.96.0.10", 80, cluster.TCP, both...)
+	web.NodePort = 30080
+	web.ExternalIPs = []netip.Addr{netip.MustParseAddr("192.0.2.50")}
+	dns := clusterIPPort("dns", "10.96.0.11", 53, cluster.UDP, both[:1]...)
+	sticky := clusterIPPort("sticky", "10.96.0.12", 80, cluster.TCP, both...)
+	sticky.AffinityTimeout = time.Hour
+	itp := clusterIPPort("itp", "10.96.0.14", 80, cluster.TCP, both...)
+	itp.InternalPolicyLocal = true
+	itp.LocalEndpoints = both[1:]
+	itpNone := clusterIPPort("itpnone", "10.96.0.15", 80, cluster.TCP, both...)
+	itpNone.InternalPolicyLocal = true
+	ports := map[cluster.Key][]*proxy.ServicePort{
+		key("web"): {web}, key("dns"): {dns}, key("sticky"): {sticky}, key("itp"): {itp}, key("itpnone"): {itpNone},
+		key("empty"): {clusterIPPort("empty", "10.96.0.13", 80, cluster.TCP)},
+	}
+	if _, err := sy.Sync(ports, nil, true); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("ClusterIP, external IP and NodePort spread over both backends; getpeername says the VIP", func(t *testing.T) {
+		for _, addr := range []string{"10.96.0.10:80", "192.0.2.50:80", "192.168.77.1:30080"} {
+			lines := e.client(true, "tcp "+addr+" 40")
+			seen := backendsSeen(lines)
+			if seen["10.244.1.2:8080"] < 5 || seen["10.244.1.3:8080"] < 5 || len(seen) != 2 {
+				t.Errorf("%s: %v", addr, seen)
+			}
+			for _, l := range lines {
+				if !strings.HasSuffix(l, " "+addr) {
+					t.Errorf("%s: %q: peer is not the Service address", addr, l)
+					break
+				}
+			}
+		}
+	})
+	t.Run("a process outside the cgroup is not translated", func(t *testing.T) {
+		if got := e.client(false, "tcp 10.96.0.10:80 1"); strings.HasPrefix(got[0], "ok") {
+			t.Errorf("outside the cgroup: %v", got)
+		}
+	})
+	t.Run("no endpoints: ECONNREFUSED at once; none local for policy Local: unreachable", func(t *testing.T) {
+		start := time.Now()
+		if got := e.client(true, "tcp 10.96.0.13:80 3"); strings.Join(got, ",") != "err ECONNREFUSED,err ECONNREFUSED,err ECONNREFUSED" {
+			t.Errorf("no endpoints: %v", got)
+		}
+		if took := time.Since(start); took > time.Second {
+			t.Errorf("refusals took %v", took)
+		}
+		if got := e.client(true, "tcp 10.96.0.15:80 1"); got[0] != "err EHOSTUNREACH" {
+			t.Errorf("internalTrafficPolicy Local without local endpoints: %v", got)
+		}
+		if seen := backendsSeen(e.client(true, "tcp 10.96.0.14:80 10")); seen["10.244.1.3:8080"] != 10 {
+			t.Errorf("internalTrafficPolicy Local: %v, want only the local endpoint", seen)
+		}
+	})
+	t.Run("UDP unconnected and connected: replies come from the VIP", func(t *testing.T) {
+		for _, l := range e.client(true, "udp 10.96.0.11:53 3", "cudp 10.96.0.11:53 3") {
+			f := strings.Fields(l)
+			if len(f) != 4 || f[0] != "ok" || f[1] != "10.244.1.2:8080" || f[3] != "10.96.0.11:53" {
+				t.Errorf("UDP: %q; want an answer from 10.244.1.2:8080 seen as from 10.96.0.11:53", l)
+			}
+		}
+	})
+	t.Run("session affinity keeps one backend", func(t *testing.T) {
+		if seen := backendsSeen(e.client(true, "tcp 10.96.0.12:80 20")); len(seen) != 1 {
+			t.Errorf("affinity: %v", seen)
+		}
+	})
+	t.Run("an endpoint change applies to the next connection", func(t *testing.T) {
+		web2 := *web
+		web2.ClusterEndpoints = both[1:]
+		dns2 := *dns
+		dns2.ClusterEndpoints = both[1:]
+		ports[key("web")] = []*proxy.ServicePort{&web2}
+		ports[key("dns")] = []*proxy.ServicePort{&dns2}
+		if _, err := sy.Sync(ports, map[cluster.Key]bool{key("web"): true, key("dns"): true}, false); err != nil {
+			t.Fatal(err)
+		}
+		if seen := backendsSeen(e.client(true, "tcp 10.96.0.10:80 10", "udp 10.96.0.11:53 5")); seen["10.244.1.3:8080"] != 15 {
+			t.Errorf("after the change: %v", seen)
+		}
+	})
+	t.Run("restart: a second loader updates the links in place and keeps the maps", func(t *testing.T) {
+		dp.Close()
+		dp2, err := Open(e.pinDir, e.cgroup)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dp2.Close()
+		if seen := backendsSeen(e.client(true, "tcp 10.96.0.10:80 5")); seen["10.244.1.3:8080"] != 5 {
+			t.Errorf("after reopening: %v", seen)
+		}
+		// The cgroup has exactly one program per hook: updated, not added.
+		for _, at := range attachTypes {
+			progs, err := link.QueryPrograms(link.QueryOptions{Target: cgroupFD(t, e.cgroup), Attach: at})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(progs.Programs) != 1 {
+				t.Errorf("%s: %d programs attached, want 1", at, len(progs.Programs))
+			}
+		}
+	})
+	t.Run("cleanup detaches and unpins everything", func(t *testing.T) {
+		if err := Cleanup(e.pinDir); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(e.pinDir); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("pin dir still there: %v", err)
+		}
+		for _, at := range attachTypes {
+			progs, err := link.QueryPrograms(link.QueryOptions{Target: cgroupFD(t, e.cgroup), Attach: at})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(progs.Programs) != 0 {
+				t.Errorf("%s: %d programs still attached", at, len(progs.Programs))
+			}
+		}
+		if got := e.client(true, "tcp 10.96.0.10:80 1"); strings.HasPrefix(got[0], "ok") {
+			t.Errorf("after cleanup the VIP still answered: %v", got)
+		}
+	})
+}
+
+func cgroupFD(t *testing.T, dir string) int {
+	f, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return int(f.Fd())
+}

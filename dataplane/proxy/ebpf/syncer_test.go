@@ -1,0 +1,333 @@
+package ebpf
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/proxy"
+)
+
+// frontendView is what a reader of the maps finds behind one frontend.
+type frontendView struct {
+	flags, affinity uint32
+	svc             uint32
+	endpoints       []netip.AddrPort // in slot order
+}
+
+// view resolves the maps the way the programs read them and checks their
+// invariants: every slot up to the count exists and names a backend of
+// the frontend's service. It returns one line per frontend, sorted, with
+// ids left out so two syncers' maps compare equal.
+func view(t *testing.T, s *FakeTable[svcKey, svcVal], b *FakeTable[uint32, backend]) []string {
+	t.Helper()
+	if err := consistent(s, b, true); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for k, v := range s.Entries {
+		if k.Slot != 0 {
+			continue
+		}
+		var eps []string
+		for i := 1; i <= int(v.Count); i++ {
+			sk := k
+			sk.Slot = uint16(i)
+			be := b.Entries[s.Entries[sk].Id]
+			eps = append(eps, netip.AddrPortFrom(addrFrom16(be.Addr), be16(be.Port)).String())
+		}
+		slices.Sort(eps)
+		out = append(out, fmt.Sprintf("%s:%d/%d scope=%d flags=%d affinity=%d -> %s",
+			addrFrom16(k.Addr), be16(k.Port), k.Proto, k.Scope, v.Flags, v.Affinity, strings.Join(eps, ",")))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// consistent checks what a reader relies on at any moment: the slots a
+// frontend counts exist and their backends exist. With owned true (after a
+// sync) the backends also belong to the frontend's service; between two
+// writes a frontend moving to another service id (its traffic policy
+// changed) may briefly name the new service's backends under the old id,
+// which only makes an affinity lookup miss.
+func consistent(s *FakeTable[svcKey, svcVal], b *FakeTable[uint32, backend], owned bool) error {
+	for k, v := range s.Entries {
+		if k.Slot != 0 {
+			continue
+		}
+		for i := 1; i <= int(v.Count); i++ {
+			sk := k
+			sk.Slot = uint16(i)
+			slot, ok := s.Entries[sk]
+			if !ok {
+				return fmt.Errorf("frontend %v counts %d slots, slot %d missing", addrFrom16(k.Addr), v.Count, i)
+			}
+			be, ok := b.Entries[slot.Id]
+			if !ok {
+				return fmt.Errorf("frontend %v slot %d names missing backend %d", addrFrom16(k.Addr), i, slot.Id)
+			}
+			if owned && be.Svc != v.Id {
+				return fmt.Errorf("frontend %v slot %d: backend %d belongs to service %d, not %d", addrFrom16(k.Addr), i, slot.Id, be.Svc, v.Id)
+			}
+		}
+	}
+	return nil
+}
+
+// garbage lists entries nothing reaches: slots past a count or without a
+// frontend, backends no slot names.
+func garbage(s *FakeTable[svcKey, svcVal], b *FakeTable[uint32, backend]) []string {
+	var out []string
+	used := make(map[uint32]bool)
+	for k, v := range s.Entries {
+		if k.Slot == 0 {
+			continue
+		}
+		fk := k
+		fk.Slot = 0
+		fe, ok := s.Entries[fk]
+		if !ok || k.Slot > fe.Count {
+			out = append(out, fmt.Sprintf("slot %v/%d", addrFrom16(k.Addr), k.Slot))
+		}
+		used[v.Id] = true
+	}
+	for id := range b.Entries {
+		if !used[id] {
+			out = append(out, fmt.Sprintf("backend %d", id))
+		}
+	}
+	return out
+}
+
+func ep(ip string, port uint16, local bool) proxy.Endpoint {
+	return proxy.Endpoint{Addr: netip.MustParseAddr(ip), Port: port, Ready: true, Serving: true, Local: local}
+}
+
+func key(name string) cluster.Key { return cluster.Key{Namespace: "default", Name: name} }
+
+func clusterIPPort(name, vip string, port uint16, proto cluster.Protocol, eps ...proxy.Endpoint) *proxy.ServicePort {
+	return &proxy.ServicePort{
+		Name:      proxy.PortName{Service: key(name), Port: "p", Protocol: proto},
+		ClusterIP: netip.MustParseAddr(vip), Port: port, Protocol: proto,
+		Endpoints: eps, ClusterEndpoints: eps, HasEndpoints: len(eps) > 0,
+	}
+}
+
+func TestSyncLayout(t *testing.T) {
+	maps, s, b := NewFakeMaps()
+	sy := NewSyncer(maps, func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("192.168.10.11")}, nil })
+	np := clusterIPPort("np", "10.96.0.20", 80, cluster.TCP, ep("10.244.1.5", 8080, true), ep("10.244.2.5", 8080, false))
+	np.NodePort = 30080
+	np.ExternalIPs = []netip.Addr{netip.MustParseAddr("192.0.2.50")}
+	np.ExternalPolicyLocal = true
+	np.LocalEndpoints = np.ClusterEndpoints[:1]
+	np.AffinityTimeout = 3 * time.Hour
+	ports := map[cluster.Key][]*proxy.ServicePort{
+		key("a"):     {clusterIPPort("a", "10.96.0.10", 53, cluster.UDP, ep("10.244.1.2", 5353, true))},
+		key("empty"): {clusterIPPort("empty", "10.96.0.11", 80, cluster.TCP)},
+		key("np"):    {np},
+	}
+	res, err := sy.Sync(ports, nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"10.96.0.10:53/17 scope=0 flags=0 affinity=0 -> 10.244.1.2:5353",
+		"10.96.0.11:80/6 scope=0 flags=1 affinity=0 -> ",
+		"10.96.0.20:80/6 scope=0 flags=2 affinity=10800 -> 10.244.1.5:8080,10.244.2.5:8080",
+		"192.0.2.50:80/6 scope=0 flags=2 affinity=10800 -> 10.244.1.5:8080,10.244.2.5:8080",
+		"invalid IP:30080/6 scope=0 flags=2 affinity=10800 -> 10.244.1.5:8080,10.244.2.5:8080",
+	}
+	if got := view(t, s, b); !slices.Equal(got, want) {
+		t.Errorf("maps:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if res.Rules["services"] != len(s.Entries) || res.Rules["backends"] != len(b.Entries) {
+		t.Errorf("result %v; maps hold %d services, %d backends entries", res.Rules, len(s.Entries), len(b.Entries))
+	}
+	// ClusterIP, external IP and NodePort share one service id and its
+	// backends: three frontends, two backends.
+	if len(b.Entries) != 3 {
+		t.Errorf("%d backends, want 3 (one per service id and endpoint)", len(b.Entries))
+	}
+	if len(maps.NodeAddrs.(*FakeTable[nodeKey, uint8]).Entries) != 1 {
+		t.Errorf("node addresses not written")
+	}
+
+	// A second sync of the same state writes nothing.
+	s.Log, b.Log = nil, nil
+	if _, err := sy.Sync(ports, map[cluster.Key]bool{key("a"): true, key("np"): true}, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sy.Sync(ports, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Log)+len(b.Log) != 0 {
+		t.Errorf("unchanged state rewrote %v %v", s.Log, b.Log)
+	}
+
+	// One endpoint added to one Service writes only that Service's
+	// entries: a backend, a slot and the frontend.
+	ports[key("a")] = []*proxy.ServicePort{clusterIPPort("a", "10.96.0.10", 53, cluster.UDP, ep("10.244.1.2", 5353, true), ep("10.244.2.2", 5353, false))}
+	if _, err := sy.Sync(ports, map[cluster.Key]bool{key("a"): true}, false); err != nil {
+		t.Fatal(err)
+	}
+	var ops []string
+	for _, o := range b.Log {
+		ops = append(ops, "backend "+o.Op)
+	}
+	for _, o := range s.Log {
+		ops = append(ops, fmt.Sprintf("%s slot %d of %s", o.Op, o.Key.Slot, addrFrom16(o.Key.Addr)))
+	}
+	if want := []string{"backend put", "put slot 2 of 10.96.0.10", "put slot 0 of 10.96.0.10"}; !slices.Equal(ops, want) {
+		t.Errorf("one endpoint added: %v, want %v", ops, want)
+	}
+}
+
+// A restarted proxy finds the maps full: it adopts their ids, so a full
+// sync of the same state writes nothing and affinity entries stay valid.
+func TestSyncAdoptsKernelState(t *testing.T) {
+	maps, s, b := NewFakeMaps()
+	ports := map[cluster.Key][]*proxy.ServicePort{
+		key("a"): {clusterIPPort("a", "10.96.0.10", 80, cluster.TCP, ep("10.244.1.2", 80, true), ep("10.244.1.3", 80, true))},
+		key("b"): {clusterIPPort("b", "10.96.0.11", 80, cluster.TCP, ep("10.244.1.4", 80, true))},
+	}
+	if _, err := NewSyncer(maps, nil).Sync(ports, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	before := view(t, s, b)
+	s.Log, b.Log = nil, nil
+	again := NewSyncer(maps, nil)
+	if _, err := again.Sync(ports, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Log)+len(b.Log) != 0 {
+		t.Errorf("restart rewrote %d service and %d backend entries, want none", len(s.Log), len(b.Log))
+	}
+	// New ids do not collide with adopted ones.
+	ports[key("c")] = []*proxy.ServicePort{clusterIPPort("c", "10.96.0.12", 80, cluster.TCP, ep("10.244.1.9", 80, true))}
+	if _, err := again.Sync(ports, map[cluster.Key]bool{key("c"): true}, false); err != nil {
+		t.Fatal(err)
+	}
+	if got := view(t, s, b); len(got) != len(before)+1 {
+		t.Errorf("after adding c: %v", got)
+	}
+}
+
+// A failed write (a full map) fails the sync; the next sync is full and
+// ends with the same maps as a fresh load.
+func TestSyncFailureThenFullRepair(t *testing.T) {
+	maps, s, b := NewFakeMaps()
+	b.Max = 2
+	sy := NewSyncer(maps, nil)
+	ports := map[cluster.Key][]*proxy.ServicePort{
+		key("a"): {clusterIPPort("a", "10.96.0.10", 80, cluster.TCP, ep("10.244.1.2", 80, true), ep("10.244.1.3", 80, true), ep("10.244.1.4", 80, true))},
+	}
+	if _, err := sy.Sync(ports, nil, true); err == nil {
+		t.Fatal("sync into a full map succeeded")
+	}
+	b.Max = 100
+	ports[key("a")][0].ClusterEndpoints = ports[key("a")][0].ClusterEndpoints[:1]
+	if _, err := sy.Sync(ports, map[cluster.Key]bool{key("a"): true}, false); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"10.96.0.10:80/6 scope=0 flags=0 affinity=0 -> 10.244.1.2:80"}
+	if got := view(t, s, b); !slices.Equal(got, want) {
+		t.Errorf("after repair: %v, want %v", got, want)
+	}
+	if g := garbage(s, b); len(g) > 0 {
+		t.Errorf("left behind: %v", g)
+	}
+}
+
+// Incremental syncs over a random history end where a full load of the
+// final state ends, leave nothing unreachable behind, and never expose an
+// inconsistent frontend between two single writes.
+func TestIncrementalEqualsFull(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	maps, s, b := NewFakeMaps()
+	check := func(string) {
+		if err := consistent(s, b, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.OnChange, b.OnChange = check, check
+	inc := NewSyncer(maps, nil)
+	ports := make(map[cluster.Key][]*proxy.ServicePort)
+	if _, err := inc.Sync(ports, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	randomPort := func(i int) []*proxy.ServicePort {
+		if rng.IntN(5) == 0 {
+			return nil // deleted
+		}
+		var eps []proxy.Endpoint
+		for j := range rng.IntN(6) {
+			eps = append(eps, ep(fmt.Sprintf("10.244.%d.%d", rng.IntN(3), 2+rng.IntN(8)), uint16(8080+j%2), rng.IntN(2) == 0))
+		}
+		slices.SortFunc(eps, func(a, b proxy.Endpoint) int { return a.AddrPort().Compare(b.AddrPort()) })
+		eps = slices.CompactFunc(eps, func(a, b proxy.Endpoint) bool { return a.AddrPort() == b.AddrPort() })
+		sp := clusterIPPort(fmt.Sprint("s", i), fmt.Sprintf("10.96.0.%d", i+1), 80, cluster.TCP, eps...)
+		for _, e := range eps {
+			if e.Local {
+				sp.LocalEndpoints = append(sp.LocalEndpoints, e)
+			}
+		}
+		sp.InternalPolicyLocal = rng.IntN(4) == 0
+		if rng.IntN(2) == 0 {
+			sp.NodePort = uint16(30000 + i)
+			sp.ExternalPolicyLocal = rng.IntN(2) == 0
+		}
+		if rng.IntN(3) == 0 {
+			sp.ExternalIPs = []netip.Addr{netip.MustParseAddr(fmt.Sprintf("192.0.2.%d", rng.IntN(4)))} // sometimes shared
+		}
+		if rng.IntN(3) == 0 {
+			sp.AffinityTimeout = time.Duration(1+rng.IntN(100)) * time.Second
+		}
+		return []*proxy.ServicePort{sp}
+	}
+	for step := range 300 {
+		changed := make(map[cluster.Key]bool)
+		for range 1 + rng.IntN(3) {
+			i := rng.IntN(12)
+			k := key(fmt.Sprint("s", i))
+			changed[k] = true
+			if p := randomPort(i); p != nil {
+				ports[k] = p
+			} else {
+				delete(ports, k)
+			}
+		}
+		if _, err := inc.Sync(ports, changed, false); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		fm, fs, fb := NewFakeMaps()
+		if _, err := NewSyncer(fm, nil).Sync(ports, nil, true); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := view(t, s, b), view(t, fs, fb); !slices.Equal(got, want) && !sharedExternalIP(got, want) {
+			t.Fatalf("step %d: incremental\n%s\nfull\n%s", step, strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
+		if g := garbage(s, b); len(g) > 0 {
+			t.Fatalf("step %d: unreachable entries %v", step, g)
+		}
+	}
+}
+
+// sharedExternalIP accepts a difference only in who holds a frontend two
+// Services claim (the first holder keeps it until a full sync).
+func sharedExternalIP(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] && !(strings.HasPrefix(a[i], "192.0.2.") && strings.HasPrefix(b[i], "192.0.2.")) {
+			return false
+		}
+	}
+	return true
+}
