@@ -189,6 +189,8 @@ type svcPort struct {
 type svcEndpoint struct {
 	pod                         *lab.Pod
 	ready, serving, terminating bool
+	// nodeName overrides the pod's node in the slice; "-" omits the field.
+	nodeName string
 }
 
 func svcReady(p *lab.Pod) svcEndpoint { return svcEndpoint{pod: p, ready: true, serving: true} }
@@ -240,12 +242,20 @@ func (d svcDef) yaml(t *testing.T) string {
 	if !d.noSlice {
 		var eps []any
 		for _, e := range d.endpoints {
-			eps = append(eps, map[string]any{
+			m := map[string]any{
 				"addresses":  []string{e.pod.IP.String()},
 				"conditions": map[string]any{"ready": e.ready, "serving": e.serving, "terminating": e.terminating},
 				"nodeName":   e.pod.Node.Name,
 				"targetRef":  map[string]any{"kind": "Pod", "name": e.pod.Name, "namespace": "default"},
-			})
+			}
+			switch e.nodeName {
+			case "":
+			case "-":
+				delete(m, "nodeName")
+			default:
+				m["nodeName"] = e.nodeName
+			}
+			eps = append(eps, m)
 		}
 		objs = append(objs, map[string]any{
 			"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
@@ -377,6 +387,31 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
 		out, _ := svcProbeIn(c.web1.NSPath(), "tcp", "10.96.1.14:80", 2*time.Second)
 		if _, src := svcAnswer(out); src == c.web1.IP || !src.IsValid() {
 			t.Errorf("hairpin answer %q: the pod saw its own address, want it masqueraded", out)
+		}
+	})
+
+	// Hand-written and third-party slices omit nodeName or get it wrong;
+	// locality then comes from the node's podCIDR. The pod is named by no
+	// other Service, whose hairpin rule would hide the bug.
+	t.Run("hairpin: a slice without nodeName or with a wrong one, TCP and UDP", func(t *testing.T) {
+		self, err := n3.AddPod(t.Context(), "self3")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := self.StartEcho(lab.EchoOptions{TCP: []string{":" + svcTCP}, UDP: []string{":" + svcUDP}}); err != nil {
+			t.Fatal(err)
+		}
+		ports := []svcPort{{name: "tcp", proto: "TCP", port: 80, target: 9090}, {name: "udp", proto: "UDP", port: 53, target: 5353}}
+		for _, nodeName := range []string{"-", "node1"} {
+			c.apply(svcDef{name: "hairpin-nonode", clusterIP: "10.96.1.26", ports: ports,
+				endpoints: []svcEndpoint{{pod: self, ready: true, serving: true, nodeName: nodeName}}})
+			for _, pa := range [][2]string{{"tcp", "10.96.1.26:80"}, {"udp", "10.96.1.26:53"}} {
+				svcEventuallyServes(t, self.NSPath(), pa[0], pa[1], "self3")
+				out, err := svcProbeIn(self.NSPath(), pa[0], pa[1], 2*time.Second)
+				if _, src := svcAnswer(out); err != nil || src == self.IP || !src.IsValid() {
+					t.Errorf("nodeName %q, %s hairpin: %q, %v; want an answer, masqueraded", nodeName, pa[0], out, err)
+				}
+			}
 		}
 	})
 

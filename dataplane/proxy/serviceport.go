@@ -113,6 +113,26 @@ func (sp *ServicePort) usesLocalEndpoints() bool {
 type NodeInfo struct {
 	Name string
 	Zone string
+	// PodCIDRs are the node's pod networks: an endpoint address inside one
+	// is on this node whatever its slice's nodeName says (the field is
+	// optional, and hand-written slices omit it or get it wrong).
+	PodCIDRs []netip.Prefix
+}
+
+// local reports whether an endpoint with address a and the given nodeName
+// runs on this node. kube-proxy masquerades any endpoint reaching itself;
+// deciding from the address as well keeps hairpin traffic working for
+// slices without nodeName.
+func (n NodeInfo) local(a netip.Addr, nodeName string) bool {
+	if n.Name != "" && nodeName == n.Name {
+		return true
+	}
+	for _, p := range n.PodCIDRs {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // Handled reports whether this proxy implements svc: not headless, not
@@ -166,7 +186,7 @@ func BuildServicePorts(svc *cluster.Service, eps []*cluster.EndpointSlice, node 
 		if sp.ExternalPolicyLocal {
 			sp.HealthCheckNodePort = svc.HealthCheckNodePort
 		}
-		sp.Endpoints = collectEndpoints(p, eps, node.Name)
+		sp.Endpoints = collectEndpoints(p, eps, node)
 		categorize(sp, svc.TrafficDistribution, node)
 		out = append(out, sp)
 	}
@@ -186,7 +206,7 @@ func only4(addrs []netip.Addr) []netip.Addr {
 // collectEndpoints merges the slices' endpoints for one Service port: the
 // slice port with the same name and protocol gives the target port. An
 // address listed twice keeps its most usable entry.
-func collectEndpoints(p cluster.ServicePort, eps []*cluster.EndpointSlice, nodeName string) []Endpoint {
+func collectEndpoints(p cluster.ServicePort, eps []*cluster.EndpointSlice, node NodeInfo) []Endpoint {
 	byAddr := make(map[netip.AddrPort]Endpoint)
 	for _, es := range eps {
 		if es.AddressType != "" && es.AddressType != "IPv4" {
@@ -209,7 +229,7 @@ func collectEndpoints(p cluster.ServicePort, eps []*cluster.EndpointSlice, nodeN
 			n := Endpoint{
 				Addr: e.Addresses[0], Port: port,
 				Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating,
-				Local: nodeName != "" && e.NodeName == nodeName, NodeName: e.NodeName, Zone: e.Zone,
+				Local: node.local(e.Addresses[0], e.NodeName), NodeName: e.NodeName, Zone: e.Zone,
 				HintZones: e.HintZones, HintNodes: e.HintNodes,
 			}
 			if old, ok := byAddr[n.AddrPort()]; ok && (old.Ready || !n.Ready && old.Serving) {

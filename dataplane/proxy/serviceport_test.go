@@ -157,3 +157,29 @@ func TestStaleUDP(t *testing.T) {
 		t.Errorf("unchanged: %v", got)
 	}
 }
+
+func TestEndpointLocalityFromPodCIDR(t *testing.T) {
+	me := NodeInfo{Name: "n1", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}
+	for _, proto := range []cluster.Protocol{cluster.TCP, cluster.UDP} {
+		svc := service(func(s *cluster.Service) { s.Ports[0].Protocol = proto })
+		es := &cluster.EndpointSlice{Namespace: "ns", Name: "s-1", ServiceName: "s", AddressType: "IPv4",
+			Ports: []cluster.EndpointPort{{Name: "http", Protocol: proto, Port: 8080}}}
+		for _, e := range []struct {
+			ip, node string
+		}{{"10.244.1.5", ""}, {"10.244.1.6", "n2"}, {"10.244.2.7", ""}, {"192.168.10.11", "n1"}} {
+			es.Endpoints = append(es.Endpoints, cluster.Endpoint{Addresses: []netip.Addr{addr(e.ip)}, NodeName: e.node, Ready: true, Serving: true})
+		}
+		sps := BuildServicePorts(svc, []*cluster.EndpointSlice{es}, me)
+		var local []string
+		for _, e := range sps[0].Endpoints {
+			if e.Local {
+				local = append(local, e.Addr.String())
+			}
+		}
+		// In the podCIDR whatever nodeName says; outside it only by name
+		// (a hostNetwork pod has the node's address).
+		if want := []string{"10.244.1.5", "10.244.1.6", "192.168.10.11"}; !slices.Equal(local, want) {
+			t.Errorf("%s: local endpoints %v, want %v", proto, local, want)
+		}
+	}
+}

@@ -78,9 +78,9 @@ func NewState() *State { return &State{Ports: make(map[cluster.Key][]*ServicePor
 func (s *State) Update(store *cluster.Store, nodeName string, dirty map[cluster.Key]bool, all bool) map[cluster.Key]bool {
 	node := NodeInfo{Name: nodeName}
 	if n := store.Node(nodeName); n != nil {
-		node.Zone = n.Zone
+		node.Zone, node.PodCIDRs = n.Zone, n.PodCIDRs
 	}
-	if node != s.node {
+	if !reflect.DeepEqual(node, s.node) {
 		all = true
 		s.node = node
 	}

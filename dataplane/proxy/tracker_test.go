@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"net/netip"
 	"testing"
 
 	"github.com/podnet/podnet/dataplane/cluster"
@@ -32,5 +33,23 @@ func TestTracker(t *testing.T) {
 	st.Delete(cluster.KindEndpointSlice, objs[1].Key())
 	if dirty, _ := tr.Take(); !dirty[cluster.Key{Namespace: "ns", Name: "s0"}] {
 		t.Errorf("deleting a slice: dirty %v", dirty)
+	}
+}
+
+func TestStateTakesThePodCIDRFromTheNode(t *testing.T) {
+	st := cluster.NewStore()
+	objs := svcObjs(0)
+	for _, o := range objs {
+		st.Upsert(o)
+	}
+	state := NewState()
+	state.Update(st, "n1", nil, true)
+	st.Upsert(&cluster.Node{Name: "n1", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}})
+	// The node's podCIDR arriving rebuilds every Service.
+	if changed := state.Update(st, "n1", nil, false); len(changed) == 0 {
+		t.Fatal("this node's podCIDR arriving changed nothing")
+	}
+	if got := state.node.PodCIDRs; len(got) != 1 {
+		t.Errorf("node info podCIDRs %v", got)
 	}
 }

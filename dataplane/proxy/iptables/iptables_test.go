@@ -613,3 +613,35 @@ func TestIncrementalGenerate(t *testing.T) {
 		}
 	}
 }
+
+// TestHairpinWithoutNodeName: a pod reaching itself through its Service is
+// masqueraded when its slice omits nodeName or names another node, decided
+// from this node's podCIDR, for TCP and UDP alike. Before the fix the reply
+// went pod-to-pod and the client, expecting the VIP, dropped it.
+func TestHairpinWithoutNodeName(t *testing.T) {
+	me := &cluster.Node{Name: nodeName, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}
+	for _, form := range []struct{ name, node string }{{"no nodeName", ""}, {"another node's name", "node-b"}} {
+		for _, proto := range []cluster.Protocol{cluster.TCP, cluster.UDP} {
+			t.Run(form.name+"/"+string(proto), func(t *testing.T) {
+				s := svc("self", "10.96.0.60", []cluster.ServicePort{port("p", proto, 80)})
+				es := slice(s, []cluster.EndpointPort{epPort("p", proto, 8080)}, ep{localPod, form.node, true})
+				st := cluster.NewStore()
+				st.Replace([]cluster.Kind{cluster.KindNode, cluster.KindService, cluster.KindEndpointSlice}, []cluster.Object{me, s, es})
+				state := proxy.NewState()
+				state.Update(st, nodeName, nil, true)
+				f := iptablestest.New()
+				apply(t, f, defaultCfg, state.Ports)
+				tr := f.Trace(iptablestest.Packet{Src: localPod, Dst: a("10.96.0.60"), Proto: strings.ToLower(string(proto)), DPort: 80}, localAddrs)
+				want := localPod.String() + ":8080"
+				if !slices.Equal(tr.Endpoints, []string{want}) || !tr.Masquerade[want] {
+					t.Errorf("pod to itself through its Service: endpoints %v, masquerade %v; want %s masqueraded", tr.Endpoints, tr.Masquerade, want)
+				}
+				// A pod of another node that is no endpoint is not masqueraded.
+				tr = f.Trace(iptablestest.Packet{Src: clientPod, Dst: a("10.96.0.60"), Proto: strings.ToLower(string(proto)), DPort: 80}, localAddrs)
+				if tr.Masquerade[want] {
+					t.Errorf("another pod to the Service was masqueraded: %+v", tr)
+				}
+			})
+		}
+	}
+}
