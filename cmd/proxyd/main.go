@@ -17,7 +17,9 @@ import (
 
 	"github.com/podnet/podnet/dataplane/agent"
 	"github.com/podnet/podnet/dataplane/cluster/kube"
+	"github.com/podnet/podnet/dataplane/ipt"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
+	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/routing"
 	"github.com/podnet/podnet/dataplane/version"
 )
@@ -52,7 +54,7 @@ func run(args []string) int {
 	fs.StringVar(&o.Iface, "iface", "", "underlay interface (default: the interface holding the node's InternalIP)")
 	fs.StringVar(&o.NodeConfigPath, "node-config", nodeconfig.DefaultPath, "where to write the node config for the CNI plugin")
 	fs.BoolVar(&o.Masquerade, "masquerade", true, "masquerade pod traffic leaving the cluster CIDR to the node's address")
-	fs.StringVar(&proxyMode, "proxy-mode", "iptables", "Service proxy: iptables, ebpf or none")
+	fs.StringVar(&proxyMode, "proxy-mode", modes[0].Name, "Service proxy: "+strings.Join(modes.Names(), ", "))
 	fs.StringVar(&o.HealthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz (empty disables)")
 	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics (empty disables)")
 	fs.DurationVar(&o.SyncPeriod, "sync-period", 30*time.Second, "full resync period of routes and rules")
@@ -82,7 +84,7 @@ func run(args []string) int {
 	kube.RouteKlog(logger.With("component", "client-go"))
 
 	if cleanup {
-		err := errors.Join(agent.Cleanup(logger), cleanupServiceProxy(logger))
+		err := errors.Join(agent.Cleanup(logger), modes.Cleanup(proxy.Config{Logger: logger}, ""))
 		if err != nil {
 			logger.Error("cleanup", "err", err)
 			return 1
@@ -97,12 +99,6 @@ func run(args []string) int {
 	}
 	o.ClusterCIDR = o.ClusterCIDR.Masked()
 	o.Backend = routing.Backend(backend)
-	switch proxyMode {
-	case "iptables", "ebpf", "none":
-	default:
-		fmt.Fprintf(os.Stderr, "proxyd: --proxy-mode: %q is not iptables, ebpf or none\n", proxyMode)
-		return 2
-	}
 	var npa []netip.Prefix
 	for _, s := range nodePortAddresses {
 		p, err := netip.ParsePrefix(strings.TrimSpace(s))
@@ -119,18 +115,26 @@ func run(args []string) int {
 		}
 	}
 	o.Logger = logger
-	o.ServiceProxy = func(ctx context.Context, env agent.ServiceProxyEnv) error {
-		return runServiceProxy(ctx, serviceProxyOptions{
-			Mode: proxyMode, NodeName: o.NodeName, ClusterCIDR: o.ClusterCIDR,
-			NodePortAddresses: npa, MasqueradeAll: masqueradeAll,
-			SyncPeriod: o.SyncPeriod, MinSyncPeriod: o.MinSyncPeriod,
-			Store: env.Store, Health: env.Health, Metrics: env.Metrics, Logger: env.Logger,
-		})
-	}
 	if err := o.Validate(); err != nil {
 		fmt.Fprintf(os.Stderr, "proxyd: %v\n", err)
 		return 2
 	}
+	// One nft/legacy detection for the node's chains and the proxy's.
+	o.IPTables = ipt.Runner{Backend: ipt.Detect()}
+	sp := proxy.ServiceOptions{Modes: modes, Conntrack: conntrackCLI{}, Config: proxy.Config{
+		NodeName: o.NodeName, ClusterCIDR: o.ClusterCIDR, NodePortAddresses: npa,
+		MasqueradeAll: masqueradeAll, IPTables: o.IPTables,
+	}}
+	if o.Iface != "" {
+		sp.Config.Uplinks = []string{o.Iface}
+	}
+	// A mode this node cannot run is refused here, before anything is
+	// touched.
+	if sp.Mode, err = modes.Select(proxyMode, sp.Config); err != nil {
+		fmt.Fprintf(os.Stderr, "proxyd: %v\n", err)
+		return 2
+	}
+	o.ServiceProxy = &sp
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

@@ -29,31 +29,18 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/coreos/go-iptables/iptables"
-
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/cluster/kube"
 	"github.com/podnet/podnet/dataplane/cluster/statedir"
 	"github.com/podnet/podnet/dataplane/health"
 	"github.com/podnet/podnet/dataplane/hostnet"
+	"github.com/podnet/podnet/dataplane/ipt"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
 	"github.com/podnet/podnet/dataplane/nodestatus"
 	"github.com/podnet/podnet/dataplane/podcidr"
-	proxyiptables "github.com/podnet/podnet/dataplane/proxy/iptables"
+	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/routing"
 )
-
-// ServiceProxy runs the Service proxy until ctx ends. main supplies it, so
-// the proxy backends stay out of this package's imports.
-type ServiceProxy func(ctx context.Context, env ServiceProxyEnv) error
-
-// ServiceProxyEnv is what the agent shares with the Service proxy.
-type ServiceProxyEnv struct {
-	Store   *cluster.Store
-	Health  *health.Checker
-	Metrics prometheus.Registerer
-	Logger  *slog.Logger
-}
 
 // Options configure the agent. Defaults are the flags' defaults.
 type Options struct {
@@ -75,8 +62,13 @@ type Options struct {
 	MinSyncPeriod     time.Duration
 	HealthzAddr       string // "" disables
 	MetricsAddr       string // "" disables
-	ServiceProxy      ServiceProxy
-	Logger            *slog.Logger
+	// IPTables runs the iptables commands for the node's chains and the
+	// Service proxy alike; zero: the backend the node uses (ipt.Detect).
+	IPTables ipt.Runner
+	// ServiceProxy is the Service proxy run beside the node network; nil:
+	// none. Its IPTables and sync periods are the agent's.
+	ServiceProxy *proxy.ServiceOptions
+	Logger       *slog.Logger
 }
 
 // Validate names the first option that is wrong.
@@ -159,7 +151,10 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("open netlink: %w", err)
 	}
 	defer h.Close()
-	ipt, err := iptables.New()
+	if o.IPTables.Backend == "" {
+		o.IPTables.Backend = ipt.Detect()
+	}
+	chains, err := o.IPTables.Chains()
 	if err != nil {
 		return fmt.Errorf("iptables: %w", err)
 	}
@@ -172,7 +167,7 @@ func Run(ctx context.Context, o Options) error {
 			return findUnderlay(h, o.Iface, ip)
 		},
 		rec:     &routing.Reconciler{Kernel: routing.NewNetlinkKernel(h), Device: routing.DefaultDevice},
-		ipt:     ipt,
+		ipt:     chains,
 		sysctl:  hostnet.ProcSysctl{},
 		mod:     hostnet.ExecModprobe,
 		metrics: newMetrics(reg, fileErrors),
@@ -269,8 +264,11 @@ func Run(ctx context.Context, o Options) error {
 	}
 	goRun("node network", n.run)
 	if o.ServiceProxy != nil {
+		sp := *o.ServiceProxy
+		sp.Config.IPTables = o.IPTables
+		sp.SyncPeriod, sp.MinSyncPeriod = o.SyncPeriod, o.MinSyncPeriod
 		goRun("service proxy", func(ctx context.Context) error {
-			return o.ServiceProxy(ctx, ServiceProxyEnv{Store: store, Health: checker, Metrics: reg, Logger: log.With("component", "service-proxy")})
+			return proxy.RunService(ctx, sp, proxy.Env{Store: store, Health: checker, Metrics: reg, Logger: log.With("component", "service-proxy")})
 		})
 	}
 
@@ -464,7 +462,7 @@ func (n *nodeNet) syncOnce() error {
 	if err := hostnet.EnsureSysctls(n.sysctl, n.mod); err != nil {
 		errs = append(errs, err)
 	}
-	if changed, err := hostnet.EnsureChains(n.ipt, hostnet.Rules{ClusterCIDR: n.o.ClusterCIDR, Masquerade: n.o.Masquerade, StayBehind: "-j " + proxyiptables.ChainPrefix}); err != nil {
+	if changed, err := hostnet.EnsureChains(n.ipt, hostnet.Rules{ClusterCIDR: n.o.ClusterCIDR, Masquerade: n.o.Masquerade, StayBehind: "-j " + ipt.ServiceChainPrefix}); err != nil {
 		errs = append(errs, fmt.Errorf("iptables: %w", err))
 	} else if changed {
 		n.log.Info("iptables chains written", "chains", []string{hostnet.ChainPostrouting, hostnet.ChainForward})
@@ -517,15 +515,21 @@ func (n *nodeNet) writeNodeConfig(c nodeconfig.Config) error {
 	return nil
 }
 
-// Cleanup removes what the node agent created: podnet's iptables chains,
-// the VXLAN device and podnet's routes. The node config stays, so pods that
-// still run keep a consistent view.
+// Cleanup removes what the node agent created: podnet's iptables chains
+// (from both iptables backends), the VXLAN device and podnet's routes. The
+// node config stays, so pods that still run keep a consistent view.
 func Cleanup(logger *slog.Logger) error {
 	var errs []error
-	if ipt, err := iptables.New(); err != nil {
-		errs = append(errs, err)
-	} else if err := hostnet.RemoveChains(ipt); err != nil {
-		errs = append(errs, err)
+	for _, b := range ipt.Backends {
+		r := ipt.Runner{Backend: b}
+		if !r.Contains(hostnet.ChainPrefix) {
+			continue
+		}
+		if chains, err := r.Chains(); err != nil {
+			errs = append(errs, err)
+		} else if err := hostnet.RemoveChains(chains); err != nil {
+			errs = append(errs, fmt.Errorf("iptables-%s: %w", b, err))
+		}
 	}
 	h, err := netlink.NewHandle()
 	if err != nil {

@@ -19,10 +19,11 @@ import (
 	"strings"
 )
 
-// Chain names.
+// Chain names. Every chain of this package starts with ChainPrefix.
 const (
-	ChainPostrouting = "PODNET-POSTROUTING"
-	ChainForward     = "PODNET-FORWARD"
+	ChainPrefix      = "PODNET-"
+	ChainPostrouting = ChainPrefix + "POSTROUTING"
+	ChainForward     = ChainPrefix + "FORWARD"
 )
 
 // ErrBrNetfilter says bridged traffic cannot be made to traverse iptables.

@@ -7,7 +7,10 @@
 // It also tracks which Services changed since the last sync (Tracker), runs
 // the sync loop around a Backend (Run), and serves healthCheckNodePorts.
 // Backends (proxy/iptables, proxy/ebpf) only turn ServicePorts into kernel
-// state; they never look at cluster objects.
+// state; they never look at cluster objects. Each backend is offered as a
+// Mode (probe, build, cleanup); a daemon holds a table of them (Modes) and
+// picks one by name, so it never imports a backend for a constant. A built
+// ServicePort is never changed (see ServicePort).
 package proxy
 
 import (
@@ -50,6 +53,11 @@ type Endpoint struct {
 func (e Endpoint) AddrPort() netip.AddrPort { return netip.AddrPortFrom(e.Addr, e.Port) }
 
 // ServicePort is one port of one Service, resolved for this node.
+//
+// A built ServicePort is never changed: a change to the Service or its
+// endpoints builds a new one. Backends rely on this and may key what they
+// derive from it by its pointer (the iptables generator memoizes its rules
+// so), so neither the proxy nor a backend may write to one it was handed.
 type ServicePort struct {
 	Name      PortName
 	ClusterIP netip.Addr // the IPv4 cluster IP

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/ipt"
 	"github.com/podnet/podnet/dataplane/proxy"
 )
 
@@ -138,21 +139,7 @@ func ProxyChains(save []byte) []string {
 // ChainRules returns the rules of the named chains in iptables-save (or -S)
 // output, without the leading "-A CHAIN".
 func ChainRules(save []byte, chains []string) map[string][]string {
-	out := make(map[string][]string, len(chains))
-	for _, c := range chains {
-		out[c] = []string{}
-	}
-	for line := range bytes.Lines(save) {
-		rest, ok := bytes.CutPrefix(line, []byte("-A "))
-		if !ok {
-			continue
-		}
-		chain, rule, _ := strings.Cut(strings.TrimSpace(string(rest)), " ")
-		if _, want := out[chain]; want {
-			out[chain] = append(out[chain], rule)
-		}
-	}
-	return out
+	return ipt.ChainRules(save, chains)
 }
 
 // JumpFixes returns the restore lines that make the proxy's jumps the first

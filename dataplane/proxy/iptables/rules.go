@@ -51,12 +51,13 @@ import (
 	"strings"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/ipt"
 	"github.com/podnet/podnet/dataplane/proxy"
 )
 
 // Chain names. Every chain the proxy creates starts with ChainPrefix.
 const (
-	ChainPrefix      = "PODSVC-"
+	ChainPrefix      = ipt.ServiceChainPrefix
 	ChainServices    = "PODSVC-SERVICES"
 	ChainNodePorts   = "PODSVC-NODEPORTS"
 	ChainPostrouting = "PODSVC-POSTROUTING"

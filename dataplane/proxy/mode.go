@@ -1,0 +1,190 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/health"
+	"github.com/podnet/podnet/dataplane/ipt"
+)
+
+// Mode is one way of programming Services into the node's kernel
+// (iptables, ebpf, ...). Every mode provides the same three things, and a
+// daemon picks one by name from its Modes table, knowing none of them.
+type Mode struct {
+	// Name is the value of --proxy-mode.
+	Name string
+	// Probe reports the first thing this node lacks for the mode (a
+	// command, a program type, an attach type, a helper), naming it; nil
+	// when the mode can run. It changes nothing on the node. nil: the mode
+	// needs nothing.
+	Probe func(Config) error
+	// New returns the mode's Backend. It touches nothing before the
+	// Backend's first Sync. A Backend that is also an io.Closer is closed
+	// when the proxy stops (what it pinned stays). A nil Backend runs no
+	// Service proxy at all (mode none).
+	New func(Config) (Backend, error)
+	// Cleanup removes whatever the mode left on the node in any earlier
+	// run; what is not there is no error. nil: the mode leaves nothing.
+	Cleanup func(Config) error
+}
+
+// Config is what every mode is built from: the node-wide settings, then
+// one typed part per mode that needs settings of its own.
+type Config struct {
+	NodeName          string
+	ClusterCIDR       netip.Prefix
+	NodePortAddresses []netip.Prefix // empty: all of the node's addresses
+	MasqueradeAll     bool
+	// IPTables is the node's iptables runner, shared with the node
+	// agent's own chains: one nft/legacy detection for both.
+	IPTables ipt.Runner
+	// Uplinks are the interfaces traffic from outside the node arrives on
+	// (where a mode attaches tc programs); empty: the interface holding
+	// the node's InternalIP.
+	Uplinks []string
+	// Node returns this node as the cluster state holds it now (its
+	// addresses); nil until the state has it. Set by RunService.
+	Node   func() *cluster.Node
+	BPF    BPFConfig
+	Logger *slog.Logger // never nil inside a Mode's functions
+}
+
+// BPFConfig is the part of Config only the ebpf mode reads.
+type BPFConfig struct {
+	// Cgroup is the cgroup v2 directory the socket hooks attach to.
+	Cgroup string
+	// PinDir is the bpffs directory holding the pinned maps and links.
+	PinDir string
+}
+
+// None runs no Service proxy.
+var None = Mode{Name: "none", New: func(Config) (Backend, error) { return nil, nil }}
+
+// Modes is the table of proxy modes a daemon offers.
+type Modes []Mode
+
+// Names lists the modes' names in table order.
+func (ms Modes) Names() []string {
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = m.Name
+	}
+	return out
+}
+
+// Select returns the named mode after its probe passed. The error names
+// the flag, the mode and what is missing.
+func (ms Modes) Select(name string, cfg Config) (Mode, error) {
+	cfg = cfg.withDefaults()
+	for _, m := range ms {
+		if m.Name != name {
+			continue
+		}
+		if m.Probe != nil {
+			if err := m.Probe(cfg); err != nil {
+				return Mode{}, fmt.Errorf("--proxy-mode %s: cannot run on this node: %w", name, err)
+			}
+		}
+		return m, nil
+	}
+	return Mode{}, fmt.Errorf("--proxy-mode: %q is not %s", name, strings.Join(ms.Names(), ", "))
+}
+
+// Cleanup removes the state of every mode but the one named keep (""
+// cleans them all).
+func (ms Modes) Cleanup(cfg Config, keep string) error {
+	cfg = cfg.withDefaults()
+	var errs []error
+	for _, m := range ms {
+		if m.Name == keep || m.Cleanup == nil {
+			continue
+		}
+		if err := m.Cleanup(cfg); err != nil {
+			errs = append(errs, fmt.Errorf("remove %s mode's state: %w", m.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (c Config) withDefaults() Config {
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Node == nil {
+		c.Node = func() *cluster.Node { return nil }
+	}
+	return c
+}
+
+// ServiceOptions choose and configure the Service proxy of a daemon.
+type ServiceOptions struct {
+	Mode Mode // from Modes.Select
+	// Modes are all the modes the daemon offers: at start, the state of
+	// every other one is removed, so switching modes on a node leaves
+	// nothing of the old one behind.
+	Modes         Modes
+	Config        Config
+	Conntrack     Conntrack // nil: no conntrack cleanup
+	SyncPeriod    time.Duration
+	MinSyncPeriod time.Duration
+}
+
+// Env is what the daemon shares with its Service proxy.
+type Env struct {
+	Store   *cluster.Store
+	Health  *health.Checker
+	Metrics prometheus.Registerer
+	Logger  *slog.Logger
+}
+
+// RunService removes the other modes' state, builds the chosen mode's
+// Backend and syncs it with the Store until ctx ends.
+func RunService(ctx context.Context, o ServiceOptions, env Env) error {
+	cfg := o.Config
+	if cfg.Logger == nil {
+		cfg.Logger = env.Logger
+	}
+	if env.Store != nil {
+		cfg.Node = func() *cluster.Node { return env.Store.Node(cfg.NodeName) }
+	}
+	cfg = cfg.withDefaults()
+	if err := o.Modes.Cleanup(cfg, o.Mode.Name); err != nil {
+		return err
+	}
+	if o.Mode.New == nil {
+		return fmt.Errorf("proxy mode %q: no backend", o.Mode.Name)
+	}
+	backend, err := o.Mode.New(cfg)
+	if err != nil {
+		return fmt.Errorf("proxy mode %s: %w", o.Mode.Name, err)
+	}
+	if backend == nil {
+		<-ctx.Done()
+		return nil
+	}
+	if c, ok := backend.(io.Closer); ok {
+		defer c.Close()
+	}
+	return Run(ctx, Options{
+		Store:         env.Store,
+		NodeName:      cfg.NodeName,
+		Backend:       backend,
+		Conntrack:     o.Conntrack,
+		SyncPeriod:    o.SyncPeriod,
+		MinSyncPeriod: o.MinSyncPeriod,
+		Health:        env.Health,
+		Metrics:       NewMetrics(env.Metrics),
+		HealthChecks:  &HealthChecks{},
+		Logger:        cfg.Logger,
+	})
+}
