@@ -26,7 +26,8 @@
 // Frontend flags (slot 0).
 #define FE_REJECT 1   // no usable endpoint anywhere: refuse
 #define FE_AFFINITY 2 // ClientIP session affinity
-#define FE_NODEPORT 4 // address is the wildcard: any node address
+#define FE_SRCRANGE 4 // load-balancer IP with loadBalancerSourceRanges
+#define FE_LOCAL 8    // externalTrafficPolicy Local: keep the client address
 
 struct svc_key {
 	__u8 addr[16];

@@ -13,7 +13,8 @@ import (
 func TestObjectsLoad(t *testing.T) {
 	roottest.Require(t)
 	specs := map[string]func() (*ebpf.CollectionSpec, error){
-		"sock": LoadSock,
+		"sock":     LoadSock,
+		"nodeport": LoadNodeport,
 	}
 	for name, load := range specs {
 		t.Run(name, func(t *testing.T) {

@@ -32,6 +32,7 @@ enum {
 	BPF_MAP_TYPE_HASH = 1,
 	BPF_MAP_TYPE_ARRAY = 2,
 	BPF_MAP_TYPE_LRU_HASH = 9,
+	BPF_MAP_TYPE_LPM_TRIE = 11,
 };
 
 enum {
@@ -47,6 +48,18 @@ enum {
 #define IPPROTO_TCP 6
 #define IPPROTO_UDP 17
 #define IPPROTO_SCTP 132
+
+#define ETH_HLEN 14
+#define ETH_P_IP 0x0800
+
+#define TC_ACT_UNSPEC (-1)
+#define TC_ACT_OK 0
+#define TC_ACT_SHOT 2
+
+#define BPF_F_PSEUDO_HDR (1ULL << 4)
+#define BPF_F_MARK_MANGLED_0 (1ULL << 5)
+#define BPF_FIB_LKUP_RET_SUCCESS 0
+#define BPF_FIB_LKUP_RET_NO_NEIGH 7
 
 #define ECONNREFUSED 111
 #define EHOSTUNREACH 113
@@ -69,6 +82,74 @@ struct bpf_sock_addr {
 	} __attribute__((aligned(8)));
 };
 
+// UAPI: the context of tc programs (only the fields up to data_end are
+// read; the layout is ABI).
+struct __sk_buff {
+	__u32 len;
+	__u32 pkt_type;
+	__u32 mark;
+	__u32 queue_mapping;
+	__u32 protocol;
+	__u32 vlan_present;
+	__u32 vlan_tci;
+	__u32 vlan_proto;
+	__u32 priority;
+	__u32 ingress_ifindex;
+	__u32 ifindex;
+	__u32 tc_index;
+	__u32 cb[5];
+	__u32 hash;
+	__u32 tc_classid;
+	__u32 data;
+	__u32 data_end;
+};
+
+// UAPI: bpf_fib_lookup's parameters.
+struct bpf_fib_lookup {
+	__u8 family;
+	__u8 l4_protocol;
+	__be16 sport;
+	__be16 dport;
+	__u16 tot_len;
+	__u32 ifindex;
+	__u32 tos;
+	union {
+		__be32 ipv4_src;
+		__u32 ipv6_src[4];
+	};
+	union {
+		__be32 ipv4_dst;
+		__u32 ipv6_dst[4];
+	};
+	__u32 vlan;
+	__u8 smac[6];
+	__u8 dmac[6];
+};
+
+struct ethhdr {
+	__u8 h_dest[6];
+	__u8 h_source[6];
+	__be16 h_proto;
+};
+
+struct iphdr {
+	__u8 ihl_version;
+	__u8 tos;
+	__be16 tot_len;
+	__be16 id;
+	__be16 frag_off;
+	__u8 ttl;
+	__u8 protocol;
+	__u16 check;
+	__be32 saddr;
+	__be32 daddr;
+};
+
+struct l4ports {
+	__be16 source;
+	__be16 dest;
+};
+
 static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
 static long (*bpf_map_update_elem)(void *map, const void *key, const void *value, __u64 flags) = (void *)2;
 static long (*bpf_map_delete_elem)(void *map, const void *key) = (void *)3;
@@ -77,5 +158,10 @@ static __u32 (*bpf_get_prandom_u32)(void) = (void *)7;
 static __u64 (*bpf_get_socket_cookie)(void *ctx) = (void *)46;
 static __u64 (*bpf_get_netns_cookie)(void *ctx) = (void *)122;
 static int (*bpf_set_retval)(int retval) = (void *)187;
+static long (*bpf_skb_store_bytes)(struct __sk_buff *skb, __u32 offset, const void *from, __u32 len, __u64 flags) = (void *)9;
+static long (*bpf_l3_csum_replace)(struct __sk_buff *skb, __u32 offset, __u64 from, __u64 to, __u64 size) = (void *)10;
+static long (*bpf_l4_csum_replace)(struct __sk_buff *skb, __u32 offset, __u64 from, __u64 to, __u64 flags) = (void *)11;
+static long (*bpf_fib_lookup)(void *ctx, struct bpf_fib_lookup *params, int plen, __u32 flags) = (void *)69;
+static long (*bpf_redirect_neigh)(__u32 ifindex, void *params, int plen, __u64 flags) = (void *)152;
 
 #endif

@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -26,9 +28,11 @@ const linksDir = "links"
 // links, and their pinned maps. Closing it leaves everything attached: a
 // new proxyd picks it up where this one left off.
 type Datapath struct {
-	Maps  *Maps
-	coll  *ebpf.Collection
-	links []link.Link
+	Maps   *Maps
+	coll   *ebpf.Collection // socket LB
+	np     *ebpf.Collection // tc programs for traffic from outside
+	pinDir string
+	links  []link.Link
 }
 
 // attachTypes says where each program of bpf/sock.c attaches.
@@ -55,38 +59,85 @@ func Open(pinDir, cgroup string) (*Datapath, error) {
 	if err := ensureBPFFS(pinDir); err != nil {
 		return nil, err
 	}
-	spec, err := bpf.LoadSock()
+	d, err := load(pinDir)
 	if err != nil {
 		return nil, err
 	}
-	for _, m := range spec.Maps {
-		m.Pinning = ebpf.PinByName
-	}
-	coll, err := loadPinned(spec, pinDir)
-	if err != nil {
-		return nil, err
-	}
-	d := &Datapath{coll: coll, Maps: &Maps{
-		Services:  kernelTable[svcKey, svcVal]{coll.Maps[bpf.SockMapServicesV1]},
-		Backends:  kernelTable[uint32, backend]{coll.Maps[bpf.SockMapBackendsV1]},
-		NodeAddrs: kernelTable[nodeKey, uint8]{coll.Maps[bpf.SockMapNodeaddrsV1]},
-	}}
 	if err := d.attach(pinDir, cgroup); err != nil {
 		d.Close()
 		return nil, err
 	}
-	if err := removeStale(pinDir, spec); err != nil {
+	if err := removeStale(pinDir); err != nil {
 		d.Close()
 		return nil, err
 	}
 	return d, nil
 }
 
+// specs are the objects' specs, their maps pinned by name: the maps both
+// declare (services, backends, node addresses) are one.
+func specs() (sock, np *ebpf.CollectionSpec, err error) {
+	if sock, err = bpf.LoadSock(); err != nil {
+		return nil, nil, err
+	}
+	if np, err = bpf.LoadNodeport(); err != nil {
+		return nil, nil, err
+	}
+	for _, s := range []*ebpf.CollectionSpec{sock, np} {
+		for _, m := range s.Maps {
+			m.Pinning = ebpf.PinByName
+		}
+	}
+	return sock, np, nil
+}
+
+// load loads both objects with their maps pinned in pinDir ("": not
+// pinned, the tc object then shares the socket object's maps by
+// replacement).
+func load(pinDir string) (*Datapath, error) {
+	sockSpec, npSpec, err := specs()
+	if err != nil {
+		return nil, err
+	}
+	if pinDir == "" {
+		for _, s := range []*ebpf.CollectionSpec{sockSpec, npSpec} {
+			for _, m := range s.Maps {
+				m.Pinning = ebpf.PinNone
+			}
+		}
+	}
+	coll, err := loadPinned(sockSpec, pinDir, nil)
+	if err != nil {
+		return nil, err
+	}
+	var shared map[string]*ebpf.Map
+	if pinDir == "" {
+		shared = map[string]*ebpf.Map{}
+		for name := range npSpec.Maps {
+			if m := coll.Maps[name]; m != nil {
+				shared[name] = m
+			}
+		}
+	}
+	np, err := loadPinned(npSpec, pinDir, shared)
+	if err != nil {
+		coll.Close()
+		return nil, err
+	}
+	return &Datapath{coll: coll, np: np, pinDir: pinDir, Maps: &Maps{
+		Services:  kernelTable[svcKey, svcVal]{coll.Maps[bpf.SockMapServicesV1]},
+		Backends:  kernelTable[uint32, backend]{coll.Maps[bpf.SockMapBackendsV1]},
+		NodeAddrs: kernelTable[nodeKey, uint8]{coll.Maps[bpf.SockMapNodeaddrsV1]},
+		Ranges:    kernelTable[rangeKey, uint8]{np.Maps[bpf.NodeportMapSrcrangeV1]},
+		SNAT:      kernelTable[uint32, bpf.NodeportSnatAddr]{np.Maps[bpf.NodeportMapSnatV1]},
+	}}, nil
+}
+
 // loadPinned loads spec with its maps pinned in pinDir. A pinned map whose
 // definition no longer matches (a layout change without a new version in
 // its name) is replaced.
-func loadPinned(spec *ebpf.CollectionSpec, pinDir string) (*ebpf.Collection, error) {
-	opts := ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}
+func loadPinned(spec *ebpf.CollectionSpec, pinDir string, replace map[string]*ebpf.Map) (*ebpf.Collection, error) {
+	opts := ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}, MapReplacements: replace}
 	coll, err := ebpf.NewCollectionWithOptions(spec, opts)
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
 		for name := range spec.Maps {
@@ -103,9 +154,9 @@ func loadPinned(spec *ebpf.CollectionSpec, pinDir string) (*ebpf.Collection, err
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("load socket-LB programs: %+v", ve)
+			return nil, fmt.Errorf("load BPF programs: %+v", ve)
 		}
-		return nil, fmt.Errorf("load socket-LB programs: %w", err)
+		return nil, fmt.Errorf("load BPF programs: %w", err)
 	}
 	return coll, nil
 }
@@ -178,21 +229,26 @@ var versionedName = regexp.MustCompile(`^[a-z0-9_]+_v[0-9]+$`)
 // removeStale unpins what the current objects do not use: maps of an older
 // layout, links of programs that are gone. It runs after the new programs
 // are attached, so traffic moves to the new maps first.
-func removeStale(pinDir string, spec *ebpf.CollectionSpec) error {
+func removeStale(pinDir string) error {
+	sockSpec, npSpec, err := specs()
+	if err != nil {
+		return err
+	}
 	entries, err := os.ReadDir(pinDir)
 	if err != nil {
 		return fmt.Errorf("read %s: %w", pinDir, err)
 	}
 	var errs []error
 	for _, e := range entries {
-		if e.Name() == linksDir || spec.Maps[e.Name()] != nil || !versionedName.MatchString(e.Name()) {
+		if e.Name() == linksDir || sockSpec.Maps[e.Name()] != nil || npSpec.Maps[e.Name()] != nil || !versionedName.MatchString(e.Name()) {
 			continue
 		}
 		errs = append(errs, os.Remove(filepath.Join(pinDir, e.Name())))
 	}
 	links, _ := os.ReadDir(filepath.Join(pinDir, linksDir))
 	for _, e := range links {
-		if _, ok := attachTypes[e.Name()]; !ok {
+		prog, _, _ := strings.Cut(e.Name(), "@")
+		if _, ok := attachTypes[prog]; !ok && npSpec.Programs[prog] == nil {
 			errs = append(errs, unpinLink(filepath.Join(pinDir, linksDir, e.Name())))
 		}
 	}
@@ -224,6 +280,9 @@ func (d *Datapath) Close() error {
 	d.links = nil
 	if d.coll != nil {
 		d.coll.Close()
+	}
+	if d.np != nil {
+		d.np.Close()
 	}
 	return nil
 }
@@ -295,5 +354,53 @@ func checkCgroup(dir string) error {
 	if st.Type != cgroup2Magic {
 		return fmt.Errorf("--bpf-cgroup %s: not a cgroup v2 directory", dir)
 	}
+	return nil
+}
+
+// tcPrograms are the tc programs and where they go.
+const (
+	// TCUplink translates traffic from outside and replies from other
+	// nodes: on the ingress of the node's uplinks.
+	TCUplink = bpf.NodeportProgNodeportIn
+	// TCBridge translates replies of local pods: on the ingress of the pod
+	// bridge.
+	TCBridge = bpf.NodeportProgNodeportRev
+)
+
+// AttachTC attaches the tc program prog (TCUplink or TCBridge) to the
+// ingress of iface through tcx, pinned as links/prog@iface; a link already
+// pinned there is updated in place. It needs pinned maps (Open).
+func (d *Datapath) AttachTC(prog, iface string) error {
+	p := d.np.Programs[prog]
+	if p == nil {
+		return fmt.Errorf("attach tc program %q: no such program", prog)
+	}
+	ifc, err := net.InterfaceByName(iface)
+	if err != nil {
+		return fmt.Errorf("attach %s: %w", prog, err)
+	}
+	path := filepath.Join(d.pinDir, linksDir, prog+"@"+iface)
+	if l, err := link.LoadPinnedLink(path, nil); err == nil {
+		if info, err := l.Info(); err == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ifc.Index {
+			if err := l.Update(p); err != nil {
+				l.Close()
+				return fmt.Errorf("update link %s: %w", path, err)
+			}
+			d.links = append(d.links, l)
+			return nil
+		}
+		// The interface was recreated: the old link is gone with it.
+		_ = l.Unpin()
+		l.Close()
+	}
+	l, err := link.AttachTCX(link.TCXOptions{Interface: ifc.Index, Program: p, Attach: ebpf.AttachTCXIngress})
+	if err != nil {
+		return fmt.Errorf("attach %s to %s: %w", prog, iface, err)
+	}
+	if err := l.Pin(path); err != nil {
+		l.Close()
+		return fmt.Errorf("pin link %s: %w", path, err)
+	}
+	d.links = append(d.links, l)
 	return nil
 }

@@ -26,10 +26,11 @@ import (
 
 // Kernel entry types, as the programs see them.
 type (
-	svcKey  = bpf.SockSvcKey
-	svcVal  = bpf.SockSvcVal
-	backend = bpf.SockBackend
-	nodeKey = bpf.SockNodeaddrKey
+	svcKey   = bpf.SockSvcKey
+	svcVal   = bpf.SockSvcVal
+	backend  = bpf.SockBackend
+	nodeKey  = bpf.SockNodeaddrKey
+	rangeKey = bpf.NodeportSrcrangeKey
 )
 
 // Frontend scopes and flags; they mirror bpf/lb.h.
@@ -39,6 +40,8 @@ const (
 
 	feReject   = 1
 	feAffinity = 2
+	feSrcRange = 4
+	feLocal    = 8
 )
 
 // set names one of a ServicePort's endpoint sets.
@@ -88,11 +91,16 @@ type frontendSpec struct {
 	affinity uint32
 }
 
-// frontends lists sp's socket-LB frontends. Every client of socket LB is a
-// pod or the node itself, so external entry points use the endpoints
-// iptables mode gives those clients: all of them, unless the Service has
-// none but local ones. Load-balancer IPs with loadBalancerSourceRanges are
-// left out: the client's address is not known at connect time.
+// frontends lists sp's frontends in both scopes.
+//
+// Socket LB (scopeSock) serves pods and the node itself, so its external
+// entry points use the endpoints iptables mode gives those clients: all of
+// them, unless the Service has only local ones. Load-balancer IPs with
+// loadBalancerSourceRanges are left to the tc programs there: the client's
+// address is not known at connect time.
+//
+// The tc programs (scopeExt) serve clients outside the node: the external
+// endpoint set, the client address kept for policy Local.
 func frontends(sp *proxy.ServicePort) []frontendSpec {
 	flags := uint8(0)
 	if !sp.HasEndpoints {
@@ -103,36 +111,56 @@ func frontends(sp *proxy.ServicePort) []frontendSpec {
 		flags |= feAffinity
 		affinity = uint32(sp.AffinityTimeout.Seconds())
 	}
-	mk := func(a netip.Addr, port uint16, s set) frontendSpec {
+	mk := func(scope uint8, a netip.Addr, port uint16, s set, extra uint8) frontendSpec {
 		return frontendSpec{
-			key: svcKey{Addr: addr16(a), Port: be16(port), Proto: protoNum(sp.Protocol), Scope: scopeSock},
-			set: s, flags: flags, affinity: affinity,
+			key: svcKey{Addr: addr16(a), Port: be16(port), Proto: protoNum(sp.Protocol), Scope: scope},
+			set: s, flags: flags | extra, affinity: affinity,
 		}
 	}
 	internal := setCluster
 	if sp.InternalPolicyLocal {
 		internal = setLocal
 	}
-	out := []frontendSpec{mk(sp.ClusterIP, sp.Port, internal)}
+	out := []frontendSpec{mk(scopeSock, sp.ClusterIP, sp.Port, internal, 0)}
 	if !sp.External() {
 		return out
 	}
-	external := setCluster
+	fromPods := setCluster
 	if sp.ExternalPolicyLocal && len(sp.ClusterEndpoints) == 0 {
-		external = setLocal
+		fromPods = setLocal
+	}
+	fromOutside, local := setCluster, uint8(0)
+	if sp.ExternalPolicyLocal {
+		fromOutside, local = setLocal, feLocal
+	}
+	ranged := uint8(0)
+	if len(sp.LoadBalancerSourceRanges) > 0 {
+		ranged = feSrcRange
 	}
 	for _, a := range sp.ExternalIPs {
-		out = append(out, mk(a, sp.Port, external))
+		out = append(out, mk(scopeSock, a, sp.Port, fromPods, 0), mk(scopeExt, a, sp.Port, fromOutside, local))
 	}
-	if len(sp.LoadBalancerSourceRanges) == 0 {
-		for _, a := range sp.LoadBalancerIPs {
-			out = append(out, mk(a, sp.Port, external))
+	for _, a := range sp.LoadBalancerIPs {
+		if ranged == 0 {
+			out = append(out, mk(scopeSock, a, sp.Port, fromPods, 0))
 		}
+		out = append(out, mk(scopeExt, a, sp.Port, fromOutside, local|ranged))
 	}
 	if sp.NodePort != 0 {
-		out = append(out, mk(netip.Addr{}, sp.NodePort, external))
+		out = append(out, mk(scopeSock, netip.Addr{}, sp.NodePort, fromPods, 0), mk(scopeExt, netip.Addr{}, sp.NodePort, fromOutside, local))
 	}
 	return out
+}
+
+// sourceRanges are the LPM entries letting sp's ranges reach service id.
+func sourceRanges(sp *proxy.ServicePort, id uint32, into map[rangeKey]uint8) {
+	for _, r := range sp.LoadBalancerSourceRanges {
+		bits := r.Bits()
+		if r.Addr().Is4() {
+			bits += 96
+		}
+		into[rangeKey{Prefixlen: uint32(32 + bits), Svc: id, Addr: addr16(r.Masked().Addr())}] = 1
+	}
 }
 
 func endpointsOf(sp *proxy.ServicePort, s set) []netip.AddrPort {
@@ -159,6 +187,7 @@ type portEntries struct {
 	ids      ids
 	services map[svcKey]svcVal
 	backends map[uint32]backend
+	ranges   map[rangeKey]uint8
 }
 
 // idSource hands out ids: first those the port held before (or the kernel
@@ -177,6 +206,7 @@ func desiredPort(sp *proxy.ServicePort, src idSource, owner map[svcKey]proxy.Por
 		ids:      ids{svc: map[set]uint32{}, backends: map[uint32]map[netip.AddrPort]uint32{}},
 		services: make(map[svcKey]svcVal),
 		backends: make(map[uint32]backend),
+		ranges:   make(map[rangeKey]uint8),
 	}
 	proto := protoNum(sp.Protocol)
 	for _, fe := range frontends(sp) {
@@ -199,6 +229,9 @@ func desiredPort(sp *proxy.ServicePort, src idSource, owner map[svcKey]proxy.Por
 			}
 			pe.ids.backends[id] = byEP
 		}
+		if fe.flags&feSrcRange != 0 {
+			sourceRanges(sp, id, pe.ranges)
+		}
 		eps := endpointsOf(sp, fe.set)
 		pe.services[fe.key] = svcVal{Id: id, Count: uint16(len(eps)), Flags: fe.flags, Affinity: fe.affinity}
 		for i, ep := range eps {
@@ -218,10 +251,26 @@ type diff struct {
 	delFrontends []svcKey
 	delSlots     []svcKey
 	delBackends  []uint32
+	putRanges    map[rangeKey]uint8
+	delRanges    []rangeKey
 }
 
 func newDiff() *diff {
-	return &diff{putBackends: map[uint32]backend{}, putSlots: map[svcKey]svcVal{}, putFrontends: map[svcKey]svcVal{}}
+	return &diff{putBackends: map[uint32]backend{}, putSlots: map[svcKey]svcVal{}, putFrontends: map[svcKey]svcVal{}, putRanges: map[rangeKey]uint8{}}
+}
+
+// addRanges records what turns the old source ranges into the new.
+func (d *diff) addRanges(old, new map[rangeKey]uint8) {
+	for k := range new {
+		if _, ok := old[k]; !ok {
+			d.putRanges[k] = 1
+		}
+	}
+	for k := range old {
+		if _, ok := new[k]; !ok {
+			d.delRanges = append(d.delRanges, k)
+		}
+	}
 }
 
 // add records what turns old into new. old may be nil.
@@ -259,12 +308,16 @@ func (d *diff) add(oldS map[svcKey]svcVal, oldB map[uint32]backend, newS map[svc
 }
 
 func (d *diff) empty() bool {
-	return len(d.putBackends)+len(d.putSlots)+len(d.putFrontends)+len(d.delFrontends)+len(d.delSlots)+len(d.delBackends) == 0
+	return len(d.putBackends)+len(d.putSlots)+len(d.putFrontends)+len(d.delFrontends)+len(d.delSlots)+len(d.delBackends)+len(d.putRanges)+len(d.delRanges) == 0
 }
 
-// apply writes d in the order that keeps every reader consistent.
+// apply writes d in the order that keeps every reader consistent. Source
+// ranges go in before the frontends that check them and out after.
 func (d *diff) apply(m *Maps) error {
 	if err := m.Backends.Put(d.putBackends); err != nil {
+		return err
+	}
+	if err := m.Ranges.Put(d.putRanges); err != nil {
 		return err
 	}
 	if err := m.Services.Put(d.putSlots); err != nil {
@@ -277,6 +330,9 @@ func (d *diff) apply(m *Maps) error {
 		return err
 	}
 	if err := m.Services.Delete(d.delSlots); err != nil {
+		return err
+	}
+	if err := m.Ranges.Delete(d.delRanges); err != nil {
 		return err
 	}
 	return m.Backends.Delete(d.delBackends)

@@ -7,6 +7,8 @@ import (
 	"syscall"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/podnet/podnet/bpf"
 )
 
 // Table is one BPF hash map as the syncer uses it: batched writes and
@@ -25,6 +27,10 @@ type Maps struct {
 	Services  Table[svcKey, svcVal]
 	Backends  Table[uint32, backend]
 	NodeAddrs Table[nodeKey, uint8]
+	Ranges    Table[rangeKey, uint8]
+	// SNAT holds, at key 0, the address traffic from outside to
+	// externalIPs and load-balancer IPs is SNATed to.
+	SNAT Table[uint32, bpf.NodeportSnatAddr]
 }
 
 // kernelTable is a Table over a real map, using the batch operations
@@ -154,7 +160,8 @@ func (t *FakeTable[K, V]) Dump() (map[K]V, error) {
 func NewFakeMaps() (*Maps, *FakeTable[svcKey, svcVal], *FakeTable[uint32, backend]) {
 	s := NewFakeTable[svcKey, svcVal](1 << 20)
 	b := NewFakeTable[uint32, backend](1 << 20)
-	return &Maps{Services: s, Backends: b, NodeAddrs: NewFakeTable[nodeKey, uint8](256)}, s, b
+	return &Maps{Services: s, Backends: b, NodeAddrs: NewFakeTable[nodeKey, uint8](256),
+		Ranges: NewFakeTable[rangeKey, uint8](1 << 14), SNAT: NewFakeTable[uint32, bpf.NodeportSnatAddr](1)}, s, b
 }
 
 // nodeAddrEntries is the node-address map's content for addrs.

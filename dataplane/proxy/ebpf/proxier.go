@@ -1,9 +1,12 @@
 package ebpf
 
 import (
+	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 
+	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/proxy"
 )
 
@@ -17,38 +20,135 @@ type Config struct {
 	// NodePortAddresses limits NodePorts to node addresses in these
 	// prefixes; empty means every address but loopback.
 	NodePortAddresses []netip.Prefix
+	// NodeIP returns the node's InternalIP (invalid while unknown): the
+	// address traffic to externalIPs and load-balancer IPs is SNATed to,
+	// and, without Uplinks, how the uplink is found. nil: unknown.
+	NodeIP func() netip.Addr
+	// Uplinks are the interfaces traffic from outside arrives on; empty:
+	// the one holding NodeIP.
+	Uplinks []string
+	// Bridge is the pod bridge, where replies of local pods are
+	// translated back ("cbr0"); attached once it exists.
+	Bridge string
+	Logger *slog.Logger
 }
 
 // Proxier is the ebpf mode proxy.Backend: the attached programs and the
-// syncer filling their maps.
+// syncer filling their maps. Nothing is loaded or attached before the
+// first Sync.
 type Proxier struct {
-	*Syncer
-	dp *Datapath
+	cfg      Config
+	dp       *Datapath
+	syncer   *Syncer
+	attached map[string]bool // prog@iface with its tc link in place
 }
 
 var _ proxy.Backend = (*Proxier)(nil)
 
-// NewProxier loads and attaches the programs (see Open) and returns the
-// backend; the maps keep what they held until the first Sync.
-func NewProxier(cfg Config) (*Proxier, error) {
+// NewProxier returns the backend; it touches nothing until Sync.
+func NewProxier(cfg Config) *Proxier {
 	if cfg.PinDir == "" {
 		cfg.PinDir = DefaultPinDir
 	}
-	dp, err := Open(cfg.PinDir, cfg.Cgroup)
-	if err != nil {
-		return nil, err
+	if cfg.Bridge == "" {
+		cfg.Bridge = "cbr0"
 	}
-	npa := cfg.NodePortAddresses
-	return &Proxier{Syncer: NewSyncer(dp.Maps, func() ([]netip.Addr, error) { return NodeAddrs(npa) }), dp: dp}, nil
+	if cfg.NodeIP == nil {
+		cfg.NodeIP = func() netip.Addr { return netip.Addr{} }
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Proxier{cfg: cfg, attached: make(map[string]bool)}
 }
 
-// Close releases the process's handles; programs stay attached.
-func (p *Proxier) Close() error { return p.dp.Close() }
+// Sync implements proxy.Backend. The first one loads the programs (see
+// Open) and then programs the maps with a full sync, comparing with what
+// they hold: after a restart, entries already right are not rewritten.
+func (p *Proxier) Sync(ports map[cluster.Key][]*proxy.ServicePort, changed map[cluster.Key]bool, full bool) (proxy.SyncResult, error) {
+	if p.dp == nil {
+		dp, err := Open(p.cfg.PinDir, p.cfg.Cgroup)
+		if err != nil {
+			return proxy.SyncResult{}, err
+		}
+		npa, nodeIP := p.cfg.NodePortAddresses, p.cfg.NodeIP
+		p.dp, p.syncer = dp, NewSyncer(dp.Maps, func() ([]netip.Addr, error) { return NodeAddrs(npa, nodeIP()) })
+		full = true
+	}
+	res, err := p.syncer.Sync(ports, changed, full)
+	if err == nil && (full || len(p.attached) == 0) {
+		// The uplink may be unknown and the bridge missing until the node
+		// and its first pod exist: retried on every full sync, never
+		// failing the socket LB.
+		p.attachTC()
+	}
+	return res, err
+}
+
+// attachTC puts the tc programs on the uplinks and the bridge where they
+// are not yet.
+func (p *Proxier) attachTC() {
+	want := map[string]string{p.cfg.Bridge: TCBridge}
+	uplinks := p.cfg.Uplinks
+	if len(uplinks) == 0 {
+		if ifc, ok := ifaceHolding(p.cfg.NodeIP()); ok {
+			uplinks = []string{ifc}
+		}
+	}
+	for _, u := range uplinks {
+		want[u] = TCUplink
+	}
+	for iface, prog := range want {
+		id := prog + "@" + iface
+		if p.attached[id] {
+			continue
+		}
+		if _, err := net.InterfaceByName(iface); err != nil {
+			continue
+		}
+		if err := p.dp.AttachTC(prog, iface); err != nil {
+			p.cfg.Logger.Warn("attach tc program; traffic from outside is not served there", "iface", iface, "err", err)
+			continue
+		}
+		p.cfg.Logger.Info("tc program attached", "program", prog, "iface", iface)
+		p.attached[id] = true
+	}
+}
+
+// ifaceHolding names the interface holding ip.
+func ifaceHolding(ip netip.Addr) (string, bool) {
+	if !ip.IsValid() {
+		return "", false
+	}
+	ifcs, err := net.Interfaces()
+	if err != nil {
+		return "", false
+	}
+	for _, ifc := range ifcs {
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Unmap() == ip {
+				return ifc.Name, true
+			}
+		}
+	}
+	return "", false
+}
+
+// Close releases the process's handles; programs stay attached and keep
+// serving what the maps hold.
+func (p *Proxier) Close() error {
+	if p.dp == nil {
+		return nil
+	}
+	return p.dp.Close()
+}
 
 // NodeAddrs lists this network namespace's addresses within prefixes (all
 // when empty), without loopback and link-local ones: where NodePorts
-// answer, as in iptables mode.
-func NodeAddrs(prefixes []netip.Prefix) ([]netip.Addr, error) {
+// answer, as in iptables mode. primary, when the node holds it, comes
+// first (the SNAT address); the rest are sorted.
+func NodeAddrs(prefixes []netip.Prefix, primary netip.Addr) ([]netip.Addr, error) {
 	ifAddrs, err := net.InterfaceAddrs()
 	if err != nil {
 		return nil, err
@@ -68,7 +168,11 @@ func NodeAddrs(prefixes []netip.Prefix) ([]netip.Addr, error) {
 		}
 		out = append(out, ip)
 	}
-	return sortedAddrs(out), nil
+	out = sortedAddrs(out)
+	if i := slices.Index(out, primary); i > 0 {
+		out = append([]netip.Addr{primary}, slices.Delete(out, i, i+1)...)
+	}
+	return out, nil
 }
 
 func containsAny(ps []netip.Prefix, a netip.Addr) bool {

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/containernetworking/plugins/pkg/ns"
 
@@ -137,6 +138,7 @@ func newSockEnv(t *testing.T) *sockEnv {
 	run("ip", "netns", "add", name)
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
 	run("ip", "-n", name, "link", "set", "lo", "up")
+	run("ip", "-n", name, "link", "add", "up0", "type", "veth", "peer", "name", "up1")
 	for _, a := range []string{"10.244.1.2/32", "10.244.1.3/32", "192.168.77.1/32"} {
 		run("ip", "-n", name, "addr", "add", a, "dev", "lo")
 	}
@@ -272,6 +274,7 @@ func TestSocketLB(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dp.Close()
+	e.attachTC(dp)
 	nodeIP := netip.MustParseAddr("192.168.77.1")
 	sy := NewSyncer(dp.Maps, func() ([]netip.Addr, error) { return []netip.Addr{nodeIP}, nil })
 	both := []proxy.Endpoint{ep("10.244.1.2", 8080, true), ep("10.244.1.3", 8080, false)}
@@ -363,6 +366,10 @@ func TestSocketLB(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer dp2.Close()
+		e.attachTC(dp2)
+		if n := e.tcPrograms(); n != 1 {
+			t.Errorf("%d tc programs on the uplink after a restart, want 1", n)
+		}
 		if seen := backendsSeen(e.client(true, "tcp 10.96.0.10:80 5")); seen["10.244.1.3:8080"] != 5 {
 			t.Errorf("after reopening: %v", seen)
 		}
@@ -396,7 +403,40 @@ func TestSocketLB(t *testing.T) {
 		if got := e.client(true, "tcp 10.96.0.10:80 1"); strings.HasPrefix(got[0], "ok") {
 			t.Errorf("after cleanup the VIP still answered: %v", got)
 		}
+		if n := e.tcPrograms(); n != 0 {
+			t.Errorf("%d tc programs left on the uplink", n)
+		}
 	})
+}
+
+// attachTC attaches the uplink program to up0 in the test namespace.
+func (e *sockEnv) attachTC(dp *Datapath) {
+	e.t.Helper()
+	if err := ns.WithNetNSPath(e.nsPath, func(ns.NetNS) error { return dp.AttachTC(TCUplink, "up0") }); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// tcPrograms counts the tcx ingress programs on up0.
+func (e *sockEnv) tcPrograms() int {
+	e.t.Helper()
+	var n int
+	err := ns.WithNetNSPath(e.nsPath, func(ns.NetNS) error {
+		ifc, err := net.InterfaceByName("up0")
+		if err != nil {
+			return err
+		}
+		res, err := link.QueryPrograms(link.QueryOptions{Target: ifc.Index, Attach: ebpf.AttachTCXIngress})
+		if err != nil {
+			return err
+		}
+		n = len(res.Programs)
+		return nil
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return n
 }
 
 func cgroupFD(t *testing.T, dir string) int {

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/podnet/podnet/bpf"
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/proxy"
 )
@@ -15,8 +16,8 @@ import (
 // ebpf mode, apart from loading and attaching the programs.
 type Syncer struct {
 	maps *Maps
-	// nodeAddrs lists the addresses NodePorts answer on; read on full
-	// syncs. nil: none.
+	// nodeAddrs lists the addresses NodePorts answer on, the one to SNAT
+	// to first; read on full syncs. nil: none.
 	nodeAddrs func() ([]netip.Addr, error)
 
 	applied map[proxy.PortName]*portEntries
@@ -137,6 +138,7 @@ func (s *Syncer) full(ports map[cluster.Key][]*proxy.ServicePort) error {
 	owner := make(map[svcKey]proxy.PortName)
 	wantS := make(map[svcKey]svcVal)
 	wantB := make(map[uint32]backend)
+	wantR := make(map[rangeKey]uint8)
 	keys := make([]cluster.Key, 0, len(ports))
 	for k := range ports {
 		keys = append(keys, k)
@@ -156,10 +158,16 @@ func (s *Syncer) full(ports map[cluster.Key][]*proxy.ServicePort) error {
 			for id, b := range pe.backends {
 				wantB[id] = b
 			}
+			maps.Copy(wantR, pe.ranges)
 		}
+	}
+	haveR, err := s.maps.Ranges.Dump()
+	if err != nil {
+		return err
 	}
 	d := newDiff()
 	d.add(haveS, haveB, wantS, wantB)
+	d.addRanges(haveR, wantR)
 	if err := d.apply(s.maps); err != nil {
 		return err
 	}
@@ -239,22 +247,25 @@ func (s *Syncer) partial(ports map[cluster.Key][]*proxy.ServicePort, changed map
 	changed = s.release(changed)
 	// One diff over all changed Services: a frontend handed from one to
 	// another is then a rewrite, not a put and a delete.
-	oldS, oldB := make(map[svcKey]svcVal), make(map[uint32]backend)
-	newS, newB := make(map[svcKey]svcVal), make(map[uint32]backend)
+	oldS, oldB, oldR := make(map[svcKey]svcVal), make(map[uint32]backend), make(map[rangeKey]uint8)
+	newS, newB, newR := make(map[svcKey]svcVal), make(map[uint32]backend), make(map[rangeKey]uint8)
 	for k := range changed {
 		for _, name := range s.byKey[k] {
 			pe := s.applied[name]
 			maps.Copy(oldS, pe.services)
 			maps.Copy(oldB, pe.backends)
+			maps.Copy(oldR, pe.ranges)
 		}
 		for _, sp := range ports[k] {
 			pe := desiredPort(sp, previous{s: s, port: s.applied[sp.Name]}, s.owner, s.lose(sp))
 			applied[sp.Name] = pe
 			maps.Copy(newS, pe.services)
 			maps.Copy(newB, pe.backends)
+			maps.Copy(newR, pe.ranges)
 		}
 	}
 	d.add(oldS, oldB, newS, newB)
+	d.addRanges(oldR, newR)
 	// On failure the syncer's state is dropped with synced=false; the
 	// next full sync starts from what the kernel holds.
 	if err := d.apply(s.maps); err != nil {
@@ -289,6 +300,13 @@ func (s *Syncer) syncNodeAddrs() error {
 		if addrs, err = s.nodeAddrs(); err != nil {
 			return fmt.Errorf("list node addresses: %w", err)
 		}
+	}
+	var snat bpf.NodeportSnatAddr
+	if len(addrs) > 0 {
+		snat.Addr = addr16(addrs[0])
+	}
+	if err := s.maps.SNAT.Put(map[uint32]bpf.NodeportSnatAddr{0: snat}); err != nil {
+		return err
 	}
 	want := nodeAddrEntries(addrs)
 	have, err := s.maps.NodeAddrs.Dump()

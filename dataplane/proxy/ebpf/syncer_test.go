@@ -141,7 +141,9 @@ func TestSyncLayout(t *testing.T) {
 		"10.96.0.11:80/6 scope=0 flags=1 affinity=0 -> ",
 		"10.96.0.20:80/6 scope=0 flags=2 affinity=10800 -> 10.244.1.5:8080,10.244.2.5:8080",
 		"192.0.2.50:80/6 scope=0 flags=2 affinity=10800 -> 10.244.1.5:8080,10.244.2.5:8080",
+		"192.0.2.50:80/6 scope=1 flags=10 affinity=10800 -> 10.244.1.5:8080",
 		"invalid IP:30080/6 scope=0 flags=2 affinity=10800 -> 10.244.1.5:8080,10.244.2.5:8080",
+		"invalid IP:30080/6 scope=1 flags=10 affinity=10800 -> 10.244.1.5:8080",
 	}
 	if got := view(t, s, b); !slices.Equal(got, want) {
 		t.Errorf("maps:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -149,10 +151,11 @@ func TestSyncLayout(t *testing.T) {
 	if res.Rules["services"] != len(s.Entries) || res.Rules["backends"] != len(b.Entries) {
 		t.Errorf("result %v; maps hold %d services, %d backends entries", res.Rules, len(s.Entries), len(b.Entries))
 	}
-	// ClusterIP, external IP and NodePort share one service id and its
-	// backends: three frontends, two backends.
-	if len(b.Entries) != 3 {
-		t.Errorf("%d backends, want 3 (one per service id and endpoint)", len(b.Entries))
+	// Pods reach np's ClusterIP, external IP and NodePort through one
+	// service id (all endpoints), clients from outside through another
+	// (policy Local: the local one): 2+1 backends, and 1 for a.
+	if len(b.Entries) != 4 {
+		t.Errorf("%d backends, want 4 (one per service id and endpoint)", len(b.Entries))
 	}
 	if len(maps.NodeAddrs.(*FakeTable[nodeKey, uint8]).Entries) != 1 {
 		t.Errorf("node addresses not written")
@@ -286,6 +289,12 @@ func TestIncrementalEqualsFull(t *testing.T) {
 			sp.ExternalIPs = []netip.Addr{netip.MustParseAddr(fmt.Sprintf("192.0.2.%d", rng.IntN(4)))} // sometimes shared
 		}
 		if rng.IntN(3) == 0 {
+			sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr(fmt.Sprintf("198.51.100.%d", i))}
+			if rng.IntN(2) == 0 {
+				sp.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix(fmt.Sprintf("10.%d.0.0/16", rng.IntN(3)))}
+			}
+		}
+		if rng.IntN(3) == 0 {
 			sp.AffinityTimeout = time.Duration(1+rng.IntN(100)) * time.Second
 		}
 		return []*proxy.ServicePort{sp}
@@ -315,7 +324,35 @@ func TestIncrementalEqualsFull(t *testing.T) {
 		if g := garbage(s, b); len(g) > 0 {
 			t.Fatalf("step %d: unreachable entries %v", step, g)
 		}
+		if got, want := ranges(t, maps, s), ranges(t, fm, fs); !slices.Equal(got, want) {
+			t.Fatalf("step %d: source ranges %v, full load %v", step, got, want)
+		}
 	}
+}
+
+// ranges lists the source-range entries as "frontend range", failing on
+// one whose service id no frontend checks.
+func ranges(t *testing.T, m *Maps, s *FakeTable[svcKey, svcVal]) []string {
+	t.Helper()
+	bySvc := map[uint32][]string{}
+	for k, v := range s.Entries {
+		if k.Slot == 0 && v.Flags&feSrcRange != 0 {
+			bySvc[v.Id] = append(bySvc[v.Id], addrFrom16(k.Addr).String())
+		}
+	}
+	var out []string
+	for k := range m.Ranges.(*FakeTable[rangeKey, uint8]).Entries {
+		fes, ok := bySvc[k.Svc]
+		if !ok {
+			t.Fatalf("source range of service %d, which no frontend with ranges uses", k.Svc)
+		}
+		p := netip.PrefixFrom(addrFrom16(k.Addr), int(k.Prefixlen)-32-96)
+		for _, fe := range fes {
+			out = append(out, fe+" "+p.String())
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // sharedExternalIP accepts a difference only in who holds a frontend two
