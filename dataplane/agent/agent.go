@@ -40,6 +40,7 @@ import (
 	"github.com/podnet/podnet/dataplane/podcidr"
 	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/routing"
+	"github.com/podnet/podnet/dataplane/runner"
 )
 
 // Options configure the agent. Defaults are the flags' defaults.
@@ -328,52 +329,34 @@ func (n *nodeNet) run(ctx context.Context) error {
 	case <-ctx.Done():
 		return nil
 	}
-	trigger := make(chan struct{}, 1)
+	// Bursts (a state file with many Nodes, our own netlink echoes)
+	// coalesce into one sync per MinSyncPeriod; a failed sync waits for
+	// the next change or the periodic resync.
+	r := runner.New(func() error { n.sync(); return nil }, runner.Options{MinInterval: n.o.MinSyncPeriod, MaxInterval: n.o.SyncPeriod})
 	n.store.Subscribe(func(ev cluster.Event) {
 		if ev.Kind == cluster.KindNode {
-			notify(trigger)
+			r.Trigger()
 		}
 	})
+	netlinkChanged := make(chan struct{}, 1)
 	go func() {
-		if err := routing.Watch(ctx, netns.None(), routing.DefaultDevice, trigger); err != nil && ctx.Err() == nil {
+		if err := routing.Watch(ctx, netns.None(), routing.DefaultDevice, netlinkChanged); err != nil && ctx.Err() == nil {
 			n.log.Warn("netlink watch failed; relying on the periodic resync", "err", err)
 		}
 	}()
-	ticker := time.NewTicker(n.o.SyncPeriod)
-	defer ticker.Stop()
-	var last time.Time
-	notify(trigger)
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-ticker.C:
-		case <-trigger:
-			// Bursts (a state file with many Nodes, our own netlink
-			// echoes) coalesce into one sync per MinSyncPeriod.
-			if wait := n.o.MinSyncPeriod - time.Since(last); wait > 0 {
-				select {
-				case <-time.After(wait):
-				case <-ctx.Done():
-					return nil
-				}
-				// Drain what arrived meanwhile; this sync covers it.
-				select {
-				case <-trigger:
-				default:
-				}
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-netlinkChanged:
+				r.Trigger()
 			}
 		}
-		last = time.Now()
-		n.sync()
-	}
-}
-
-func notify(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
+	}()
+	r.Trigger()
+	r.Run(ctx)
+	return nil
 }
 
 // sync does one reconciliation and records its outcome in health and

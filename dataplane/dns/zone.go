@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/runner"
 )
 
 // PodMode is how `a-b-c-d.<ns>.pod.<zone>` names are answered.
@@ -169,7 +170,7 @@ type Zone struct {
 
 	mu      sync.Mutex // guards pending
 	pending pending
-	kick    chan struct{}
+	rebuild *runner.Runner // Flush, when asked by onEvent
 
 	flushMu sync.Mutex // serialises flushes; guards b
 	b       builder
@@ -186,7 +187,10 @@ type pending struct {
 // nothing; Run keeps the index current (tests may call Flush instead).
 func NewZone(store *cluster.Store, opts ZoneOptions) *Zone {
 	opts.setDefaults()
-	z := &Zone{opts: opts, store: store, kick: make(chan struct{}, 1)}
+	z := &Zone{opts: opts, store: store}
+	// A burst of changes (a Deployment rolling) is applied in one Flush
+	// per rebuildInterval rather than one per change.
+	z.rebuild = runner.New(func() error { z.Flush(); return nil }, runner.Options{MinInterval: rebuildInterval})
 	z.pending.all = true
 	z.snap.Store(z.emptySnapshot())
 	store.Subscribe(z.onEvent)
@@ -240,28 +244,23 @@ func (z *Zone) onEvent(ev cluster.Event) {
 		}
 	}
 	z.mu.Unlock()
-	select {
-	case z.kick <- struct{}{}:
-	default:
-	}
+	z.rebuild.Trigger()
 }
 
-// Run applies store changes to the index until ctx ends. Changes arriving
-// within a few milliseconds of each other are applied together.
+// rebuildInterval is the least time between two Flushes by Run.
+const rebuildInterval = 5 * time.Millisecond
+
+// Run applies store changes to the index until ctx ends, at most one Flush
+// per rebuildInterval: changes arriving meanwhile are applied together.
 func (z *Zone) Run(ctx context.Context) {
-	synced := z.store.Synced()
-	for {
+	go func() {
 		select {
+		case <-z.store.Synced():
+			z.rebuild.Trigger()
 		case <-ctx.Done():
-			return
-		case <-synced:
-			synced = nil
-			z.Flush()
-		case <-z.kick:
-			time.Sleep(5 * time.Millisecond)
-			z.Flush()
 		}
-	}
+	}()
+	z.rebuild.Run(ctx)
 }
 
 // Flush applies every pending store change to the index now.

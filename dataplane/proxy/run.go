@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/health"
+	"github.com/podnet/podnet/dataplane/runner"
 )
 
 // Backend programs ServicePorts into the kernel.
@@ -64,6 +66,72 @@ func Run(ctx context.Context, o Options) error {
 	if o.Store == nil || o.Backend == nil {
 		return errors.New("run service proxy: Store and Backend are required")
 	}
+	s := newSyncer(o)
+	defer func() {
+		if s.o.HealthChecks != nil {
+			s.o.HealthChecks.Close()
+		}
+	}()
+	s.report(nil)
+	healthTicker := time.NewTicker(max(s.o.SyncPeriod/4, time.Second))
+	defer healthTicker.Stop()
+
+	// Nothing is programmed before the source has delivered the whole
+	// state; a source that never does makes the proxy unhealthy in time.
+waitSynced:
+	for {
+		select {
+		case <-o.Store.Synced():
+			break waitSynced
+		case <-healthTicker.C:
+			s.report(errors.New("cluster state not synced yet"))
+		case <-ctx.Done():
+			return nil
+		}
+	}
+	s.o.Logger.Info("service proxy starting", "node", o.NodeName, "syncPeriod", s.o.SyncPeriod, "minSyncPeriod", s.o.MinSyncPeriod)
+
+	r := runner.New(s.syncOnce, runner.Options{MinInterval: s.o.MinSyncPeriod, MaxInterval: s.o.SyncPeriod, RetryInterval: s.o.MinSyncPeriod})
+	r.Trigger()
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	for {
+		select {
+		case <-ctx.Done():
+			<-done
+			return nil
+		case <-healthTicker.C:
+			s.report(s.lastError())
+		case <-s.tracker.Changed():
+			r.Trigger()
+		}
+	}
+}
+
+// syncer is the state of Run between syncs.
+type syncer struct {
+	o       Options
+	tracker *Tracker
+	state   *State
+	now     func() time.Time
+	start   time.Time
+
+	// Only syncOnce touches these.
+	forceFull bool
+	lastFull  time.Time
+	// What the kernel held after the last successful sync, and the
+	// Services changed since: a failed sync's changes still need their
+	// conntrack cleanup once a later sync succeeds.
+	applied map[cluster.Key][]*ServicePort
+	pending map[cluster.Key]bool
+
+	mu      sync.Mutex // guards what report reads
+	lastOK  time.Time
+	lastErr error
+}
+
+// newSyncer fills in Options' defaults and subscribes to the Store.
+func newSyncer(o Options) *syncer {
 	if o.SyncPeriod <= 0 {
 		o.SyncPeriod = 30 * time.Second
 	}
@@ -76,139 +144,121 @@ func Run(ctx context.Context, o Options) error {
 	if o.Metrics == nil {
 		o.Metrics = NewMetrics(nil)
 	}
-	tracker := NewTracker(o.Store, o.NodeName)
-	state := NewState()
-	start := time.Now()
-	lastOK := time.Time{}
-	report := func(err error) {
-		if o.Health == nil {
-			return
-		}
-		ref := lastOK
-		if ref.IsZero() {
-			ref = start
-		}
-		if time.Since(ref) > 2*o.SyncPeriod {
-			if err == nil {
-				err = fmt.Errorf("no successful sync since %s", ref.Format(time.RFC3339))
-			}
-			o.Health.Set(HealthComponent, fmt.Errorf("no successful sync for %s: %w", time.Since(ref).Round(time.Second), err))
-			return
-		}
-		o.Health.Set(HealthComponent, nil)
+	return &syncer{
+		o:         o,
+		tracker:   NewTracker(o.Store, o.NodeName),
+		state:     NewState(),
+		now:       time.Now,
+		start:     time.Now(),
+		forceFull: true,
+		applied:   make(map[cluster.Key][]*ServicePort),
+		pending:   make(map[cluster.Key]bool),
 	}
-	report(nil)
-	healthTicker := time.NewTicker(max(o.SyncPeriod/4, time.Second))
-	defer healthTicker.Stop()
+}
 
-	// Nothing is programmed before the source has delivered the whole
-	// state; a source that never does makes the proxy unhealthy in time.
-	var lastErr error
-waitSynced:
-	for {
-		select {
-		case <-o.Store.Synced():
-			break waitSynced
-		case <-healthTicker.C:
-			report(errors.New("cluster state not synced yet"))
-		case <-ctx.Done():
-			return nil
-		}
+// syncOnce takes the changes tracked since the last sync and programs them:
+// everything when a full sync is due (the first, one SyncPeriod after the
+// last full one, after a failure), else only the Services that changed.
+// The error makes the runner retry.
+func (s *syncer) syncOnce() error {
+	dirty, all := s.tracker.Take()
+	full := s.forceFull || all || s.now().Sub(s.lastFull) >= s.o.SyncPeriod
+	changed := s.state.Update(s.o.Store, s.o.NodeName, dirty, full)
+	if !full && len(changed) == 0 {
+		return nil
 	}
-	o.Logger.Info("service proxy starting", "node", o.NodeName, "syncPeriod", o.SyncPeriod, "minSyncPeriod", o.MinSyncPeriod)
+	for k := range changed {
+		s.pending[k] = true
+	}
+	kind := "partial"
+	if full {
+		kind = "full"
+	}
+	began := s.now()
+	res, err := s.o.Backend.Sync(s.state.Ports, changed, full)
+	if err != nil {
+		s.mu.Lock()
+		s.lastErr = err
+		s.mu.Unlock()
+		s.o.Metrics.SyncErrors.Inc()
+		s.o.Logger.Error("service proxy sync failed; retrying with a full sync", "kind", kind, "err", err)
+		s.forceFull = true
+		s.report(err)
+		return err
+	}
+	took := s.now().Sub(began)
+	s.record(kind, res, took)
+	s.o.Logger.Debug("service proxy synced", "kind", kind, "changed", len(changed), "took", took)
+	s.mu.Lock()
+	s.lastOK, s.lastErr = s.now(), nil
+	s.mu.Unlock()
+	s.report(nil)
+	if full {
+		s.forceFull = false
+		s.lastFull = began
+	}
+	s.afterSync()
+	return nil
+}
 
-	forceFull := true
-	var lastSync time.Time
-	// What the kernel held after the last successful sync, and the
-	// Services changed since: a failed sync's changes still need their
-	// conntrack cleanup once a later sync succeeds.
-	applied := make(map[cluster.Key][]*ServicePort)
-	pending := make(map[cluster.Key]bool)
-	fullTimer := time.NewTimer(0)
-	defer fullTimer.Stop()
-	retry := time.NewTimer(time.Hour)
-	retry.Stop()
-	defer retry.Stop()
+// record puts a successful sync into the metrics.
+func (s *syncer) record(kind string, res SyncResult, took time.Duration) {
+	m := s.o.Metrics
+	m.SyncDuration.WithLabelValues(kind).Observe(took.Seconds())
+	m.LastSync.SetToCurrentTime()
+	for table, n := range res.Rules {
+		m.Rules.WithLabelValues(table).Set(float64(n))
+	}
+	svcs, eps := s.state.Counts()
+	m.Services.Set(float64(svcs))
+	m.Endpoints.Set(float64(eps))
+}
 
-	for {
-		select {
-		case <-ctx.Done():
-			if o.HealthChecks != nil {
-				o.HealthChecks.Close()
-			}
-			return nil
-		case <-healthTicker.C:
-			report(lastErr)
-			continue
-		case <-fullTimer.C:
-			forceFull = true
-		case <-tracker.Changed():
-		case <-retry.C:
-		}
-		// Batch: wait out the rest of MinSyncPeriod since the last sync, so
-		// changes arriving together land in one transaction.
-		if wait := o.MinSyncPeriod - time.Since(lastSync); wait > 0 {
-			select {
-			case <-ctx.Done():
-				continue
-			case <-time.After(wait):
-			}
-		}
-		dirty, all := tracker.Take()
-		full := forceFull || all
-		changed := state.Update(o.Store, o.NodeName, dirty, full)
-		if !full && len(changed) == 0 {
-			continue
-		}
-		for k := range changed {
-			pending[k] = true
-		}
-		began := time.Now()
-		res, err := o.Backend.Sync(state.Ports, changed, full)
-		lastSync = time.Now()
-		kind := "partial"
-		if full {
-			kind = "full"
-		}
-		if err != nil {
-			lastErr = err
-			o.Metrics.SyncErrors.Inc()
-			o.Logger.Error("service proxy sync failed; retrying with a full sync", "kind", kind, "err", err)
-			forceFull = true
-			retry.Reset(o.MinSyncPeriod)
-			report(err)
-			continue
-		}
-		o.Metrics.SyncDuration.WithLabelValues(kind).Observe(time.Since(began).Seconds())
-		o.Metrics.LastSync.SetToCurrentTime()
-		for table, n := range res.Rules {
-			o.Metrics.Rules.WithLabelValues(table).Set(float64(n))
-		}
-		svcs, eps := state.Counts()
-		o.Metrics.Services.Set(float64(svcs))
-		o.Metrics.Endpoints.Set(float64(eps))
-		o.Logger.Debug("service proxy synced", "kind", kind, "changed", len(changed), "took", time.Since(began))
-		lastOK, lastErr = time.Now(), nil
-		report(nil)
-		if full {
-			forceFull = false
-			fullTimer.Reset(o.SyncPeriod)
-		}
-		stale := StaleUDP(applied, state.Ports, pending)
-		applied, pending = snapshot(state.Ports), make(map[cluster.Key]bool)
-		if o.Conntrack != nil {
-			for _, f := range stale {
-				if err := o.Conntrack.DeleteUDP(f); err != nil {
-					o.Logger.Warn("delete stale UDP conntrack entries", "filter", f, "err", err)
-				}
-			}
-		}
-		if o.HealthChecks != nil {
-			if err := o.HealthChecks.Sync(state.Ports); err != nil {
-				o.Logger.Warn("health check node ports", "err", err)
+// afterSync does what follows a successful sync: stale UDP conntrack
+// entries go, and the healthCheckNodePort servers follow the ports.
+func (s *syncer) afterSync() {
+	stale := StaleUDP(s.applied, s.state.Ports, s.pending)
+	s.applied, s.pending = snapshot(s.state.Ports), make(map[cluster.Key]bool)
+	if s.o.Conntrack != nil {
+		for _, f := range stale {
+			if err := s.o.Conntrack.DeleteUDP(f); err != nil {
+				s.o.Logger.Warn("delete stale UDP conntrack entries", "filter", f, "err", err)
 			}
 		}
 	}
+	if s.o.HealthChecks != nil {
+		if err := s.o.HealthChecks.Sync(s.state.Ports); err != nil {
+			s.o.Logger.Warn("health check node ports", "err", err)
+		}
+	}
+}
+
+func (s *syncer) lastError() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastErr
+}
+
+// report sets the proxy's health: bad once no sync has succeeded for two
+// SyncPeriods (since the start, before the first).
+func (s *syncer) report(err error) {
+	if s.o.Health == nil {
+		return
+	}
+	s.mu.Lock()
+	ref := s.lastOK
+	s.mu.Unlock()
+	if ref.IsZero() {
+		ref = s.start
+	}
+	if since := s.now().Sub(ref); since > 2*s.o.SyncPeriod {
+		if err == nil {
+			err = fmt.Errorf("no successful sync since %s", ref.Format(time.RFC3339))
+		}
+		s.o.Health.Set(HealthComponent, fmt.Errorf("no successful sync for %s: %w", since.Round(time.Second), err))
+		return
+	}
+	s.o.Health.Set(HealthComponent, nil)
 }
 
 func snapshot(m map[cluster.Key][]*ServicePort) map[cluster.Key][]*ServicePort {

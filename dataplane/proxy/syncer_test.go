@@ -1,0 +1,129 @@
+package proxy
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/health"
+)
+
+// fakeConntrack records the filters it was asked to delete.
+type fakeConntrack struct{ deleted []ConntrackFilter }
+
+func (f *fakeConntrack) DeleteUDP(c ConntrackFilter) error {
+	f.deleted = append(f.deleted, c)
+	return nil
+}
+
+// udpObjs is a UDP Service with one endpoint per given address.
+func udpObjs(eps ...string) []cluster.Object {
+	s := &cluster.Service{Namespace: "ns", Name: "dns", Type: cluster.ServiceTypeClusterIP,
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+		Ports:      []cluster.ServicePort{{Name: "dns", Protocol: cluster.UDP, Port: 53}}}
+	es := &cluster.EndpointSlice{Namespace: "ns", Name: "dns-x", ServiceName: "dns", AddressType: "IPv4",
+		Ports: []cluster.EndpointPort{{Name: "dns", Protocol: cluster.UDP, Port: 53}}}
+	for _, a := range eps {
+		es.Endpoints = append(es.Endpoints, cluster.Endpoint{Addresses: []netip.Addr{netip.MustParseAddr(a)}, Ready: true, Serving: true})
+	}
+	return []cluster.Object{s, es}
+}
+
+// TestSyncOnce drives the syncer one sync at a time on a fake clock: the
+// first sync is full, a change is a partial sync of that Service only,
+// nothing changed is no sync, a failure makes the next sync full and its
+// conntrack cleanup is done once a sync succeeds, and a SyncPeriod after
+// the last full sync the next one is full again.
+func TestSyncOnce(t *testing.T) {
+	st := cluster.NewStore()
+	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, append(svcObjs(0), udpObjs("10.244.1.2")...))
+	st.MarkSynced()
+	b := &fakeBackend{sig: make(chan struct{}, 1)}
+	ct := &fakeConntrack{}
+	hc := health.NewChecker()
+	s := newSyncer(Options{Store: st, NodeName: "n1", Backend: b, Conntrack: ct, Health: hc, SyncPeriod: time.Minute})
+	clock := time.Unix(1000, 0)
+	s.now = func() time.Time { return clock }
+	s.start = clock
+
+	step := func(what string, want *call, wantErr bool) {
+		t.Helper()
+		n := len(b.calls)
+		err := s.syncOnce()
+		if (err != nil) != wantErr {
+			t.Fatalf("%s: err = %v, want error %v", what, err, wantErr)
+		}
+		switch {
+		case want == nil && len(b.calls) != n:
+			t.Fatalf("%s: backend synced %+v, want no sync", what, b.calls[n:])
+		case want != nil && (len(b.calls) != n+1 || b.calls[n] != *want):
+			t.Fatalf("%s: backend calls %+v, want one %+v", what, b.calls[n:], *want)
+		}
+	}
+
+	step("first", &call{full: true, changed: 2, ports: 2}, false)
+	step("nothing changed", nil, false)
+
+	for _, o := range svcObjs(1) {
+		st.Upsert(o)
+	}
+	step("one new Service", &call{full: false, changed: 1, ports: 3}, false)
+
+	// The UDP Service moves to another endpoint, but the sync fails: the
+	// old endpoint's entries stay until a sync succeeds.
+	ct.deleted = nil
+	b.fail = 1
+	st.Upsert(udpObjs("10.244.1.3")[1])
+	step("failing", &call{full: false, changed: 1, ports: 3}, true)
+	if len(ct.deleted) != 0 {
+		t.Errorf("conntrack entries deleted after a failed sync: %+v", ct.deleted)
+	}
+	step("after the failure", &call{full: true, changed: 0, ports: 3}, false)
+	want := ConntrackFilter{OrigDst: netip.MustParseAddr("10.96.0.10"), OrigDstPort: 53, ReplySrc: netip.MustParseAddr("10.244.1.2")}
+	if len(ct.deleted) != 1 || ct.deleted[0] != want {
+		t.Errorf("conntrack deletions %+v, want %+v", ct.deleted, want)
+	}
+	if err := hc.Err(); err != nil {
+		t.Errorf("health after a successful sync: %v", err)
+	}
+
+	clock = clock.Add(59 * time.Second)
+	step("before SyncPeriod", nil, false)
+	clock = clock.Add(time.Second)
+	step("at SyncPeriod", &call{full: true, changed: 0, ports: 3}, false)
+}
+
+// TestSyncerHealth: without a successful sync for two SyncPeriods the
+// proxy is unhealthy, naming the last error.
+func TestSyncerHealth(t *testing.T) {
+	st := cluster.NewStore()
+	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, svcObjs(0))
+	st.MarkSynced()
+	b := &fakeBackend{sig: make(chan struct{}, 1), fail: 100}
+	hc := health.NewChecker()
+	s := newSyncer(Options{Store: st, Backend: b, Health: hc, SyncPeriod: time.Minute})
+	clock := time.Unix(1000, 0)
+	s.now = func() time.Time { return clock }
+	s.start = clock
+	if s.syncOnce() == nil {
+		t.Fatal("sync with a failing backend succeeded")
+	}
+	if err := hc.Err(); err != nil {
+		t.Errorf("unhealthy right after the first failure: %v", err)
+	}
+	clock = clock.Add(2*time.Minute + time.Second)
+	if s.syncOnce() == nil {
+		t.Fatal("sync with a failing backend succeeded")
+	}
+	if err := hc.Err(); err == nil {
+		t.Error("healthy after two SyncPeriods of failures")
+	}
+	b.fail = 0
+	if err := s.syncOnce(); err != nil {
+		t.Fatal(err)
+	}
+	if err := hc.Err(); err != nil {
+		t.Errorf("unhealthy after a successful sync: %v", err)
+	}
+}
