@@ -10,7 +10,7 @@ export CGO_ENABLED ?= 0
 # How long make test fuzzes dnsd's query path (seed corpus always runs).
 FUZZTIME ?= 20s
 
-BINARIES := bin/podnet bin/proxyd bin/dnsd bin/podnet-lab
+BINARIES := bin/podnet bin/loopback bin/proxyd bin/dnsd bin/podnet-lab
 
 .PHONY: all build deps test demo demo-down bench lint generate clean apiserver
 
@@ -20,6 +20,10 @@ build: $(BINARIES)
 
 bin/podnet: FORCE
 	$(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/cni-plugin
+# The CNI reference loopback plugin: container runtimes run it for every pod
+# sandbox, and `podnet install` installs it beside podnet when a node has none.
+bin/loopback: FORCE
+	$(GO) build $(GOFLAGS_BUILD) -o $@ github.com/containernetworking/plugins/plugins/main/loopback
 bin/proxyd: FORCE
 	$(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/proxyd
 bin/dnsd: FORCE

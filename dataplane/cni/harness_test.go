@@ -45,8 +45,13 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// pluginDir returns a directory holding the podnet binary: $PODNET_BIN (the
-// Makefile's bin/) if it has one, else a fresh `go build` of cmd/cni-plugin.
+// loopbackPackage is the reference loopback plugin the Makefile builds into
+// bin/ and `podnet install` installs beside podnet.
+const loopbackPackage = "github.com/containernetworking/plugins/plugins/main/loopback"
+
+// pluginDir returns a directory holding the podnet binary and the loopback
+// plugin: $PODNET_BIN (the Makefile's bin/) if it has podnet, else fresh
+// `go build`s of cmd/cni-plugin and loopback.
 func pluginDir(t testing.TB) string {
 	t.Helper()
 	if d := os.Getenv("PODNET_BIN"); d != "" {
@@ -64,10 +69,15 @@ func pluginDir(t testing.TB) string {
 			return
 		}
 		buildDir = filepath.Join(tmpRoot, "bin")
-		out, err := exec.Command("go", "build", "-o", filepath.Join(buildDir, "podnet"),
-			"github.com/podnet/podnet/cmd/cni-plugin").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		for name, pkg := range map[string]string{
+			"podnet":     "github.com/podnet/podnet/cmd/cni-plugin",
+			LoopbackName: loopbackPackage,
+		} {
+			out, err := exec.Command("go", "build", "-o", filepath.Join(buildDir, name), pkg).CombinedOutput()
+			if err != nil {
+				buildErr = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
+				return
+			}
 		}
 	})
 	if buildErr != nil {

@@ -3,7 +3,9 @@ package cni
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -14,12 +16,32 @@ import (
 // "10-" sorts it before most others, so runtimes pick it.
 const ConflistName = "10-podnet.conflist"
 
+// LoopbackName is the CNI reference plugin that brings up "lo" in a pod.
+// containerd's CRI runs it from its CNI bin dir for every sandbox, whatever
+// the conflist says, and fails the sandbox when it is missing.
+const LoopbackName = "loopback"
+
+// ConflistVersion is the cniVersion of the installed conflist: the version a
+// runtime uses when it does not read cniVersions. libcni 1.1 (containerd 1.6
+// and 1.7) rejects the result of any version above 1.0.0, and runtimes on
+// libcni 0.8 stop at 0.4.0, so the conservative choice is 0.4.0; nothing
+// podnet does needs more from an older runtime.
+const ConflistVersion = "0.4.0"
+
+// ConflistVersions is the spec's cniVersions list: a runtime that reads it
+// (libcni 1.2 and later) picks the highest it supports, so containerd 2 gets
+// 1.1.0 and with it STATUS and GC.
+var ConflistVersions = []string{"0.3.1", ConflistVersion, "1.0.0", "1.1.0"}
+
 // InstallOptions say where `podnet install` puts the plugin and its config.
 type InstallOptions struct {
 	// Self is the binary to copy; os.Executable() if empty.
-	Self    string
-	BinDir  string
-	ConfDir string
+	Self string
+	// Loopback is the loopback plugin binary to install when BinDir has
+	// none; LoopbackName beside Self if empty.
+	Loopback string
+	BinDir   string
+	ConfDir  string
 	// Plugin fields written into the conflist entry; empty ones are left
 	// out so the plugin's defaults apply.
 	Bridge     string
@@ -28,10 +50,11 @@ type InstallOptions struct {
 	LogFile    string
 }
 
-// Install copies the plugin binary to BinDir/podnet and writes
-// ConfDir/10-podnet.conflist, each atomically (write, fsync, rename) and only
-// when the content differs, so running it on every pod start is harmless.
-// It returns the paths it changed.
+// Install copies the plugin binary to BinDir/podnet, the loopback plugin to
+// BinDir/loopback unless the node already has one (its own CNI plugins stay
+// as they are), and writes ConfDir/10-podnet.conflist, each atomically
+// (write, fsync, rename) and only when the content differs, so running it on
+// every pod start is harmless. It returns the paths it changed.
 func Install(o InstallOptions) ([]string, error) {
 	self := o.Self
 	if self == "" {
@@ -48,15 +71,29 @@ func Install(o InstallOptions) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var changed []string
-	for _, f := range []struct {
+	type file struct {
 		path string
 		data []byte
 		perm os.FileMode
-	}{
-		{filepath.Join(o.BinDir, "podnet"), bin, 0o755},
-		{filepath.Join(o.ConfDir, ConflistName), conf, 0o644},
-	} {
+	}
+	files := []file{{filepath.Join(o.BinDir, "podnet"), bin, 0o755}}
+	loopback := filepath.Join(o.BinDir, LoopbackName)
+	if _, err := os.Stat(loopback); errors.Is(err, fs.ErrNotExist) {
+		src := o.Loopback
+		if src == "" {
+			src = filepath.Join(filepath.Dir(self), LoopbackName)
+		}
+		data, err := os.ReadFile(src)
+		if err != nil {
+			return nil, fmt.Errorf("read the loopback plugin to install (%s has none; container runtimes need it): %w", o.BinDir, err)
+		}
+		files = append(files, file{loopback, data, 0o755})
+	} else if err != nil {
+		return nil, fmt.Errorf("look for %s: %w", loopback, err)
+	}
+	files = append(files, file{filepath.Join(o.ConfDir, ConflistName), conf, 0o644})
+	var changed []string
+	for _, f := range files {
 		if old, err := os.ReadFile(f.path); err == nil && bytes.Equal(old, f.data) {
 			continue
 		}
@@ -79,9 +116,10 @@ func Conflist(o InstallOptions) ([]byte, error) {
 		}
 	}
 	list := map[string]any{
-		"cniVersion": "1.1.0",
-		"name":       "podnet",
-		"plugins":    []any{plugin},
+		"cniVersion":  ConflistVersion,
+		"cniVersions": ConflistVersions,
+		"name":        "podnet",
+		"plugins":     []any{plugin},
 	}
 	data, err := json.MarshalIndent(list, "", "  ")
 	if err != nil {

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
@@ -16,13 +18,19 @@ func TestInstallIsAtomicAndIdempotent(t *testing.T) {
 	if err := os.WriteFile(self, []byte("binary v1"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(dir, LoopbackName), []byte("loopback v1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	o := InstallOptions{Self: self, BinDir: filepath.Join(dir, "bin"), ConfDir: filepath.Join(dir, "net.d"), NodeConfig: "/run/x/node.json"}
 	changed, err := Install(o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(changed) != 2 {
-		t.Errorf("first install changed %v, want the binary and the conflist", changed)
+	if len(changed) != 3 {
+		t.Errorf("first install changed %v, want the binary, loopback and the conflist", changed)
+	}
+	if lo, err := os.ReadFile(filepath.Join(o.BinDir, LoopbackName)); err != nil || string(lo) != "loopback v1" {
+		t.Errorf("installed loopback %q, %v; want the one beside the binary", lo, err)
 	}
 	bin, err := os.ReadFile(filepath.Join(o.BinDir, "podnet"))
 	if err != nil || !bytes.Equal(bin, []byte("binary v1")) {
@@ -35,6 +43,7 @@ func TestInstallIsAtomicAndIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// libcni 1.3 reads cniVersions and picks the highest it speaks.
 	if list.CNIVersion != "1.1.0" || list.Name != "podnet" || len(list.Plugins) != 1 || list.Plugins[0].Network.Type != "podnet" {
 		t.Errorf("conflist %+v", list)
 	}
@@ -60,5 +69,95 @@ func TestInstallIsAtomicAndIdempotent(t *testing.T) {
 	left2, _ := filepath.Glob(filepath.Join(o.ConfDir, ".*"))
 	if len(left)+len(left2) != 0 {
 		t.Errorf("temp files left behind: %v %v", left, left2)
+	}
+}
+
+// TestConflistVersions checks the conflist against both kinds of runtime: one
+// that ignores cniVersions (libcni 1.1, as in containerd 1.6 and 1.7) uses
+// cniVersion, which must be one it accepts results of; one that reads the
+// list gets the newest version the plugin speaks. Every listed version must
+// be one the plugin speaks.
+func TestConflistVersions(t *testing.T) {
+	data, err := Conflist(InstallOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw struct {
+		CNIVersion  string   `json:"cniVersion"`
+		CNIVersions []string `json:"cniVersions"`
+	}
+	if err := json.Unmarshal(data, &raw); err != nil {
+		t.Fatal(err)
+	}
+	// The result versions libcni 1.1.x converts (containerd 1.6.20 failed
+	// with `unsupported CNI result version "1.1.0"`).
+	libcni11 := map[string]bool{"0.1.0": true, "0.2.0": true, "0.3.0": true, "0.3.1": true, "0.4.0": true, "1.0.0": true}
+	if !libcni11[raw.CNIVersion] {
+		t.Errorf("cniVersion %q is not one containerd 1.6 accepts results of", raw.CNIVersion)
+	}
+	speaks := map[string]bool{}
+	for _, v := range VersionInfo.SupportedVersions() {
+		speaks[v] = true
+	}
+	if !speaks[raw.CNIVersion] {
+		t.Errorf("cniVersion %q is not one the plugin speaks (%v)", raw.CNIVersion, VersionInfo.SupportedVersions())
+	}
+	for _, v := range raw.CNIVersions {
+		if !speaks[v] {
+			t.Errorf("cniVersions lists %q, which the plugin does not speak", v)
+		}
+	}
+	if !slices.Contains(raw.CNIVersions, raw.CNIVersion) || !slices.Contains(raw.CNIVersions, "1.1.0") {
+		t.Errorf("cniVersions %v should hold cniVersion %q and 1.1.0", raw.CNIVersions, raw.CNIVersion)
+	}
+	list, err := libcni.ConfListFromBytes(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if list.CNIVersion != "1.1.0" {
+		t.Errorf("libcni 1.3 picked cniVersion %q from the list, want 1.1.0", list.CNIVersion)
+	}
+}
+
+// TestInstallKeepsTheNodesLoopback: a loopback already in the bin dir (the
+// node's own CNI plugins) is left alone, and no loopback to copy is then no
+// error; with neither, install fails and says so before writing anything.
+func TestInstallKeepsTheNodesLoopback(t *testing.T) {
+	dir := t.TempDir()
+	self := filepath.Join(dir, "self")
+	if err := os.WriteFile(self, []byte("binary"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	o := InstallOptions{Self: self, BinDir: filepath.Join(dir, "bin"), ConfDir: filepath.Join(dir, "net.d")}
+
+	_, err := Install(o)
+	if err == nil || !strings.Contains(err.Error(), "loopback") {
+		t.Fatalf("install without any loopback: %v, want an error naming loopback", err)
+	}
+	if left, _ := os.ReadDir(o.ConfDir); len(left) != 0 {
+		t.Errorf("a failed install wrote %v", left)
+	}
+
+	if err := os.MkdirAll(o.BinDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	nodes := filepath.Join(o.BinDir, LoopbackName)
+	if err := os.WriteFile(nodes, []byte("the node's loopback"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(dir, "other-loopback")
+	if err := os.WriteFile(other, []byte("podnet's loopback"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	o.Loopback = other
+	changed, err := Install(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(changed, nodes) {
+		t.Errorf("install replaced the node's loopback (changed %v)", changed)
+	}
+	if got, _ := os.ReadFile(nodes); string(got) != "the node's loopback" {
+		t.Errorf("loopback now %q", got)
 	}
 }
