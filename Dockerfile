@@ -1,5 +1,5 @@
 # One image with the three podnet binaries. Static, so the runtime stage
-# needs only the tools proxyd execs (iptables, conntrack, modprobe).
+# needs only the tools proxyd execs (iptables, modprobe).
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
@@ -10,7 +10,7 @@ RUN make bin/podnet bin/loopback bin/proxyd bin/dnsd VERSION=${VERSION} CGO_ENAB
 
 FROM debian:bookworm-slim
 RUN apt-get update \
- && apt-get install -y --no-install-recommends iptables conntrack kmod iproute2 \
+ && apt-get install -y --no-install-recommends iptables kmod iproute2 \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/bin/podnet /src/bin/loopback /src/bin/proxyd /src/bin/dnsd /usr/local/bin/
 # dnsd runs as this user (the Deployment sets it too); the CNI installer and

@@ -609,6 +609,45 @@ endpoints:
 		}
 	})
 
+	t.Run("TCP connections tried before the Service existed leave no stale entry", func(t *testing.T) {
+		// SYNs to a VIP nobody programs yet are routed out and leave
+		// un-NATed SYN_SENT entries (120 s); a later connection from the
+		// same source port would match one and go nowhere, unless proxyd
+		// deletes them when the Service's rules appear.
+		const vip, first, ports = "10.96.1.31:80", 41000, 20
+		dial := func(port int, timeout time.Duration) error {
+			return ns.WithNetNSPath(c.c3.NSPath(), func(ns.NetNS) error {
+				d := net.Dialer{LocalAddr: &net.TCPAddr{Port: port}, Timeout: timeout}
+				conn, err := d.Dial("tcp", vip)
+				if err != nil {
+					return err
+				}
+				defer conn.Close()
+				conn.SetDeadline(time.Now().Add(timeout))
+				_, err = io.ReadAll(io.LimitReader(conn, 1))
+				return err
+			})
+		}
+		for p := first; p < first+ports; p++ {
+			if err := dial(p, 100*time.Millisecond); err == nil {
+				t.Fatalf("port %d: connected before the Service exists", p)
+			}
+		}
+		c.apply(svcDef{name: "late-tcp", clusterIP: "10.96.1.31", ports: svcTCPPort(80), endpoints: []svcEndpoint{svcReady(c.web1)}})
+		svcEventuallyServes(t, c.c1.NSPath(), "tcp", vip, "web1")
+		svcEventuallyServes(t, c.c3.NSPath(), "tcp", vip, "web1")
+		time.Sleep(300 * time.Millisecond) // the cleanup follows the sync that served
+		var failed []string
+		for p := first; p < first+ports; p++ {
+			if err := dial(p, 2*time.Second); err != nil {
+				failed = append(failed, fmt.Sprintf("%d: %v", p, err))
+			}
+		}
+		if len(failed) > 0 {
+			t.Errorf("%d of %d connections from source ports used before the Service existed failed: %v", len(failed), ports, failed)
+		}
+	})
+
 	t.Run("proxyd restart under steady load loses no request", func(t *testing.T) {
 		svcEventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
 		var ok, failed atomic.Int64

@@ -6,7 +6,6 @@ set -euo pipefail
 packages=(
 	iproute2        # ip, bridge
 	iptables        # iptables, iptables-restore (nft and legacy)
-	conntrack       # conntrack -D for stale UDP entries
 	kmod            # modprobe br_netfilter, vxlan
 	procps          # sysctl, ps
 	bind9-dnsutils  # dig

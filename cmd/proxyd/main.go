@@ -121,7 +121,7 @@ func run(args []string) int {
 	}
 	// One nft/legacy detection for the node's chains and the proxy's.
 	o.IPTables = ipt.Runner{Backend: ipt.Detect()}
-	sp := proxy.ServiceOptions{Modes: modes, Conntrack: conntrackCLI{}, Config: proxy.Config{
+	sp := proxy.ServiceOptions{Modes: modes, Conntrack: conntrackNetlink{}, Config: proxy.Config{
 		NodeName: o.NodeName, ClusterCIDR: o.ClusterCIDR, NodePortAddresses: npa,
 		MasqueradeAll: masqueradeAll, IPTables: o.IPTables,
 	}}

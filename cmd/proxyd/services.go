@@ -9,10 +9,14 @@ import (
 // modes are the Service proxy modes proxyd offers, the default first.
 var modes = proxy.Modes{iptables.Mode, proxy.None}
 
-// conntrackCLI adapts the conntrack package to the proxy's interface.
-type conntrackCLI struct{}
+// conntrackNetlink adapts the conntrack package to the proxy's interface.
+type conntrackNetlink struct{}
 
-func (conntrackCLI) DeleteUDP(f proxy.ConntrackFilter) error {
-	_, err := conntrack.Delete(conntrack.Filter{Protocol: "udp", OrigDst: f.OrigDst, OrigDstPort: f.OrigDstPort, ReplySrc: f.ReplySrc})
+func (conntrackNetlink) Delete(fs []proxy.ConntrackFilter) error {
+	cfs := make([]conntrack.Filter, len(fs))
+	for i, f := range fs {
+		cfs[i] = conntrack.Filter{Protocol: string(f.Protocol), OrigDst: f.OrigDst, OrigDstPort: f.OrigDstPort, ReplySrc: f.ReplySrc}
+	}
+	_, err := conntrack.Delete(cfs...)
 	return err
 }

@@ -9,26 +9,56 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/dataplane/roottest"
 )
 
-func TestFilterArgs(t *testing.T) {
-	f := Filter{Protocol: "UDP", OrigDst: netip.MustParseAddr("10.96.0.10"), OrigDstPort: 53, ReplySrc: netip.MustParseAddr("10.244.1.2")}
-	args, err := f.args()
+func flow(proto uint8, dst string, dport uint16, replySrc string) *netlink.ConntrackFlow {
+	f := &netlink.ConntrackFlow{}
+	f.Forward = netlink.IPTuple{Protocol: proto, SrcIP: net.ParseIP("10.244.1.9"), DstIP: net.ParseIP(dst), SrcPort: 40000, DstPort: dport}
+	f.Reverse = netlink.IPTuple{Protocol: proto, SrcIP: net.ParseIP(replySrc), DstIP: net.ParseIP("10.244.1.9"), SrcPort: dport, DstPort: 40000}
+	return f
+}
+
+func TestMatcher(t *testing.T) {
+	vip := netip.MustParseAddr("10.96.0.10")
+	m, err := newMatcher([]Filter{
+		{Protocol: "UDP", OrigDst: vip, OrigDstPort: 53, ReplySrc: vip}, // never DNATed
+		{Protocol: "tcp", OrigDstPort: 30080},                           // a NodePort
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := fmt.Sprint(args); got != "[-p udp --orig-dst 10.96.0.10 --orig-port-dst 53 --reply-src 10.244.1.2]" {
-		t.Errorf("args %s", got)
+	for _, tt := range []struct {
+		name string
+		f    *netlink.ConntrackFlow
+		want bool
+	}{
+		{"UDP to the VIP, un-NATed", flow(unix.IPPROTO_UDP, "10.96.0.10", 53, "10.96.0.10"), true},
+		{"UDP to the VIP, DNATed", flow(unix.IPPROTO_UDP, "10.96.0.10", 53, "10.244.2.3"), false},
+		{"TCP to the VIP (other protocol)", flow(unix.IPPROTO_TCP, "10.96.0.10", 53, "10.96.0.10"), false},
+		{"UDP to another port", flow(unix.IPPROTO_UDP, "10.96.0.10", 54, "10.96.0.10"), false},
+		{"TCP to the NodePort on any address", flow(unix.IPPROTO_TCP, "192.168.10.11", 30080, "10.244.2.3"), true},
+		{"UDP to the NodePort's number", flow(unix.IPPROTO_UDP, "192.168.10.11", 30080, "10.244.2.3"), false},
+	} {
+		if got := m.MatchConntrackFlow(tt.f); got != tt.want {
+			t.Errorf("%s: match %v, want %v", tt.name, got, tt.want)
+		}
 	}
-	if _, err := (Filter{}).args(); err == nil {
-		t.Error("filter without protocol accepted")
+	for _, bad := range []Filter{{}, {Protocol: "icmp"}} {
+		if _, err := newMatcher([]Filter{bad}); err == nil {
+			t.Errorf("filter %+v accepted", bad)
+		}
+	}
+	if n, err := Delete(); n != 0 || err != nil {
+		t.Errorf("Delete of no filters: %d, %v", n, err)
 	}
 }
 
-// TestDeleteInNamespace creates UDP entries in a fresh namespace and deletes
-// them selectively.
+// TestDeleteInNamespace creates UDP and TCP entries in a fresh namespace and
+// deletes them selectively through netlink.
 func TestDeleteInNamespace(t *testing.T) {
 	roottest.Require(t)
 	name := fmt.Sprintf("podnet-ct-%d", os.Getpid())
@@ -41,6 +71,7 @@ func TestDeleteInNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer netns.Close()
+	lo := netip.MustParseAddr("127.0.0.1")
 	err = netns.Do(func(ns.NetNS) error {
 		for _, c := range [][]string{{"ip", "link", "set", "lo", "up"}, {"iptables", "-A", "OUTPUT", "-m", "conntrack", "--ctstate", "NEW", "-j", "ACCEPT"}} {
 			if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
@@ -55,16 +86,32 @@ func TestDeleteInNamespace(t *testing.T) {
 			conn.Write([]byte("x"))
 			conn.Close()
 		}
-		all := Filter{Protocol: "udp", OrigDst: netip.MustParseAddr("127.0.0.1")}
-		if n, err := Count(all); err != nil || n != 2 {
-			return fmt.Errorf("entries before delete: %d, %v; want 2", n, err)
+		l, err := net.Listen("tcp", "127.0.0.1:5303")
+		if err != nil {
+			return err
 		}
-		n, err := Delete(Filter{Protocol: "udp", OrigDst: netip.MustParseAddr("127.0.0.1"), OrigDstPort: 5301})
-		if err != nil || n != 1 {
-			return fmt.Errorf("deleted %d, %v; want 1", n, err)
+		defer l.Close()
+		c, err := net.Dial("tcp", "127.0.0.1:5303")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		all := Filter{Protocol: "udp", OrigDst: lo}
+		if n, err := Count(all); err != nil || n != 2 {
+			return fmt.Errorf("UDP entries before delete: %d, %v; want 2", n, err)
+		}
+		if n, err := Count(Filter{Protocol: "tcp", OrigDstPort: 5303}); err != nil || n != 1 {
+			return fmt.Errorf("TCP entries before delete: %d, %v; want 1", n, err)
+		}
+		n, err := Delete(Filter{Protocol: "udp", OrigDst: lo, OrigDstPort: 5301, ReplySrc: lo}, Filter{Protocol: "tcp", OrigDst: lo, OrigDstPort: 5303})
+		if err != nil || n != 2 {
+			return fmt.Errorf("deleted %d, %v; want 2", n, err)
 		}
 		if n, err := Count(all); err != nil || n != 1 {
-			return fmt.Errorf("entries after delete: %d, %v; want 1", n, err)
+			return fmt.Errorf("UDP entries after delete: %d, %v; want 1", n, err)
+		}
+		if n, err := Count(Filter{Protocol: "tcp", OrigDstPort: 5303}); err != nil || n != 0 {
+			return fmt.Errorf("TCP entries after delete: %d, %v; want 0", n, err)
 		}
 		if n, err := Delete(Filter{Protocol: "udp", OrigDstPort: 5999}); err != nil || n != 0 {
 			return fmt.Errorf("deleting nothing: %d, %v", n, err)

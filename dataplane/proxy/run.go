@@ -28,17 +28,18 @@ type SyncResult struct {
 	Rules map[string]int
 }
 
-// ConntrackFilter selects UDP conntrack entries by their original
+// ConntrackFilter selects conntrack entries of a protocol by their original
 // direction's destination and their reply source. Zero fields match all.
 type ConntrackFilter struct {
+	Protocol    cluster.Protocol
 	OrigDst     netip.Addr
 	OrigDstPort uint16
 	ReplySrc    netip.Addr
 }
 
-// Conntrack deletes stale UDP conntrack entries.
+// Conntrack deletes stale conntrack entries: those matching any filter.
 type Conntrack interface {
-	DeleteUDP(ConntrackFilter) error
+	Delete([]ConntrackFilter) error
 }
 
 // HealthComponent is the name the proxy reports its health under.
@@ -214,18 +215,12 @@ func (s *syncer) record(kind string, res SyncResult, took time.Duration) {
 	m.Endpoints.Set(float64(eps))
 }
 
-// afterSync does what follows a successful sync: stale UDP conntrack
-// entries go, and the healthCheckNodePort servers follow the ports.
+// afterSync does what follows a successful sync: stale conntrack entries
+// go, and the healthCheckNodePort servers follow the ports.
 func (s *syncer) afterSync() {
-	stale := StaleUDP(s.applied, s.state.Ports, s.pending)
+	stale := StaleConntrack(s.applied, s.state.Ports, s.pending)
 	s.applied, s.pending = snapshot(s.state.Ports), make(map[cluster.Key]bool)
-	if s.o.Conntrack != nil {
-		for _, f := range stale {
-			if err := s.o.Conntrack.DeleteUDP(f); err != nil {
-				s.o.Logger.Warn("delete stale UDP conntrack entries", "filter", f, "err", err)
-			}
-		}
-	}
+	deleteStale(s.o.Conntrack, stale, s.o.Logger)
 	if s.o.HealthChecks != nil {
 		if err := s.o.HealthChecks.Sync(s.state.Ports); err != nil {
 			s.o.Logger.Warn("health check node ports", "err", err)
@@ -337,10 +332,10 @@ func frontends(sp *ServicePort, replySrc netip.Addr) []ConntrackFilter {
 		if !src.IsValid() {
 			src = ip
 		}
-		out = append(out, ConntrackFilter{OrigDst: ip, OrigDstPort: sp.Port, ReplySrc: src})
+		out = append(out, ConntrackFilter{Protocol: sp.Protocol, OrigDst: ip, OrigDstPort: sp.Port, ReplySrc: src})
 	}
 	if sp.NodePort != 0 {
-		out = append(out, ConntrackFilter{OrigDstPort: sp.NodePort, ReplySrc: replySrc})
+		out = append(out, ConntrackFilter{Protocol: sp.Protocol, OrigDstPort: sp.NodePort, ReplySrc: replySrc})
 	}
 	return out
 }
