@@ -17,6 +17,7 @@ import (
 
 	mdns "github.com/miekg/dns"
 
+	"github.com/podnet/podnet/dataplane/metricstest"
 	"github.com/podnet/podnet/dataplane/roottest"
 	"github.com/podnet/podnet/e2e/lab"
 )
@@ -209,15 +210,17 @@ func TestDnsdProcess(t *testing.T) {
 	}
 
 	_, metrics := get(metricsPort, "/metrics")
-	for _, want := range []string{
-		`dnsd_requests_total{rcode="NOERROR",type="A"}`,
-		`dnsd_requests_total{rcode="NXDOMAIN",type="A"}`,
-		`dnsd_cache_hits_total 1`,
-		`dnsd_upstream_healthy{upstream="127.0.0.1:`,
-		`dnsd_request_duration_seconds_bucket`,
+	fams := metricstest.Parse(t, metrics)
+	for _, want := range [][]string{
+		{"coredns_dns_responses_total", "rcode", "NOERROR", "plugin", "kubernetes"},
+		{"coredns_dns_responses_total", "rcode", "NXDOMAIN", "plugin", "kubernetes"},
+		{"coredns_dns_requests_total", "type", "A", "proto", "udp", "family", "1"},
+		{"coredns_cache_hits_total", "type", "success"},
+		{"coredns_dns_request_duration_seconds", "server", "dns://:53"},
+		{"podnet_dns_upstream_healthy"},
 	} {
-		if !strings.Contains(metrics, want) {
-			t.Errorf("/metrics lacks %s", want)
+		if v, ok := metricstest.Value(fams, want[0], want[1:]...); !ok || v == 0 {
+			t.Errorf("/metrics: %v = %v (found %v), want above 0", want, v, ok)
 		}
 	}
 

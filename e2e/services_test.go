@@ -19,6 +19,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"sigs.k8s.io/yaml"
 
+	"github.com/podnet/podnet/dataplane/metricstest"
 	"github.com/podnet/podnet/dataplane/roottest"
 	"github.com/podnet/podnet/e2e/lab"
 )
@@ -730,11 +731,16 @@ endpoints: [{addresses: [%s], conditions: {ready: true}}]
 		if err != nil || code != 200 {
 			t.Fatalf("metrics: %d %v", code, err)
 		}
-		for _, m := range []string{"podnet_proxy_sync_duration_seconds_bucket{kind=\"full\"", "podnet_proxy_sync_duration_seconds_bucket{kind=\"partial\"",
-			"podnet_proxy_rules{table=\"nat\"}", "podnet_proxy_service_ports", "podnet_proxy_endpoints", "podnet_proxy_sync_errors_total", "podnet_proxy_last_sync_timestamp_seconds"} {
-			if !strings.Contains(body, m) {
-				t.Errorf("metrics lack %s", m)
+		fams := metricstest.Parse(t, body)
+		for _, m := range [][]string{{"kubeproxy_sync_full_proxy_rules_duration_seconds"}, {"kubeproxy_sync_partial_proxy_rules_duration_seconds"},
+			{"kubeproxy_sync_proxy_rules_iptables_total", "table", "nat"}, {"podnet_proxy_service_ports"}, {"podnet_proxy_endpoints"},
+			{"kubeproxy_sync_proxy_rules_last_timestamp_seconds"}, {"kubeproxy_sync_proxy_rules_service_changes_total"}} {
+			if v, ok := metricstest.Value(fams, m[0], m[1:]...); !ok || v == 0 {
+				t.Errorf("metrics: %v = %v (found %v), want above 0", m, v, ok)
 			}
+		}
+		if _, ok := metricstest.Value(fams, "kubeproxy_sync_proxy_rules_iptables_restore_failures_total"); !ok {
+			t.Error("metrics lack kubeproxy_sync_proxy_rules_iptables_restore_failures_total")
 		}
 		if code, body, err := svcHTTPGet(n3.NSPath(), "127.0.0.1:10256/healthz"); err != nil || code != 200 {
 			t.Errorf("healthz: %d %s %v", code, body, err)

@@ -9,6 +9,10 @@ const (
 	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
 )
 
+// AnnotationTriggerTime is the EndpointSlice annotation the endpoint slice
+// controller sets to the time of the change that caused an update.
+const AnnotationTriggerTime = "endpoints.kubernetes.io/last-change-trigger-time"
+
 // DefaultSessionAffinityTimeout is the API default for
 // sessionAffinityConfig.clientIP.timeoutSeconds.
 const DefaultSessionAffinityTimeout = 10800 * time.Second

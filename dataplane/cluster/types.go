@@ -189,6 +189,12 @@ type EndpointSlice struct {
 	AddressType string
 	Ports       []EndpointPort
 	Endpoints   []Endpoint
+	// TriggerTime is the annotation
+	// endpoints.kubernetes.io/last-change-trigger-time: when the change
+	// this version of the slice reflects was made (a Pod or Service
+	// update). Zero when absent. The proxy and DNS measure their
+	// programming latency from it, as kube-proxy and CoreDNS do.
+	TriggerTime time.Time
 }
 
 func (e *EndpointSlice) Kind() Kind { return KindEndpointSlice }

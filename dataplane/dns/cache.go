@@ -68,6 +68,7 @@ type cacheEntry struct {
 	ttl      time.Duration // lifetime: the smallest TTL
 	hits     atomic.Int32
 	fetching atomic.Bool // a prefetch is under way
+	denial   bool        // NXDOMAIN or NODATA
 }
 
 // NewCache returns an empty cache.
@@ -89,6 +90,24 @@ func (c *Cache) Len() int {
 		c.shards[i].mu.RUnlock()
 	}
 	return n
+}
+
+// Counts returns the number of positive and of negative (NXDOMAIN, NODATA)
+// entries.
+func (c *Cache) Counts() (success, denial int) {
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.RLock()
+		for _, e := range sh.m {
+			if e.denial {
+				denial++
+			} else {
+				success++
+			}
+		}
+		sh.mu.RUnlock()
+	}
+	return success, denial
 }
 
 // cacheKey is the lowercased wire name, the type and the DO and CD bits.
@@ -170,6 +189,7 @@ func (c *Cache) put(key []byte, m *mdns.Msg) *cacheEntry {
 	lo, hi := uint32(c.opts.MinTTL/time.Second), uint32(c.opts.MaxTTL/time.Second)
 	if len(m.Answer) == 0 || m.Rcode != mdns.RcodeSuccess {
 		hi = uint32(c.opts.MaxNegTTL / time.Second)
+		e.denial = true
 	}
 	for i, o := range offs {
 		t := binary.BigEndian.Uint32(wire[o:])

@@ -257,6 +257,9 @@ func (f *Forwarder) Exchange(ctx context.Context, q *mdns.Msg) (*mdns.Msg, error
 	defer cancel()
 	ups := f.order()
 	if len(ups) == 0 {
+		if f.metrics != nil {
+			f.metrics.healthcheckBroken.Inc()
+		}
 		return nil, ErrNoUpstream
 	}
 	deadline, _ := ctx.Deadline()
@@ -275,7 +278,8 @@ func (f *Forwarder) Exchange(ctx context.Context, q *mdns.Msg) (*mdns.Msg, error
 			if f.metrics != nil {
 				f.metrics.forwardRequests.WithLabelValues(u.addr.String()).Inc()
 			}
-			try := time.Now().Add(f.opts.TryTimeout)
+			began := time.Now()
+			try := began.Add(f.opts.TryTimeout)
 			if deadline.Before(try) {
 				try = deadline
 			}
@@ -284,6 +288,9 @@ func (f *Forwarder) Exchange(ctx context.Context, q *mdns.Msg) (*mdns.Msg, error
 				lastErr = err
 				f.failed(u)
 				continue
+			}
+			if f.metrics != nil {
+				f.metrics.upstreamAnswered(u.addr.String(), m.Rcode, time.Since(began))
 			}
 			u.fails.Store(0)
 			if m.Rcode == mdns.RcodeServerFailure || m.Rcode == mdns.RcodeRefused {
@@ -323,6 +330,9 @@ func (f *Forwarder) healthCheck(u *upstream) {
 			u.down.Store(false)
 			f.opts.Logger.Info("upstream up", "upstream", u.addr.String())
 			return
+		}
+		if f.metrics != nil {
+			f.metrics.healthcheckFailed(u.addr.String())
 		}
 	}
 }
@@ -473,8 +483,9 @@ func (s *Server) forward(ctx context.Context, pkt []byte, r *request, sc *scratc
 		sc.key = cacheKey(sc.key, r)
 		var fresh bool
 		if e, fresh = c.get(sc.key, now); fresh {
+			sc.q.plugin = pluginCache
 			if s.opts.Metrics != nil {
-				s.opts.Metrics.cacheHits.Inc()
+				s.opts.Metrics.cacheHit(e.denial)
 			}
 			if c.wantsPrefetch(e, now) {
 				s.prefetch(ctx, pkt, r, sc.key, e)
@@ -485,8 +496,9 @@ func (s *Server) forward(ctx context.Context, pkt []byte, r *request, sc *scratc
 	if !block {
 		return nil, true
 	}
+	sc.q.plugin = pluginForward
 	if c != nil && s.opts.Metrics != nil {
-		s.opts.Metrics.cacheMisses.Inc()
+		s.opts.Metrics.cacheMiss()
 	}
 	if !f.acquire() {
 		if s.opts.Metrics != nil {
@@ -502,8 +514,9 @@ func (s *Server) forward(ctx context.Context, pkt []byte, r *request, sc *scratc
 	m, err := f.Exchange(ctx, q)
 	if err != nil {
 		if e != nil && c.usableStale(e) {
+			sc.q.plugin = pluginCache
 			if s.opts.Metrics != nil {
-				s.opts.Metrics.cacheStale.Inc()
+				s.opts.Metrics.servedStale()
 			}
 			return c.reply(sc.resp, e, r, true, c.now()), false
 		}
@@ -539,7 +552,7 @@ func (s *Server) prefetch(ctx context.Context, pkt []byte, r *request, key []byt
 			return
 		}
 		if s.opts.Metrics != nil {
-			s.opts.Metrics.cachePrefetch.Inc()
+			s.opts.Metrics.prefetched()
 		}
 	}()
 }

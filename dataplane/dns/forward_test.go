@@ -155,6 +155,8 @@ type fwdSetup struct {
 	cache *Cache
 	reg   *prometheus.Registry
 	m     *Metrics
+	st    *cluster.Store
+	zone  *Zone
 }
 
 func newForwardingServer(t testing.TB, fo ForwardOptions, co CacheOptions) *fwdSetup {
@@ -181,7 +183,7 @@ func newForwardingServer(t testing.TB, fo ForwardOptions, co CacheOptions) *fwdS
 	cache := NewCache(co)
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg, z, cache, fwd)
-	return &fwdSetup{srv: NewServer(ServerOptions{Zone: z, Forwarder: fwd, Cache: cache, Metrics: m}), fwd: fwd, cache: cache, reg: reg, m: m}
+	return &fwdSetup{srv: NewServer(ServerOptions{Zone: z, Forwarder: fwd, Cache: cache, Metrics: m}), fwd: fwd, cache: cache, reg: reg, m: m, st: st, zone: z}
 }
 
 func TestForwardThroughDnsmasq(t *testing.T) {
@@ -203,7 +205,7 @@ func TestForwardThroughDnsmasq(t *testing.T) {
 	if len(m.Answer) != 1 || m.Answer[0].Header().Name != "WWW.Example.TEST." {
 		t.Fatalf("cached answer: %v", m)
 	}
-	if got := testutil.ToFloat64(fs.m.cacheHits); got != 1 {
+	if got := testutil.ToFloat64(fs.m.cacheHits.WithLabelValues("dns://:53", "success", ".", "")); got != 1 {
 		t.Errorf("cache hits %v, want 1", got)
 	}
 	if got := testutil.ToFloat64(fs.m.forwardRequests.WithLabelValues(up.String())); got != 2 {

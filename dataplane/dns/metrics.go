@@ -2,73 +2,195 @@ package dns
 
 import (
 	"encoding/binary"
+	"runtime"
 	"strconv"
 	"sync/atomic"
 	"time"
 
 	mdns "github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/podnet/podnet/dataplane/version"
 )
 
-// Metrics are dnsd's Prometheus metrics. The per-query counters are
-// resolved once, up front, so counting a query is an array index and an
-// atomic add.
+// Metrics are dnsd's Prometheus metrics. Where CoreDNS has a metric for the
+// same thing it has CoreDNS's name, type, labels and buckets (the metrics,
+// cache, forward, proxy and kubernetes plugins), as a Corefile of one server
+// block ".:53" with those plugins would show them, so dashboards and alerts
+// written for CoreDNS work unchanged; podnet's extras are named podnet_dns_*.
+//
+// The per-queryInfo counters are resolved once, on first use, so counting a
+// queryInfo is an array index and an atomic add.
 type Metrics struct {
-	requests        *prometheus.CounterVec
-	byType          map[uint16]*rcodeCounters
-	other           rcodeCounters
-	duration        prometheus.Histogram
-	cacheHits       prometheus.Counter
-	cacheMisses     prometheus.Counter
-	cacheStale      prometheus.Counter
-	cachePrefetch   prometheus.Counter
-	forwardRequests *prometheus.CounterVec
-	forwardRefused  prometheus.Counter
-	forged          prometheus.Counter
+	requests  *prometheus.CounterVec
+	responses *prometheus.CounterVec
+	duration  *prometheus.HistogramVec
+	// byQuery[proto][family][type index] and byResponse[plugin][rcode].
+	byQuery    [2][2][len(monitoredTypes) + 1]atomic.Pointer[prometheus.Counter]
+	byResponse [numPlugins][maxRcode + 1]atomic.Pointer[prometheus.Counter]
+	latency    atomic.Pointer[prometheus.Observer]
+
+	cacheRequests *prometheus.CounterVec
+	cacheHits     *prometheus.CounterVec
+	cacheMisses   *prometheus.CounterVec
+	cacheStale    *prometheus.CounterVec
+	cachePrefetch *prometheus.CounterVec
+
+	proxyDuration      *prometheus.HistogramVec
+	healthcheckFails   *prometheus.CounterVec
+	healthcheckBroken  prometheus.Counter
+	forwardRefused     prometheus.Counter
+	programming        *prometheus.HistogramVec
+	panics             prometheus.Counter
+	forged             prometheus.Counter
+	forwardRequests    *prometheus.CounterVec
+	cacheHitsSuccess   atomic.Pointer[prometheus.Counter]
+	cacheHitsDenial    atomic.Pointer[prometheus.Counter]
+	cacheRequestsTotal atomic.Pointer[prometheus.Counter]
 }
 
-var countedTypes = []uint16{
-	mdns.TypeA, mdns.TypeAAAA, mdns.TypeSRV, mdns.TypePTR, mdns.TypeTXT, mdns.TypeCNAME,
-	mdns.TypeNS, mdns.TypeSOA, mdns.TypeMX, mdns.TypeHTTPS, mdns.TypeSVCB, mdns.TypeANY,
+// monitoredTypes are the queryInfo types CoreDNS's metrics name; every other
+// type is counted as "other".
+var monitoredTypes = [...]uint16{
+	mdns.TypeAAAA, mdns.TypeA, mdns.TypeCNAME, mdns.TypeDNSKEY, mdns.TypeDS, mdns.TypeMX,
+	mdns.TypeNSEC3, mdns.TypeNSEC, mdns.TypeNS, mdns.TypePTR, mdns.TypeRRSIG, mdns.TypeSOA,
+	mdns.TypeSRV, mdns.TypeTXT, mdns.TypeHTTPS, mdns.TypeSVCB, mdns.TypeIXFR, mdns.TypeAXFR, mdns.TypeANY,
 }
 
-// NewMetrics registers dnsd's metrics with reg. cache and fwd may be nil.
+// typeIndex maps a queryInfo type to its slot in byQuery; "other" is last.
+var typeIndex = func() map[uint16]int {
+	m := make(map[uint16]int, len(monitoredTypes))
+	for i, t := range monitoredTypes {
+		m[t] = i
+	}
+	return m
+}()
+
+// plugin names which part of dnsd wrote a response, as CoreDNS's plugin
+// label does.
+type plugin uint8
+
+const (
+	pluginNone plugin = iota // errors the server answers itself
+	pluginKubernetes
+	pluginCache
+	pluginForward
+	numPlugins
+)
+
+var pluginNames = [numPlugins]string{"", "kubernetes", "cache", "forward"}
+
+const maxRcode = 23 // the highest rcode CoreDNS's label names (BADCOOKIE)
+
+// The labels of a Corefile of one server block ".:53": the server is named
+// by that block's listen address whatever dnsd listens on, the zone is "."
+// and there is no view.
+const (
+	serverLabel = "dns://:53"
+	zoneRoot    = "."
+	noView      = ""
+)
+
+// timeBuckets are CoreDNS's plugin.TimeBuckets: 0.25 ms to 8 s.
+var timeBuckets = prometheus.ExponentialBuckets(0.00025, 2, 16)
+
+// NewMetrics registers dnsd's metrics with reg. zone, cache and fwd may be
+// nil.
 func NewMetrics(reg prometheus.Registerer, zone *Zone, cache *Cache, fwd *Forwarder) *Metrics {
+	cacheLabels := []string{"server", "zones", "view"}
+	cacheTypeLabels := []string{"server", "type", "zones", "view"}
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dnsd_requests_total", Help: "DNS requests answered, by query type and response code.",
-		}, []string{"type", "rcode"}),
-		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "dnsd_request_duration_seconds", Help: "Time to answer a request (sampled: one request in eight).",
-			Buckets: prometheus.ExponentialBuckets(0.00001, 4, 10),
+			Name: "coredns_dns_requests_total", Help: "Counter of DNS requests made per zone, protocol and family.",
+		}, []string{"server", "zone", "view", "proto", "family", "type"}),
+		responses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "coredns_dns_responses_total", Help: "Counter of response status codes.",
+		}, []string{"server", "zone", "view", "rcode", "plugin"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "coredns_dns_request_duration_seconds",
+			Help:    "Histogram of the time (in seconds) each request took per zone (sampled: one request in eight).",
+			Buckets: timeBuckets,
+		}, []string{"server", "zone", "view"}),
+		cacheRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "coredns_cache_requests_total", Help: "The count of cache requests.",
+		}, cacheLabels),
+		cacheHits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "coredns_cache_hits_total", Help: "The count of cache hits.",
+		}, cacheTypeLabels),
+		cacheMisses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "coredns_cache_misses_total", Help: "The count of cache misses.",
+		}, cacheLabels),
+		cacheStale: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "coredns_cache_served_stale_total", Help: "The number of requests served from stale cache entries.",
+		}, cacheLabels),
+		cachePrefetch: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "coredns_cache_prefetch_total", Help: "The number of times the cache has prefetched a cached item.",
+		}, cacheLabels),
+		proxyDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "coredns_proxy_request_duration_seconds", Help: "Histogram of the time each request took.",
+			Buckets: timeBuckets,
+		}, []string{"proxy_name", "to", "rcode"}),
+		healthcheckFails: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "coredns_proxy_healthcheck_failures_total", Help: "Counter of the number of failed healthchecks.",
+		}, []string{"proxy_name", "to"}),
+		healthcheckBroken: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "coredns_forward_healthcheck_broken_total", Help: "Counter of the number of complete failures of the healthchecks.",
 		}),
-		cacheHits:     prometheus.NewCounter(prometheus.CounterOpts{Name: "dnsd_cache_hits_total", Help: "Forwarded names answered from the cache."}),
-		cacheMisses:   prometheus.NewCounter(prometheus.CounterOpts{Name: "dnsd_cache_misses_total", Help: "Forwarded names not in the cache."}),
-		cacheStale:    prometheus.NewCounter(prometheus.CounterOpts{Name: "dnsd_cache_served_stale_total", Help: "Expired answers served because no upstream answered."}),
-		cachePrefetch: prometheus.NewCounter(prometheus.CounterOpts{Name: "dnsd_cache_prefetch_total", Help: "Popular entries refreshed before they expired."}),
+		forwardRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "coredns_forward_max_concurrent_rejects_total", Help: "Counter of the number of queries rejected because the concurrent queries were at maximum.",
+		}),
+		programming: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "coredns_kubernetes_dns_programming_duration_seconds", Help: "Histogram of the time (in seconds) it took to program a dns instance.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 20),
+		}, []string{"service_kind"}),
+		panics: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "coredns_panics_total", Help: "A metrics that counts the number of panics.",
+		}),
 		forwardRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dnsd_forward_requests_total", Help: "Queries sent to each upstream.",
+			Name: "podnet_dns_forward_requests_total", Help: "Queries sent to each upstream, answered or not.",
 		}, []string{"upstream"}),
-		forwardRefused: prometheus.NewCounter(prometheus.CounterOpts{Name: "dnsd_forward_refused_total", Help: "Queries refused because too many were being forwarded."}),
-		forged:         prometheus.NewCounter(prometheus.CounterOpts{Name: "dnsd_forward_forged_answers_total", Help: "Upstream answers dropped because their ID or question did not match."}),
-		byType:         map[uint16]*rcodeCounters{},
+		forged: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "podnet_dns_forward_forged_answers_total", Help: "Upstream answers dropped because their ID or question did not match.",
+		}),
 	}
-	for _, t := range countedTypes {
-		m.byType[t] = &rcodeCounters{vec: m.requests, qtype: mdns.TypeToString[t]}
-	}
-	m.other = rcodeCounters{vec: m.requests, qtype: "other"}
-	reg.MustRegister(m.requests, m.duration, m.cacheHits, m.cacheMisses, m.cacheStale, m.cachePrefetch,
-		m.forwardRequests, m.forwardRefused, m.forged)
+	// The cache's series exist from the start, at zero, as alerts on
+	// their rates expect.
 	if cache != nil {
-		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "dnsd_cache_entries", Help: "Entries in the cache of forwarded answers.",
-		}, func() float64 { return float64(cache.Len()) }))
+		for _, vec := range []*prometheus.CounterVec{m.cacheRequests, m.cacheMisses, m.cacheStale, m.cachePrefetch} {
+			vec.WithLabelValues(serverLabel, zoneRoot, noView)
+		}
+		m.cacheHits.WithLabelValues(serverLabel, "success", zoneRoot, noView)
+		m.cacheHits.WithLabelValues(serverLabel, "denial", zoneRoot, noView)
+	}
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "coredns_build_info", Help: "A metric with a constant '1' value labeled by version, revision, and goversion from which CoreDNS was built.",
+	}, []string{"version", "revision", "goversion"})
+	buildInfo.WithLabelValues(version.Version, version.Revision(), runtime.Version()).Set(1)
+	reg.MustRegister(m.requests, m.responses, m.duration, m.cacheRequests, m.cacheHits, m.cacheMisses,
+		m.cacheStale, m.cachePrefetch, m.proxyDuration, m.healthcheckFails, m.healthcheckBroken,
+		m.forwardRefused, m.programming, m.panics, m.forged, m.forwardRequests, buildInfo)
+	if cache != nil {
+		for _, kind := range []struct {
+			name   string
+			denial bool
+		}{{"success", false}, {"denial", true}} {
+			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "coredns_cache_entries", Help: "The number of elements in the cache.",
+				ConstLabels: prometheus.Labels{"server": serverLabel, "type": kind.name, "zones": zoneRoot, "view": noView},
+			}, func() float64 {
+				success, denial := cache.Counts()
+				if kind.denial {
+					return float64(denial)
+				}
+				return float64(success)
+			}))
+		}
 	}
 	if fwd != nil {
 		fwd.metrics = m
 		for _, u := range fwd.Upstreams() {
 			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-				Name: "dnsd_upstream_healthy", Help: "1 when the upstream is in use, 0 when it is down or loops back to dnsd.",
+				Name: "podnet_dns_upstream_healthy", Help: "1 when the upstream is in use, 0 when it is down or loops back to dnsd.",
 				ConstLabels: prometheus.Labels{"upstream": u.String()},
 			}, func() float64 {
 				if fwd.Healthy(u) {
@@ -79,26 +201,126 @@ func NewMetrics(reg prometheus.Registerer, zone *Zone, cache *Cache, fwd *Forwar
 		}
 	}
 	if zone != nil {
+		zone.metrics.Store(m)
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "dnsd_zone_names", Help: "Names in the cluster zone index.",
+			Name: "podnet_dns_zone_names", Help: "Names in the cluster zone index.",
 		}, func() float64 { return float64(len(zone.snap.Load().names)) }))
 	}
 	return m
 }
 
-func (m *Metrics) observe(qtype uint16, resp []byte, start time.Time) {
+// counter returns the counter cached in p, creating it from vec with
+// values on first use.
+func counter(p *atomic.Pointer[prometheus.Counter], vec *prometheus.CounterVec, values ...string) prometheus.Counter {
+	c := p.Load()
+	if c == nil {
+		cc := vec.WithLabelValues(values...)
+		c = &cc
+		p.Store(c)
+	}
+	return *c
+}
+
+// queryInfo describes how a queryInfo came in, for the request labels.
+type queryInfo struct {
+	tcp, v6 bool
+	plugin  plugin
+}
+
+func (m *Metrics) observe(qtype uint16, q queryInfo, resp []byte, start time.Time) {
+	ti, ok := typeIndex[qtype]
+	if !ok {
+		ti = len(monitoredTypes)
+	}
+	proto, family := 0, 0
+	if q.tcp {
+		proto = 1
+	}
+	if q.v6 {
+		family = 1
+	}
+	p := &m.byQuery[proto][family][ti]
+	if p.Load() == nil {
+		typ := "other"
+		if ti < len(monitoredTypes) {
+			typ = mdns.TypeToString[qtype]
+		}
+		counter(p, m.requests, serverLabel, zoneRoot, noView, [2]string{"udp", "tcp"}[proto], [2]string{"1", "2"}[family], typ)
+	}
+	(*p.Load()).Inc()
+
 	rc := int(resp[3] & 0xF)
 	if rc == 0 && binary.BigEndian.Uint16(resp[10:]) > 0 && isBadVers(resp) {
 		rc = rcodeBadVers
 	}
-	set := m.byType[qtype]
-	if set == nil {
-		set = &m.other
-	}
-	set.inc(rc)
+	counter(&m.byResponse[q.plugin][rc], m.responses, serverLabel, zoneRoot, noView, rcodeName(rc), pluginNames[q.plugin]).Inc()
 	if !start.IsZero() {
-		m.duration.Observe(time.Since(start).Seconds())
+		o := m.latency.Load()
+		if o == nil {
+			obs := m.duration.WithLabelValues(serverLabel, zoneRoot, noView)
+			o = &obs
+			m.latency.Store(o)
+		}
+		(*o).Observe(time.Since(start).Seconds())
 	}
+}
+
+// rcodeName is the rcode's name as CoreDNS's label spells it.
+func rcodeName(rc int) string {
+	if rc == rcodeBadVers {
+		return "BADVERS"
+	}
+	if name := mdns.RcodeToString[rc]; name != "" {
+		return name
+	}
+	return strconv.Itoa(rc)
+}
+
+// cacheHit counts a fresh answer from the cache.
+func (m *Metrics) cacheHit(denial bool) {
+	p, typ := &m.cacheHitsSuccess, "success"
+	if denial {
+		p, typ = &m.cacheHitsDenial, "denial"
+	}
+	counter(p, m.cacheHits, serverLabel, typ, zoneRoot, noView).Inc()
+	m.cacheRequest()
+}
+
+// cacheMiss counts a name the cache did not hold fresh.
+func (m *Metrics) cacheMiss() {
+	m.cacheMisses.WithLabelValues(serverLabel, zoneRoot, noView).Inc()
+	m.cacheRequest()
+}
+
+func (m *Metrics) cacheRequest() {
+	counter(&m.cacheRequestsTotal, m.cacheRequests, serverLabel, zoneRoot, noView).Inc()
+}
+
+func (m *Metrics) servedStale() {
+	m.cacheStale.WithLabelValues(serverLabel, zoneRoot, noView).Inc()
+}
+
+func (m *Metrics) prefetched() {
+	m.cachePrefetch.WithLabelValues(serverLabel, zoneRoot, noView).Inc()
+}
+
+// upstreamAnswered records one exchange with an upstream.
+func (m *Metrics) upstreamAnswered(to string, rcode int, took time.Duration) {
+	m.proxyDuration.WithLabelValues("forward", to, rcodeName(rcode)).Observe(took.Seconds())
+}
+
+func (m *Metrics) healthcheckFailed(to string) {
+	m.healthcheckFails.WithLabelValues("forward", to).Inc()
+}
+
+// programmed records how long after its trigger time a change to a
+// Service of the given kind became answerable.
+func (m *Metrics) programmed(headless bool, took time.Duration) {
+	kind := "cluster_ip"
+	if headless {
+		kind = "headless_with_selector"
+	}
+	m.programming.WithLabelValues(kind).Observe(took.Seconds())
 }
 
 // isBadVers reports whether the response's OPT record carries BADVERS.
@@ -109,26 +331,4 @@ func isBadVers(resp []byte) bool {
 	}
 	opt := resp[len(resp)-11:]
 	return opt[0] == 0 && binary.BigEndian.Uint16(opt[1:]) == typeOPT && opt[5] == 1
-}
-
-// rcodeCounters are one query type's request counters, by rcode, created on
-// first use so that /metrics lists only what happened.
-type rcodeCounters struct {
-	vec   *prometheus.CounterVec
-	qtype string
-	c     [17]atomic.Pointer[prometheus.Counter]
-}
-
-func (r *rcodeCounters) inc(rc int) {
-	p := r.c[rc].Load()
-	if p == nil {
-		name := mdns.RcodeToString[rc]
-		if name == "" {
-			name = strconv.Itoa(rc)
-		}
-		c := r.vec.WithLabelValues(r.qtype, name)
-		p = &c
-		r.c[rc].Store(p)
-	}
-	(*p).Inc()
 }

@@ -57,7 +57,8 @@ type scratch struct {
 	lower [256]byte
 	key   []byte
 	r     request
-	n     uint32 // queries served with this scratch, for sampling
+	n     uint32    // queries served with this scratch, for sampling
+	q     queryInfo // how the current query came in and who answered it
 }
 
 // NewServer returns a Server; it listens once Run is called.
@@ -185,6 +186,7 @@ func (s *Server) serveUDP(ctx context.Context, c *net.UDPConn) {
 			}
 			continue
 		}
+		sc.q.v6 = from.Addr().Is6() && !from.Addr().Is4In6()
 		resp, async := s.serve(ctx, pkt[:n], sc, false, false)
 		reply := src.reply(oobn)
 		if async {
@@ -291,8 +293,10 @@ func (s *Server) serveLater(ctx context.Context, c *net.UDPConn, pkt []byte, to 
 	}
 	q := append([]byte(nil), pkt...)
 	oob = append([]byte(nil), oob...)
+	v6 := sc.q.v6
 	go func() {
 		sc := s.pool.Get().(*scratch)
+		sc.q.v6 = v6
 		if resp, _ := s.serve(ctx, q, sc, false, true); resp != nil {
 			c.WriteMsgUDPAddrPort(resp, oob, to)
 		}
@@ -336,6 +340,10 @@ func (s *Server) serveConn(ctx context.Context, c *net.TCPConn) {
 	defer stop()
 	var lenBuf [2]byte
 	pkt := make([]byte, 65535)
+	var v6 bool
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		v6 = a.IP.To4() == nil
+	}
 	for {
 		c.SetReadDeadline(time.Now().Add(s.opts.TCPIdleTimeout))
 		if _, err := io.ReadFull(c, lenBuf[:]); err != nil {
@@ -346,6 +354,7 @@ func (s *Server) serveConn(ctx context.Context, c *net.TCPConn) {
 			return
 		}
 		sc := s.pool.Get().(*scratch)
+		sc.q.v6 = v6
 		resp, _ := s.serve(ctx, pkt[:n], sc, true, true)
 		if resp == nil {
 			s.pool.Put(sc)
@@ -368,6 +377,7 @@ func (s *Server) serveConn(ctx context.Context, c *net.TCPConn) {
 func (s *Server) Handle(ctx context.Context, pkt []byte, tcp bool) []byte {
 	sc := s.pool.Get().(*scratch)
 	defer s.pool.Put(sc)
+	sc.q.v6 = false
 	resp, _ := s.serve(ctx, pkt, sc, tcp, true)
 	if resp == nil {
 		return nil
@@ -379,6 +389,7 @@ func (s *Server) Handle(ctx context.Context, pkt []byte, tcp bool) []byte {
 // that needs an upstream returns async true and the caller retries it with
 // block true on another goroutine.
 func (s *Server) serve(ctx context.Context, pkt []byte, sc *scratch, tcp, block bool) (resp []byte, async bool) {
+	defer s.recoverPanic(&resp, &async)
 	// Latency is sampled, one query in eight: reading the clock costs as
 	// much as answering a cluster name.
 	var start time.Time
@@ -386,6 +397,7 @@ func (s *Server) serve(ctx context.Context, pkt []byte, sc *scratch, tcp, block 
 		start = time.Now()
 	}
 	sc.n++
+	sc.q.tcp, sc.q.plugin = tcp, pluginNone
 	r := &sc.r
 	err := parseRequest(pkt, sc.lower[:], r)
 	switch {
@@ -393,7 +405,7 @@ func (s *Server) serve(ctx context.Context, pkt []byte, sc *scratch, tcp, block 
 		return nil, false
 	case err != nil:
 		resp = headerOnlyReply(sc.resp, pkt, rcodeFormErr)
-		s.observe(0, resp, start)
+		s.observe(0, sc, resp, start)
 		return resp, false
 	}
 	switch {
@@ -407,6 +419,7 @@ func (s *Server) serve(ctx context.Context, pkt []byte, sc *scratch, tcp, block 
 		var n *node
 		var res zoneResult
 		resp, n, res = s.opts.Zone.answer(sc.resp, r)
+		sc.q.plugin = pluginKubernetes
 		switch res {
 		case needsCNAME:
 			if !block {
@@ -427,13 +440,25 @@ func (s *Server) serve(ctx context.Context, pkt []byte, sc *scratch, tcp, block 
 		resp = truncate(resp, r)
 	}
 	sc.resp = resp[:0]
-	s.observe(r.qtype, resp, start)
+	s.observe(r.qtype, sc, resp, start)
 	return resp, false
 }
 
-func (s *Server) observe(qtype uint16, resp []byte, start time.Time) {
+// recoverPanic turns a panic while answering one query into no answer
+// (the client retries) and counts it, so one bad query cannot take the
+// server down.
+func (s *Server) recoverPanic(resp *[]byte, async *bool) {
+	if r := recover(); r != nil {
+		*resp, *async = nil, false
+		if s.opts.Metrics != nil {
+			s.opts.Metrics.panics.Inc()
+		}
+	}
+}
+
+func (s *Server) observe(qtype uint16, sc *scratch, resp []byte, start time.Time) {
 	if s.opts.Metrics != nil {
-		s.opts.Metrics.observe(qtype, resp, start)
+		s.opts.Metrics.observe(qtype, sc.q, resp, start)
 	}
 }
 

@@ -174,6 +174,11 @@ type Zone struct {
 
 	flushMu sync.Mutex // serialises flushes; guards b
 	b       builder
+
+	// metrics, when set, measures the DNS programming latency of
+	// EndpointSlice changes made after start.
+	metrics atomic.Pointer[Metrics]
+	start   time.Time
 }
 
 type pending struct {
@@ -181,13 +186,21 @@ type pending struct {
 	services   map[cluster.Key]struct{}
 	pods       map[cluster.Key]struct{}
 	namespaces bool
+	// triggers are the trigger times of the EndpointSlice changes, by
+	// Service.
+	triggers []trigger
+}
+
+type trigger struct {
+	service cluster.Key
+	at      time.Time
 }
 
 // NewZone returns a Zone reading store. It subscribes to the store but starts
 // nothing; Run keeps the index current (tests may call Flush instead).
 func NewZone(store *cluster.Store, opts ZoneOptions) *Zone {
 	opts.setDefaults()
-	z := &Zone{opts: opts, store: store}
+	z := &Zone{opts: opts, store: store, start: time.Now()}
 	// A burst of changes (a Deployment rolling) is applied in one Flush
 	// per rebuildInterval rather than one per change.
 	z.rebuild = runner.New(func() error { z.Flush(); return nil }, runner.Options{MinInterval: rebuildInterval})
@@ -232,6 +245,9 @@ func (z *Zone) onEvent(ev cluster.Event) {
 			if s, ok := o.(*cluster.EndpointSlice); ok {
 				p.services[s.ServiceKey()] = struct{}{}
 			}
+		}
+		if s, ok := ev.New.(*cluster.EndpointSlice); ok && s.TriggerTime.After(z.start) {
+			p.triggers = append(p.triggers, trigger{s.ServiceKey(), s.TriggerTime})
 		}
 	case cluster.KindNamespace:
 		p.namespaces = true
@@ -289,6 +305,16 @@ func (z *Zone) Flush() {
 		s.serial = uint32(time.Now().Unix())
 	}
 	z.snap.Store(&s)
+	if m := z.metrics.Load(); m != nil {
+		// As CoreDNS: only changes of a Service the index knows, of the
+		// kinds whose slices the endpoint slice controller writes.
+		now := time.Now()
+		for _, t := range p.triggers {
+			if svc := z.store.Service(t.service); svc != nil && svc.Type != cluster.ServiceTypeExternalName {
+				m.programmed(svc.Headless, now.Sub(t.at))
+			}
+		}
+	}
 }
 
 // builder holds what the index needs to undo a Service's or Pod's previous

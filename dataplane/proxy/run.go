@@ -145,9 +145,11 @@ func newSyncer(o Options) *syncer {
 	if o.Metrics == nil {
 		o.Metrics = NewMetrics(nil)
 	}
+	tracker := NewTracker(o.Store, o.NodeName)
+	o.Metrics.watch(o.Store)
 	return &syncer{
 		o:         o,
-		tracker:   NewTracker(o.Store, o.NodeName),
+		tracker:   tracker,
 		state:     NewState(),
 		now:       time.Now,
 		start:     time.Now(),
@@ -163,6 +165,7 @@ func newSyncer(o Options) *syncer {
 // The error makes the runner retry.
 func (s *syncer) syncOnce() error {
 	dirty, all := s.tracker.Take()
+	s.o.Metrics.taken()
 	full := s.forceFull || all || s.now().Sub(s.lastFull) >= s.o.SyncPeriod
 	changed := s.state.Update(s.o.Store, s.o.NodeName, dirty, full)
 	if !full && len(changed) == 0 {
@@ -181,14 +184,14 @@ func (s *syncer) syncOnce() error {
 		s.mu.Lock()
 		s.lastErr = err
 		s.mu.Unlock()
-		s.o.Metrics.SyncErrors.Inc()
+		s.o.Metrics.failed(full)
 		s.o.Logger.Error("service proxy sync failed; retrying with a full sync", "kind", kind, "err", err)
 		s.forceFull = true
 		s.report(err)
 		return err
 	}
 	took := s.now().Sub(began)
-	s.record(kind, res, took)
+	s.o.Metrics.synced(full, took, res, s.state.Ports)
 	s.o.Logger.Debug("service proxy synced", "kind", kind, "changed", len(changed), "took", took)
 	s.mu.Lock()
 	s.lastOK, s.lastErr = s.now(), nil
@@ -200,19 +203,6 @@ func (s *syncer) syncOnce() error {
 	}
 	s.afterSync()
 	return nil
-}
-
-// record puts a successful sync into the metrics.
-func (s *syncer) record(kind string, res SyncResult, took time.Duration) {
-	m := s.o.Metrics
-	m.SyncDuration.WithLabelValues(kind).Observe(took.Seconds())
-	m.LastSync.SetToCurrentTime()
-	for table, n := range res.Rules {
-		m.Rules.WithLabelValues(table).Set(float64(n))
-	}
-	svcs, eps := s.state.Counts()
-	m.Services.Set(float64(svcs))
-	m.Endpoints.Set(float64(eps))
 }
 
 // afterSync does what follows a successful sync: stale conntrack entries

@@ -112,14 +112,3 @@ func (s *State) Update(store *cluster.Store, nodeName string, dirty map[cluster.
 	}
 	return changed
 }
-
-// Counts returns the number of ServicePorts and of distinct endpoints.
-func (s *State) Counts() (services, endpoints int) {
-	for _, ports := range s.Ports {
-		for _, sp := range ports {
-			services++
-			endpoints += len(sp.Endpoints)
-		}
-	}
-	return services, endpoints
-}

@@ -15,3 +15,15 @@ func String() string {
 	}
 	return Version + " (" + goVersion + ")"
 }
+
+// Revision returns the VCS commit the binary was built from, or "unknown".
+func Revision() string {
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range info.Settings {
+			if s.Key == "vcs.revision" {
+				return s.Value
+			}
+		}
+	}
+	return "unknown"
+}

@@ -178,6 +178,10 @@ func FromV1EndpointSlice(e *discoveryv1.EndpointSlice) (*cluster.EndpointSlice, 
 		ServiceName: e.Labels[cluster.LabelServiceName],
 		AddressType: string(e.AddressType),
 	}
+	if v, ok := e.Annotations[cluster.AnnotationTriggerTime]; ok {
+		// A malformed time only costs the latency measurement.
+		out.TriggerTime, _ = time.Parse(time.RFC3339Nano, v)
+	}
 	for _, p := range e.Ports {
 		var ep cluster.EndpointPort
 		if p.Name != nil {

@@ -106,7 +106,8 @@ func TestFromV1ServiceBadIP(t *testing.T) {
 
 func TestFromV1EndpointSlice(t *testing.T) {
 	in := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Namespace: "shop", Name: "web-abc", Labels: map[string]string{cluster.LabelServiceName: "web"}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-abc", Labels: map[string]string{cluster.LabelServiceName: "web"},
+			Annotations: map[string]string{cluster.AnnotationTriggerTime: "2026-11-23T15:04:05.5Z"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(8080))}, {Protocol: ptr(v1.ProtocolUDP), Port: ptr(int32(53))}},
 		Endpoints: []discoveryv1.Endpoint{
@@ -120,7 +121,8 @@ func TestFromV1EndpointSlice(t *testing.T) {
 	}
 	want := &cluster.EndpointSlice{
 		Namespace: "shop", Name: "web-abc", ServiceName: "web", AddressType: "IPv4",
-		Ports: []cluster.EndpointPort{{Name: "http", Protocol: cluster.TCP, Port: 8080}, {Protocol: cluster.UDP, Port: 53}},
+		TriggerTime: time.Date(2026, 11, 23, 15, 4, 5, 5e8, time.UTC),
+		Ports:       []cluster.EndpointPort{{Name: "http", Protocol: cluster.TCP, Port: 8080}, {Protocol: cluster.UDP, Port: 53}},
 		Endpoints: []cluster.Endpoint{
 			{Addresses: []netip.Addr{netip.MustParseAddr("10.244.1.5")}, Ready: true, Serving: true, Hostname: "web-0", NodeName: "node1", Zone: "z1",
 				HintZones: []string{"z1"}, HintNodes: []string{"node1"}, TargetPod: "web-0"},

@@ -1,0 +1,127 @@
+package dns
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	mdns "github.com/miekg/dns"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/metricstest"
+)
+
+// corednsMetrics lists the metrics of CoreDNS (v1.12: plugin/metrics/vars,
+// plugin/cache, plugin/forward, plugin/pkg/proxy, plugin/kubernetes/object,
+// plugin/metrics) that dnsd exposes, with their types and label names.
+var corednsMetrics = []metricstest.Metric{
+	{Name: "coredns_dns_requests_total", Type: dto.MetricType_COUNTER, Labels: []string{"server", "zone", "view", "proto", "family", "type"}},
+	{Name: "coredns_dns_responses_total", Type: dto.MetricType_COUNTER, Labels: []string{"server", "zone", "view", "rcode", "plugin"}},
+	{Name: "coredns_dns_request_duration_seconds", Type: dto.MetricType_HISTOGRAM, Labels: []string{"server", "zone", "view"}},
+	{Name: "coredns_cache_entries", Type: dto.MetricType_GAUGE, Labels: []string{"server", "type", "zones", "view"}},
+	{Name: "coredns_cache_requests_total", Type: dto.MetricType_COUNTER, Labels: []string{"server", "zones", "view"}},
+	{Name: "coredns_cache_hits_total", Type: dto.MetricType_COUNTER, Labels: []string{"server", "type", "zones", "view"}},
+	{Name: "coredns_cache_misses_total", Type: dto.MetricType_COUNTER, Labels: []string{"server", "zones", "view"}},
+	{Name: "coredns_cache_served_stale_total", Type: dto.MetricType_COUNTER, Labels: []string{"server", "zones", "view"}},
+	{Name: "coredns_cache_prefetch_total", Type: dto.MetricType_COUNTER, Labels: []string{"server", "zones", "view"}},
+	{Name: "coredns_proxy_request_duration_seconds", Type: dto.MetricType_HISTOGRAM, Labels: []string{"proxy_name", "to", "rcode"}},
+	{Name: "coredns_proxy_healthcheck_failures_total", Type: dto.MetricType_COUNTER, Labels: []string{"proxy_name", "to"}},
+	{Name: "coredns_forward_healthcheck_broken_total", Type: dto.MetricType_COUNTER},
+	{Name: "coredns_forward_max_concurrent_rejects_total", Type: dto.MetricType_COUNTER},
+	{Name: "coredns_kubernetes_dns_programming_duration_seconds", Type: dto.MetricType_HISTOGRAM, Labels: []string{"service_kind"}},
+	{Name: "coredns_panics_total", Type: dto.MetricType_COUNTER},
+	{Name: "coredns_build_info", Type: dto.MetricType_GAUGE, Labels: []string{"version", "revision", "goversion"}},
+}
+
+func TestMetricsAsCoreDNS(t *testing.T) {
+	good := startGoUpstream(t, func(w mdns.ResponseWriter, r *mdns.Msg, _ bool) {
+		if r.Question[0].Name == "gone.test." {
+			m := new(mdns.Msg)
+			m.SetRcode(r, mdns.RcodeNameError)
+			m.Ns = []mdns.RR{mustRR("test. 60 IN SOA ns.test. h.test. 1 60 60 60 60")}
+			w.WriteMsg(m)
+			return
+		}
+		answerA(w, r, 300, "192.0.2.1")
+	})
+	dead := blackhole(t)
+	fs := newForwardingServer(t, ForwardOptions{
+		Upstreams: []netip.AddrPort{dead, good.addr}, Policy: PolicySequential,
+		TryTimeout: 50 * time.Millisecond, HealthInterval: 20 * time.Millisecond,
+	}, CacheOptions{})
+
+	// An EndpointSlice change with a trigger time, programmed by a flush.
+	fs.st.Upsert(&cluster.EndpointSlice{Namespace: "testns", Name: "svc1-abc", ServiceName: "svc1", AddressType: "IPv4",
+		Ports:       []cluster.EndpointPort{{Name: "http", Protocol: cluster.TCP, Port: 8080}},
+		Endpoints:   []cluster.Endpoint{{Addresses: addrs("10.244.1.6"), Ready: true}},
+		TriggerTime: time.Now()})
+	fs.zone.Flush()
+
+	for _, q := range []struct {
+		name  string
+		qtype uint16
+		rcode int
+	}{
+		{"svc1.testns.svc.cluster.local.", mdns.TypeA, mdns.RcodeSuccess},
+		{"nope.testns.svc.cluster.local.", mdns.TypeA, mdns.RcodeNameError},
+		{"svc1.testns.svc.cluster.local.", mdns.TypeCAA, mdns.RcodeSuccess},
+		{"www.example.test.", mdns.TypeA, mdns.RcodeSuccess}, // dead upstream fails, then forwarded
+		{"www.example.test.", mdns.TypeA, mdns.RcodeSuccess}, // cache
+		{"gone.test.", mdns.TypeA, mdns.RcodeNameError},      // dead upstream fails again: down
+		{"gone.test.", mdns.TypeA, mdns.RcodeNameError},      // negative cache
+	} {
+		if m := query(t, fs.srv, q.name, q.qtype, false); m.Rcode != q.rcode {
+			t.Fatalf("%s %s: rcode %s, want %s", q.name, mdns.TypeToString[q.qtype], mdns.RcodeToString[m.Rcode], mdns.RcodeToString[q.rcode])
+		}
+	}
+	h := promhttp.HandlerFor(fs.reg, promhttp.HandlerOpts{})
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		// The down upstream's health checks fail in the background.
+		if _, ok := metricstest.Value(metricstest.Scrape(t, h), "coredns_proxy_healthcheck_failures_total"); ok || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	got := metricstest.Scrape(t, h)
+	metricstest.Check(t, got, corednsMetrics, "podnet_dns_")
+
+	server := []string{"server", "dns://:53", "zone", "."}
+	for _, c := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"coredns_dns_requests_total", append([]string{"proto", "udp", "family", "1", "type", "A"}, server...), 6},
+		{"coredns_dns_requests_total", []string{"type", "other"}, 1},
+		{"coredns_dns_responses_total", append([]string{"rcode", "NOERROR", "plugin", "kubernetes"}, server...), 2},
+		{"coredns_dns_responses_total", []string{"rcode", "NXDOMAIN", "plugin", "kubernetes"}, 1},
+		{"coredns_dns_responses_total", []string{"rcode", "NOERROR", "plugin", "forward"}, 1},
+		{"coredns_dns_responses_total", []string{"rcode", "NOERROR", "plugin", "cache"}, 1},
+		{"coredns_dns_responses_total", []string{"rcode", "NXDOMAIN", "plugin", "cache"}, 1},
+		{"coredns_cache_hits_total", []string{"type", "success"}, 1},
+		{"coredns_cache_hits_total", []string{"type", "denial"}, 1},
+		{"coredns_cache_misses_total", nil, 2},
+		{"coredns_cache_requests_total", nil, 4},
+		{"coredns_cache_entries", []string{"type", "success"}, 1},
+		{"coredns_cache_entries", []string{"type", "denial"}, 1},
+		{"coredns_proxy_request_duration_seconds", []string{"proxy_name", "forward", "to", good.addr.String(), "rcode", "NOERROR"}, 1},
+		{"coredns_proxy_request_duration_seconds", []string{"to", good.addr.String(), "rcode", "NXDOMAIN"}, 1},
+		{"coredns_kubernetes_dns_programming_duration_seconds", []string{"service_kind", "cluster_ip"}, 1},
+		{"coredns_build_info", nil, 1},
+		{"podnet_dns_forward_requests_total", []string{"upstream", dead.String()}, 2},
+	} {
+		v, ok := metricstest.Value(got, c.name, c.labels...)
+		if !ok || v != c.want {
+			t.Errorf("%s%v = %v (found %v), want %v", c.name, c.labels, v, ok, c.want)
+		}
+	}
+	if v, _ := metricstest.Value(got, "coredns_proxy_healthcheck_failures_total", "to", dead.String()); v < 1 {
+		t.Errorf("health check failures of the dead upstream: %v, want at least 1", v)
+	}
+	if v, ok := metricstest.Value(got, "coredns_proxy_request_duration_seconds", "to", dead.String()); ok {
+		t.Errorf("unanswered tries of the dead upstream recorded as %v answers", v)
+	}
+}
