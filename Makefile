@@ -12,7 +12,7 @@ FUZZTIME ?= 20s
 
 BINARIES := bin/podnet bin/loopback bin/proxyd bin/dnsd bin/podnet-lab
 
-.PHONY: all build deps test demo demo-down bench lint generate clean apiserver
+.PHONY: all build deps test demo demo-down bench lint generate clean apiserver image kube-node
 
 all: build
 
@@ -50,14 +50,50 @@ $(APISERVER):
 		-o $@.tmp k8s.io/kubernetes/cmd/kube-apiserver
 	mv $@.tmp $@
 
+# What a real node of the lab runs (e2e/realnode): kubelet, and for its
+# cluster kube-controller-manager, kube-scheduler and kubectl, built from the
+# same tools module in ONE go build so their shared dependencies compile once,
+# and cached beside kube-apiserver. The version ldflags make them report
+# $(APISERVER_VERSION) instead of v0.0.0-master.
+KUBE_NODE_BINS := kubelet kube-controller-manager kube-scheduler kubectl
+KUBE_NODE := $(foreach b,$(KUBE_NODE_BINS),$(APISERVER_CACHE)/$(b)-$(APISERVER_VERSION))
+KUBE_VERSION_LDFLAGS := $(foreach p,k8s.io/component-base/version k8s.io/client-go/pkg/version,-X $(p).gitVersion=$(APISERVER_VERSION) -X $(p).gitMajor=1 -X $(p).gitMinor=36 -X $(p).gitTreeState=clean)
+# containerd and runc from Debian's packages, unpacked without running their
+# install scripts (no daemon starts, nothing outside the cache changes).
+CONTAINERD_ROOT := $(APISERVER_CACHE)/containerd-debian
+
+kube-node: $(KUBE_NODE) $(CONTAINERD_ROOT)/usr/bin/containerd
+$(KUBE_NODE) &:
+	mkdir -p $(APISERVER_CACHE)
+	rm -rf $(APISERVER_CACHE)/kube-node.tmp
+	cd e2e/apiserver/tools && nice -n 10 $(GO) build -trimpath \
+		-ldflags '-s -w $(KUBE_VERSION_LDFLAGS)' -o $(APISERVER_CACHE)/kube-node.tmp/ \
+		$(foreach b,$(KUBE_NODE_BINS),k8s.io/kubernetes/cmd/$(b))
+	for b in $(KUBE_NODE_BINS); do mv $(APISERVER_CACHE)/kube-node.tmp/$$b $(APISERVER_CACHE)/$$b-$(APISERVER_VERSION); done
+	rmdir $(APISERVER_CACHE)/kube-node.tmp
+$(CONTAINERD_ROOT)/usr/bin/containerd:
+	rm -rf $(CONTAINERD_ROOT).tmp && mkdir -p $(CONTAINERD_ROOT).tmp/debs
+	cd $(CONTAINERD_ROOT).tmp/debs && apt-get download containerd runc
+	for d in $(CONTAINERD_ROOT).tmp/debs/*.deb; do dpkg-deb -x $$d $(CONTAINERD_ROOT).tmp; done
+	rm -rf $(CONTAINERD_ROOT) && mv $(CONTAINERD_ROOT).tmp $(CONTAINERD_ROOT)
+
+# podnet's image as a docker-archive tarball (`ctr images import`, `docker
+# load`), without a Docker engine: the final stage of the Dockerfile read by
+# e2e/cmd/mkimage, its Debian packages installed by mmdebstrap (cached in
+# $(APISERVER_CACHE)), the binaries from bin/.
+IMAGE_TAG ?= ghcr.io/podnet/podnet:$(VERSION)
+IMAGE := bin/podnet-image.tar
+image: bin/podnet bin/loopback bin/proxyd bin/dnsd
+	$(GO) run ./e2e/cmd/mkimage --dockerfile Dockerfile --tag $(IMAGE_TAG) --out $(IMAGE) --cache-dir $(APISERVER_CACHE)
+
 # Unit tests (no root needed) and root tests of single packages, then the
 # end-to-end lab tests one package at a time. PODNET_BIN tells the e2e tests
 # where the freshly built binaries are.
-test: deps build apiserver
+test: deps build apiserver image
 	bash scripts/check-bpf.sh
 	$(GO) test -count=1 -timeout 20m $$($(GO) list ./... | grep -v /e2e)
 	$(GO) test -run '^$$' -fuzz '^FuzzServe$$' -fuzztime $(FUZZTIME) ./dataplane/dns
-	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) $(GO) test -count=1 -p 1 -timeout 25m ./e2e/...
+	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) PODNET_IMAGE=$(CURDIR)/$(IMAGE) $(GO) test -count=1 -p 1 -timeout 25m ./e2e/...
 
 demo: deps build
 	./bin/podnet-lab demo $(if $(KEEP),--keep,)

@@ -23,6 +23,9 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	closeControlPlane()
+	for _, f := range cleanups {
+		f()
+	}
 	os.Exit(code)
 }
 

@@ -16,6 +16,7 @@ packages=(
 	etcd-server     # the e2e tests' kube-apiserver stores its objects here
 	clang-19        # compiles bpf/ (make generate, and make test's check of the committed objects)
 	llvm-19         # llvm-strip-19 for the generated objects
+	mmdebstrap      # make image: the Debian layer of the image, without a Docker engine
 )
 
 missing=()
