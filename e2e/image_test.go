@@ -153,7 +153,7 @@ func TestImage(t *testing.T) {
 			}
 		}
 	}
-	for _, tool := range []string{"/usr/sbin/iptables", "/usr/sbin/iptables-restore", "/usr/sbin/conntrack", "/usr/sbin/modprobe", "/usr/sbin/ip"} {
+	for _, tool := range []string{"/usr/sbin/iptables", "/usr/sbin/iptables-restore", "/usr/sbin/modprobe", "/usr/sbin/ip"} {
 		p := resolveIn(links, tool)
 		if _, ok := files[p]; !ok {
 			t.Errorf("%s does not resolve to a file in the image (ends at %s)", tool, p)

@@ -32,7 +32,7 @@ func TestDockerfileSpec(t *testing.T) {
 	if spec.Suite != "bookworm" {
 		t.Errorf("suite %q, want bookworm", spec.Suite)
 	}
-	for _, p := range []string{"iptables", "conntrack", "kmod", "iproute2"} {
+	for _, p := range []string{"iptables", "kmod", "iproute2"} {
 		if !slices.Contains(spec.Packages, p) {
 			t.Errorf("packages %v lack %s", spec.Packages, p)
 		}
