@@ -3,14 +3,16 @@
 // nodeport.c: Services for traffic from outside the node (NodePort,
 // externalIPs, load-balancer IPs), as tc (tcx) programs.
 //
-// nodeport_in runs on the uplink's ingress. A packet to a frontend of
-// scope external is DNATed to a backend and, for externalTrafficPolicy
-// Cluster, SNATed to the node, then sent straight to the backend's
-// interface (bpf_fib_lookup + bpf_redirect_neigh), past netfilter. The flow
-// is remembered in two LRU maps: ct_fwd by the client's 5-tuple (later
-// packets reuse the backend) and ct_rev by the reply's 5-tuple, which
-// nodeport_in (replies from other nodes) and nodeport_rev (on the pod
-// bridge, replies from local pods) translate back.
+// nodeport_in runs on the ingress of the uplink and of the pod bridge. A
+// packet to a frontend of scope external is DNATed to a backend and, for
+// externalTrafficPolicy Cluster, SNATed to the node, then sent straight to
+// the backend's interface (bpf_fib_lookup + bpf_redirect_neigh), past
+// netfilter. The flow is remembered in two LRU maps: ct_fwd by the
+// client's 5-tuple (later packets reuse the backend) and ct_rev by the
+// reply's 5-tuple, by which replies (from other nodes on the uplink, from
+// local pods on the bridge) are translated back. On the bridge the only
+// frontends pods' packets still carry are load-balancer IPs with source
+// ranges: socket LB translates everything else before a packet exists.
 //
 // The backend is picked by a hash of the flow (of the client address with
 // session affinity) over the frontend's slots, which every node holds in
@@ -316,16 +318,6 @@ int nodeport_in(struct __sk_buff *skb)
 	    set_addr(skb, f.proto, 1, f.saddr, naddr, f.sport, nport))
 		return TC_ACT_SHOT;
 	return forward(skb, naddr, baddr);
-}
-
-SEC("tc")
-int nodeport_rev(struct __sk_buff *skb)
-{
-	struct flow f = {};
-
-	if (!parse(skb, &f))
-		return TC_ACT_UNSPEC;
-	return reverse(skb, &f);
 }
 
 char _license[] SEC("license") = "Dual BSD/GPL";

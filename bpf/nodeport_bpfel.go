@@ -90,15 +90,14 @@ type NodeportSvcVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	NodeportMapBackendsV1   = "backends_v1"
-	NodeportMapCtFwdV1      = "ct_fwd_v1"
-	NodeportMapCtRevV1      = "ct_rev_v1"
-	NodeportMapNodeaddrsV1  = "nodeaddrs_v1"
-	NodeportMapServicesV1   = "services_v1"
-	NodeportMapSnatV1       = "snat_v1"
-	NodeportMapSrcrangeV1   = "srcrange_v1"
-	NodeportProgNodeportIn  = "nodeport_in"
-	NodeportProgNodeportRev = "nodeport_rev"
+	NodeportMapBackendsV1  = "backends_v1"
+	NodeportMapCtFwdV1     = "ct_fwd_v1"
+	NodeportMapCtRevV1     = "ct_rev_v1"
+	NodeportMapNodeaddrsV1 = "nodeaddrs_v1"
+	NodeportMapServicesV1  = "services_v1"
+	NodeportMapSnatV1      = "snat_v1"
+	NodeportMapSrcrangeV1  = "srcrange_v1"
+	NodeportProgNodeportIn = "nodeport_in"
 )
 
 // LoadNodeport returns the embedded CollectionSpec for Nodeport.
@@ -143,8 +142,7 @@ type NodeportSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type NodeportProgramSpecs struct {
-	NodeportIn  *ebpf.ProgramSpec `ebpf:"nodeport_in"`
-	NodeportRev *ebpf.ProgramSpec `ebpf:"nodeport_rev"`
+	NodeportIn *ebpf.ProgramSpec `ebpf:"nodeport_in"`
 }
 
 // NodeportMapSpecs contains maps before they are loaded into the kernel.
@@ -217,14 +215,12 @@ type NodeportVariables struct {
 //
 // It can be passed to LoadNodeportObjects or ebpf.CollectionSpec.LoadAndAssign.
 type NodeportPrograms struct {
-	NodeportIn  *ebpf.Program `ebpf:"nodeport_in"`
-	NodeportRev *ebpf.Program `ebpf:"nodeport_rev"`
+	NodeportIn *ebpf.Program `ebpf:"nodeport_in"`
 }
 
 func (p *NodeportPrograms) Close() error {
 	return _NodeportClose(
 		p.NodeportIn,
-		p.NodeportRev,
 	)
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/podnet/podnet/dataplane/ipt"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
 	"github.com/podnet/podnet/dataplane/proxy"
+	"github.com/podnet/podnet/dataplane/proxy/ebpf"
 	"github.com/podnet/podnet/dataplane/routing"
 	"github.com/podnet/podnet/dataplane/version"
 )
@@ -42,6 +43,7 @@ func run(args []string) int {
 		showVersion       bool
 		logLevel          string
 		kubeconfig        string
+		bpfCfg            proxy.BPFConfig
 	)
 	fs.StringVar(&o.NodeName, "node-name", hostname, "this node's name in the cluster state")
 	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the API server to read the cluster from (default: in-cluster config, unless --state-dir is set)")
@@ -61,6 +63,8 @@ func run(args []string) int {
 	fs.DurationVar(&o.MinSyncPeriod, "min-sync-period", time.Second, "minimum time between syncs")
 	fs.StringSliceVar(&nodePortAddresses, "nodeport-addresses", nil, "CIDRs whose node addresses accept NodePorts (default: all)")
 	fs.BoolVar(&masqueradeAll, "masquerade-all", false, "masquerade all traffic sent to Service IPs")
+	fs.StringVar(&bpfCfg.Cgroup, "bpf-cgroup", "", "ebpf mode: the cgroup v2 directory whose processes get socket-level load balancing (default: the cgroup2 root)")
+	fs.StringVar(&bpfCfg.PinDir, "bpf-pin-dir", ebpf.DefaultPinDir, "ebpf mode: where maps and links are pinned (a bpffs is mounted there if needed)")
 	fs.BoolVar(&cleanup, "cleanup", false, "remove everything proxyd installed and exit")
 	fs.BoolVar(&showVersion, "version", false, "print the version and exit")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
@@ -84,7 +88,7 @@ func run(args []string) int {
 	kube.RouteKlog(logger.With("component", "client-go"))
 
 	if cleanup {
-		err := errors.Join(agent.Cleanup(logger), modes.Cleanup(proxy.Config{Logger: logger}, ""))
+		err := errors.Join(agent.Cleanup(logger), modes.Cleanup(proxy.Config{Logger: logger, BPF: bpfCfg}, ""))
 		if err != nil {
 			logger.Error("cleanup", "err", err)
 			return 1
@@ -123,7 +127,7 @@ func run(args []string) int {
 	o.IPTables = ipt.Runner{Backend: ipt.Detect()}
 	sp := proxy.ServiceOptions{Modes: modes, Conntrack: conntrackNetlink{}, Config: proxy.Config{
 		NodeName: o.NodeName, ClusterCIDR: o.ClusterCIDR, NodePortAddresses: npa,
-		MasqueradeAll: masqueradeAll, IPTables: o.IPTables,
+		MasqueradeAll: masqueradeAll, IPTables: o.IPTables, BPF: bpfCfg,
 	}}
 	if o.Iface != "" {
 		sp.Config.Uplinks = []string{o.Iface}

@@ -357,19 +357,13 @@ func checkCgroup(dir string) error {
 	return nil
 }
 
-// tcPrograms are the tc programs and where they go.
-const (
-	// TCUplink translates traffic from outside and replies from other
-	// nodes: on the ingress of the node's uplinks.
-	TCUplink = bpf.NodeportProgNodeportIn
-	// TCBridge translates replies of local pods: on the ingress of the pod
-	// bridge.
-	TCBridge = bpf.NodeportProgNodeportRev
-)
+// TCNodePort is the tc program for traffic from outside, on the ingress
+// of the node's uplinks and of the pod bridge (replies of local pods).
+const TCNodePort = bpf.NodeportProgNodeportIn
 
-// AttachTC attaches the tc program prog (TCUplink or TCBridge) to the
-// ingress of iface through tcx, pinned as links/prog@iface; a link already
-// pinned there is updated in place. It needs pinned maps (Open).
+// AttachTC attaches the tc program prog (TCNodePort) to the ingress of
+// iface through tcx, pinned as links/prog@iface; a link already pinned
+// there is updated in place. It needs pinned maps (Open).
 func (d *Datapath) AttachTC(prog, iface string) error {
 	p := d.np.Programs[prog]
 	if p == nil {

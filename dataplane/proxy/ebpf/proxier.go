@@ -88,7 +88,7 @@ func (p *Proxier) Sync(ports map[cluster.Key][]*proxy.ServicePort, changed map[c
 // attachTC puts the tc programs on the uplinks and the bridge where they
 // are not yet.
 func (p *Proxier) attachTC() {
-	want := map[string]string{p.cfg.Bridge: TCBridge}
+	want := map[string]string{p.cfg.Bridge: TCNodePort}
 	uplinks := p.cfg.Uplinks
 	if len(uplinks) == 0 {
 		if ifc, ok := ifaceHolding(p.cfg.NodeIP()); ok {
@@ -96,7 +96,7 @@ func (p *Proxier) attachTC() {
 		}
 	}
 	for _, u := range uplinks {
-		want[u] = TCUplink
+		want[u] = TCNodePort
 	}
 	for iface, prog := range want {
 		id := prog + "@" + iface

@@ -143,7 +143,7 @@ func newSockEnv(t *testing.T) *sockEnv {
 		run("ip", "-n", name, "addr", "add", a, "dev", "lo")
 	}
 	e := &sockEnv{t: t, nsPath: "/var/run/netns/" + name}
-	root, err := cgroup2Root()
+	root, err := Cgroup2Root()
 	if err != nil {
 		t.Skip(err)
 	}
@@ -162,19 +162,6 @@ func newSockEnv(t *testing.T) *sockEnv {
 		e.serve(ip + ":8080")
 	}
 	return e
-}
-
-func cgroup2Root() (string, error) {
-	b, err := os.ReadFile("/proc/self/mounts")
-	if err != nil {
-		return "", err
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) >= 3 && f[2] == "cgroup2" {
-			return f[1], nil
-		}
-	}
-	return "", errors.New("no cgroup2 mounted")
 }
 
 func removeCgroup(t *testing.T, dir string) {
@@ -412,7 +399,7 @@ func TestSocketLB(t *testing.T) {
 // attachTC attaches the uplink program to up0 in the test namespace.
 func (e *sockEnv) attachTC(dp *Datapath) {
 	e.t.Helper()
-	if err := ns.WithNetNSPath(e.nsPath, func(ns.NetNS) error { return dp.AttachTC(TCUplink, "up0") }); err != nil {
+	if err := ns.WithNetNSPath(e.nsPath, func(ns.NetNS) error { return dp.AttachTC(TCNodePort, "up0") }); err != nil {
 		e.t.Fatal(err)
 	}
 }

@@ -185,7 +185,7 @@ func TestTCNodePort(t *testing.T) {
 
 	// DNAT to a backend, SNAT to the node address the client used.
 	syn := pkt{src: client, dst: ap(nodeIP + ":30080"), proto: 6}
-	ret, out := e.run(TCUplink, syn)
+	ret, out := e.run(TCNodePort, syn)
 	if ret != tcOK && ret != tcRedirect {
 		t.Fatalf("NodePort SYN: verdict %d", ret)
 	}
@@ -195,60 +195,60 @@ func TestTCNodePort(t *testing.T) {
 	// The flow's next packet meets the conntrack entry: same backend, same
 	// source port.
 	for range 5 {
-		if _, again := e.run(TCUplink, syn); again != out {
+		if _, again := e.run(TCNodePort, syn); again != out {
 			t.Fatalf("second packet of the flow went %v -> %v, first %v -> %v", again.src, again.dst, out.src, out.dst)
 		}
 	}
 	// The reply is translated back: from the NodePort to the client.
-	ret, back := e.run(TCUplink, pkt{src: out.dst, dst: out.src, proto: 6})
+	ret, back := e.run(TCNodePort, pkt{src: out.dst, dst: out.src, proto: 6})
 	if ret != tcOK && ret != tcRedirect {
 		t.Fatalf("reply: verdict %d", ret)
 	}
 	if back.src != syn.dst || back.dst != client {
 		t.Errorf("reply left as %v -> %v, want %v -> %v", back.src, back.dst, syn.dst, client)
 	}
-	// From a local pod the reply reaches the bridge program, which
-	// translates it the same way.
-	if _, back := e.run(TCBridge, pkt{src: out.dst, dst: out.src, proto: 6}); back.src != syn.dst || back.dst != client {
+	// From a local pod the reply arrives on the bridge, where the same
+	// program translates it.
+	if _, back := e.run(TCNodePort, pkt{src: out.dst, dst: out.src, proto: 6}); back.src != syn.dst || back.dst != client {
 		t.Errorf("reply on the bridge left as %v -> %v", back.src, back.dst)
 	}
 
 	t.Run("policy Local keeps the client address and uses the local endpoint", func(t *testing.T) {
 		for port := uint16(41000); port < 41010; port++ {
 			c := netip.AddrPortFrom(client.Addr(), port)
-			_, out := e.run(TCUplink, pkt{src: c, dst: ap(nodeIP + ":30081"), proto: 6})
+			_, out := e.run(TCNodePort, pkt{src: c, dst: ap(nodeIP + ":30081"), proto: 6})
 			if out.src != c || out.dst != ap("10.244.1.5:8080") {
 				t.Fatalf("policy Local: %v -> %v", out.src, out.dst)
 			}
-			_, back := e.run(TCBridge, pkt{src: out.dst, dst: c, proto: 6})
+			_, back := e.run(TCNodePort, pkt{src: out.dst, dst: c, proto: 6})
 			if back.src != ap(nodeIP+":30081") || back.dst != c {
 				t.Fatalf("policy Local reply: %v -> %v", back.src, back.dst)
 			}
 		}
 	})
 	t.Run("loadBalancerSourceRanges", func(t *testing.T) {
-		if ret, _ := e.run(TCUplink, pkt{src: client, dst: ap("192.0.2.60:80"), proto: 6}); ret != tcShot {
+		if ret, _ := e.run(TCNodePort, pkt{src: client, dst: ap("192.0.2.60:80"), proto: 6}); ret != tcShot {
 			t.Errorf("client outside the ranges: verdict %d, want drop", ret)
 		}
-		ret, out := e.run(TCUplink, pkt{src: ap("10.1.2.3:5555"), dst: ap("192.0.2.60:80"), proto: 6})
+		ret, out := e.run(TCNodePort, pkt{src: ap("10.1.2.3:5555"), dst: ap("192.0.2.60:80"), proto: 6})
 		if ret == tcShot || out.dst != ap("10.244.2.5:8080") || out.src.Addr() != netip.MustParseAddr(nodeIP) {
 			t.Errorf("client inside the ranges: verdict %d, %v -> %v", ret, out.src, out.dst)
 		}
 	})
 	t.Run("UDP to an external IP, zero checksum kept zero", func(t *testing.T) {
 		for _, zero := range []bool{false, true} {
-			_, out := e.run(TCUplink, pkt{src: client, dst: ap("192.0.2.50:53"), proto: 17, zeroUDPSum: zero})
+			_, out := e.run(TCNodePort, pkt{src: client, dst: ap("192.0.2.50:53"), proto: 17, zeroUDPSum: zero})
 			if out.dst != ap("10.244.2.5:8080") || out.src.Addr() != netip.MustParseAddr(nodeIP) || out.zeroUDPSum != zero {
 				t.Errorf("UDP (zero checksum %v): %v -> %v, zero after: %v", zero, out.src, out.dst, out.zeroUDPSum)
 			}
 		}
 	})
 	t.Run("no endpoints: dropped; not a Service: passed untouched", func(t *testing.T) {
-		if ret, _ := e.run(TCUplink, pkt{src: client, dst: ap(nodeIP + ":30082"), proto: 6}); ret != tcShot {
+		if ret, _ := e.run(TCNodePort, pkt{src: client, dst: ap(nodeIP + ":30082"), proto: 6}); ret != tcShot {
 			t.Errorf("no endpoints: verdict %d", ret)
 		}
 		p := pkt{src: client, dst: ap(nodeIP + ":22"), proto: 6}
-		if ret, out := e.run(TCUplink, p); ret != -1 || out != p {
+		if ret, out := e.run(TCNodePort, p); ret != -1 || out != p {
 			t.Errorf("not a Service: verdict %d, %v -> %v", ret, out.src, out.dst)
 		}
 	})
@@ -262,8 +262,8 @@ func TestTCConsistentPick(t *testing.T) {
 	seen := map[netip.AddrPort]int{}
 	for port := uint16(20000); port < 20100; port++ {
 		p := pkt{src: netip.AddrPortFrom(netip.MustParseAddr("198.51.100.9"), port), dst: ap(nodeIP + ":30080"), proto: 6}
-		_, oa := a.run(TCUplink, p)
-		_, ob := b.run(TCUplink, p)
+		_, oa := a.run(TCNodePort, p)
+		_, ob := b.run(TCNodePort, p)
 		if oa.dst != ob.dst {
 			t.Fatalf("flow from port %d: node a picked %v, node b %v", port, oa.dst, ob.dst)
 		}
