@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,18 +17,27 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"sigs.k8s.io/yaml"
 
+	"github.com/podnet/podnet/bpf"
+	ebpfmode "github.com/podnet/podnet/dataplane/proxy/ebpf"
 	"github.com/podnet/podnet/dataplane/metricstest"
 	"github.com/podnet/podnet/dataplane/roottest"
 	"github.com/podnet/podnet/e2e/lab"
 )
 
-// Tests of issue 5: proxyd --proxy-mode iptables turns Services into rules
-// on every node. They mirror Kubernetes' Service e2e tests, from pods on the
-// same node, on other nodes and from the outside namespace, and all share
-// one lab (four nodes, proxyd on each, two echo pods and three clients).
+// Tests of issues 5 and 13: proxyd turns Services into rules (iptables
+// mode) or BPF map entries (ebpf mode) on every node. They mirror
+// Kubernetes' Service e2e tests, from pods on the same node, on other nodes
+// and from the outside namespace, and run once per mode, each on a lab of
+// its own (four nodes, proxyd on each, two echo pods and three clients).
+//
+// Clients are sockets of this test process, made inside the client's
+// network namespace and, for the moment they are created, inside its node's
+// cgroup: that is where ebpf mode's socket hooks are attached, as for every
+// process of a real node.
 
 const (
 	svcTCP     = "9090" // echo TCP port of the web pods
@@ -37,6 +47,7 @@ const (
 
 type svcCluster struct {
 	t      *testing.T
+	mode   string // --proxy-mode
 	lab    *lab.Lab
 	proxyd map[string]*lab.Proc
 	web1   *lab.Pod // on node1
@@ -46,13 +57,17 @@ type svcCluster struct {
 	c4     *lab.Pod // client on node4 (other segment)
 }
 
-func svcProxydArgs(l *lab.Lab, n *lab.Node) []string {
+func svcProxydArgs(l *lab.Lab, n *lab.Node, mode string) []string {
 	return []string{
 		filepath.Join(l.BinDir, "proxyd"),
 		"--node-name", n.Name,
 		"--state-dir", l.StateDir(),
 		"--node-config", n.NodeConfigPath(),
-		"--proxy-mode", "iptables",
+		"--proxy-mode", mode,
+		// Both modes get the node's own pin dir: iptables mode removes
+		// ebpf mode's state at start and must never touch the host's.
+		"--bpf-cgroup", n.BPFCgroup(),
+		"--bpf-pin-dir", n.BPFPinDir(),
 		"--healthz-bind-address", "127.0.0.1:10256",
 		"--metrics-bind-address", "127.0.0.1:10249",
 		"--sync-period", "2s",
@@ -62,18 +77,18 @@ func svcProxydArgs(l *lab.Lab, n *lab.Node) []string {
 
 func (c *svcCluster) startProxyd(n *lab.Node) {
 	c.t.Helper()
-	p, err := n.Start("proxyd", svcProxydArgs(c.lab, n)...)
+	p, err := n.Start("proxyd", svcProxydArgs(c.lab, n, c.mode)...)
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	c.proxyd[n.Name] = p
 }
 
-func svcStart(t *testing.T) *svcCluster {
+func svcStart(t *testing.T, mode string) *svcCluster {
 	t.Helper()
 	roottest.Require(t)
 	l := lab.Start(t, lab.Options{})
-	c := &svcCluster{t: t, lab: l, proxyd: map[string]*lab.Proc{}}
+	c := &svcCluster{t: t, mode: mode, lab: l, proxyd: map[string]*lab.Proc{}}
 	for _, n := range l.Nodes {
 		c.startProxyd(n)
 	}
@@ -103,11 +118,37 @@ func svcFileExists(path string) bool {
 	return err == nil
 }
 
-// probeIn runs lab.Probe ("tcp" or "udp") inside the namespace at nsPath:
-// the socket is made on the namespace's thread, so it lives there.
-func svcProbeIn(nsPath, proto, addr string, timeout time.Duration) (string, error) {
+// cgroupOf is the cgroup of the node (or outside host) owning the
+// namespace at nsPath.
+func (c *svcCluster) cgroupOf(nsPath string) string {
+	for _, n := range append(slices.Clone(c.lab.Nodes), c.lab.OutsideHost) {
+		if n.NSPath() == nsPath {
+			return n.Cgroup
+		}
+	}
+	for _, p := range c.lab.Pods() {
+		if p.NSPath() == nsPath {
+			return p.Node.Cgroup
+		}
+	}
+	c.t.Fatalf("no lab host or pod has namespace %s", nsPath)
+	return ""
+}
+
+// inClient runs fn in the namespace at nsPath and its node's cgroup:
+// sockets fn makes are the client's.
+func (c *svcCluster) inClient(nsPath string, fn func() error) error {
+	cg := c.cgroupOf(nsPath)
+	return ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
+		return lab.InCgroup(cg, fn)
+	})
+}
+
+// probeIn runs lab.Probe ("tcp" or "udp") as a client in the namespace at
+// nsPath.
+func (c *svcCluster) probeIn(nsPath, proto, addr string, timeout time.Duration) (string, error) {
 	var out string
-	err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
+	err := c.inClient(nsPath, func() error {
 		var err error
 		out, err = lab.Probe(context.Background(), proto, addr, timeout)
 		return err
@@ -131,11 +172,11 @@ func svcAnswer(s string) (name string, client netip.Addr) {
 
 // servers probes n times and returns how often each server answered; it
 // fails the test on any error.
-func svcServers(t *testing.T, nsPath, proto, addr string, n int) map[string]int {
+func (c *svcCluster) servers(t *testing.T, nsPath, proto, addr string, n int) map[string]int {
 	t.Helper()
 	seen := make(map[string]int)
 	for range n {
-		out, err := svcProbeIn(nsPath, proto, addr, 2*time.Second)
+		out, err := c.probeIn(nsPath, proto, addr, 2*time.Second)
 		if err != nil {
 			t.Fatalf("probe %s %s: %v", proto, addr, err)
 		}
@@ -147,7 +188,7 @@ func svcServers(t *testing.T, nsPath, proto, addr string, n int) map[string]int 
 
 // eventuallyServes waits until probes of addr reach exactly the servers
 // in want (checked over several probes).
-func svcEventuallyServes(t *testing.T, nsPath, proto, addr string, want ...string) {
+func (c *svcCluster) eventuallyServes(t *testing.T, nsPath, proto, addr string, want ...string) {
 	t.Helper()
 	var last map[string]int
 	var lastErr error
@@ -156,7 +197,7 @@ func svcEventuallyServes(t *testing.T, nsPath, proto, addr string, want ...strin
 		seen := make(map[string]int)
 		lastErr = nil
 		for range 12 {
-			out, err := svcProbeIn(nsPath, proto, addr, time.Second)
+			out, err := c.probeIn(nsPath, proto, addr, time.Second)
 			if err != nil {
 				lastErr = err
 				break
@@ -285,23 +326,29 @@ func svcTCPPort(port int) []svcPort {
 }
 
 func TestServices(t *testing.T) {
-	c := svcStart(t)
+	for _, mode := range []string{"iptables", "ebpf"} {
+		t.Run(mode, func(t *testing.T) { testServices(t, mode) })
+	}
+}
+
+func testServices(t *testing.T, mode string) {
+	c := svcStart(t, mode)
 	l := c.lab
 	n1, n2, n3 := l.Node("node1"), l.Node("node2"), l.Node("node3")
 
 	t.Run("basic endpoint from every kind of client, source IP kept", func(t *testing.T) {
 		c.apply(svcDef{name: "basic", clusterIP: "10.96.1.10", ports: svcTCPPort(80), endpoints: []svcEndpoint{svcReady(c.web1), svcReady(c.web2)}})
 		for _, client := range []*lab.Pod{c.c1, c.c3, c.c4} {
-			svcEventuallyServes(t, client.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
-			out, err := svcProbeIn(client.NSPath(), "tcp", "10.96.1.10:80", 2*time.Second)
+			c.eventuallyServes(t, client.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
+			out, err := c.probeIn(client.NSPath(), "tcp", "10.96.1.10:80", 2*time.Second)
 			if _, src := svcAnswer(out); err != nil || src != client.IP {
 				t.Errorf("from %s: %q, %v; want the endpoint to see the pod's own address %s", client.Name, out, err, client.IP)
 			}
 		}
 		// From a node's own network.
-		svcEventuallyServes(t, n3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
+		c.eventuallyServes(t, n3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
 		// The choice is random and even: both get a fair share of 60.
-		seen := svcServers(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", 60)
+		seen := c.servers(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", 60)
 		if seen["web1"] < 12 || seen["web2"] < 12 {
 			t.Errorf("60 connections went %v; want both endpoints used evenly", seen)
 		}
@@ -312,7 +359,7 @@ func TestServices(t *testing.T) {
 			{name: "http", proto: "TCP", port: 80, target: 8080},
 			{name: "raw", proto: "TCP", port: 81, target: 9090},
 		}, endpoints: []svcEndpoint{svcReady(c.web1)}})
-		svcEventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.11:81", "web1")
+		c.eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.11:81", "web1")
 		out, err := c.c3.Probe(t.Context(), "http", "10.96.1.11:80")
 		if name, _ := svcAnswer(out); err != nil || name != "web1" {
 			t.Errorf("HTTP port of a multi-port Service: %q, %v", out, err)
@@ -324,8 +371,8 @@ func TestServices(t *testing.T) {
 			{name: "dns-tcp", proto: "TCP", port: 53, target: 5353},
 			{name: "dns-udp", proto: "UDP", port: 53, target: 5353},
 		}, endpoints: []svcEndpoint{svcReady(c.web1)}})
-		svcEventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.12:53", "web1")
-		svcEventuallyServes(t, c.c3.NSPath(), "udp", "10.96.1.12:53", "web1")
+		c.eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.12:53", "web1")
+		c.eventuallyServes(t, c.c3.NSPath(), "udp", "10.96.1.12:53", "web1")
 		// The UDP port alone goes to web2 once its slice port says so.
 		d := svcDef{name: "dns2", clusterIP: "10.96.1.22", ports: []svcPort{
 			{name: "dns-tcp", proto: "TCP", port: 53, target: 5353},
@@ -349,8 +396,8 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
 		if err := l.WriteState("svc-dns2-slices.yaml", split); err != nil {
 			t.Fatal(err)
 		}
-		svcEventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.22:53", "web1")
-		svcEventuallyServes(t, c.c3.NSPath(), "udp", "10.96.1.22:53", "web2")
+		c.eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.22:53", "web1")
+		c.eventuallyServes(t, c.c3.NSPath(), "udp", "10.96.1.22:53", "web2")
 	})
 
 	t.Run("no endpoints: connection refused within one second", func(t *testing.T) {
@@ -362,7 +409,7 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
 		deadline := time.Now().Add(svcTimeout)
 		for {
 			start := time.Now()
-			_, lastErr = svcProbeIn(c.c3.NSPath(), "tcp", "10.96.1.13:80", 3*time.Second)
+			_, lastErr = c.probeIn(c.c3.NSPath(), "tcp", "10.96.1.13:80", 3*time.Second)
 
 			if errors.Is(lastErr, syscall.ECONNREFUSED) && time.Since(start) < time.Second {
 				break
@@ -375,7 +422,7 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
 		}
 		for _, from := range []string{c.c1.NSPath(), c.c4.NSPath(), n3.NSPath()} {
 			start := time.Now()
-			_, err := svcProbeIn(from, "tcp", "10.96.1.13:80", 3*time.Second)
+			_, err := c.probeIn(from, "tcp", "10.96.1.13:80", 3*time.Second)
 			if !errors.Is(err, syscall.ECONNREFUSED) || time.Since(start) > time.Second {
 				t.Errorf("from %s: %v after %v; want connection refused within 1s", from, err, time.Since(start))
 			}
@@ -384,10 +431,20 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
 
 	t.Run("hairpin: a pod reaches itself through its Service", func(t *testing.T) {
 		c.apply(svcDef{name: "hairpin", clusterIP: "10.96.1.14", ports: svcTCPPort(80), endpoints: []svcEndpoint{svcReady(c.web1)}})
-		svcEventuallyServes(t, c.web1.NSPath(), "tcp", "10.96.1.14:80", "web1")
-		out, _ := svcProbeIn(c.web1.NSPath(), "tcp", "10.96.1.14:80", 2*time.Second)
-		if _, src := svcAnswer(out); src == c.web1.IP || !src.IsValid() {
+		c.eventuallyServes(t, c.web1.NSPath(), "tcp", "10.96.1.14:80", "web1")
+		out, _ := c.probeIn(c.web1.NSPath(), "tcp", "10.96.1.14:80", 2*time.Second)
+		_, src := svcAnswer(out)
+		switch {
+		case !src.IsValid():
+			t.Errorf("hairpin answer %q", out)
+		case c.mode == "iptables" && src == c.web1.IP:
+			// DNAT on the bridge: without masquerade the reply would skip
+			// the node and never be un-DNATed.
 			t.Errorf("hairpin answer %q: the pod saw its own address, want it masqueraded", out)
+		case c.mode == "ebpf" && src != c.web1.IP:
+			// Socket LB connects the pod to itself directly: no packet
+			// ever carries the VIP, nothing needs masquerading.
+			t.Errorf("hairpin answer %q: want the pod's own address %s (a direct connection)", out, c.web1.IP)
 		}
 	})
 
@@ -407,10 +464,13 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
 			c.apply(svcDef{name: "hairpin-nonode", clusterIP: "10.96.1.26", ports: ports,
 				endpoints: []svcEndpoint{{pod: self, ready: true, serving: true, nodeName: nodeName}}})
 			for _, pa := range [][2]string{{"tcp", "10.96.1.26:80"}, {"udp", "10.96.1.26:53"}} {
-				svcEventuallyServes(t, self.NSPath(), pa[0], pa[1], "self3")
-				out, err := svcProbeIn(self.NSPath(), pa[0], pa[1], 2*time.Second)
-				if _, src := svcAnswer(out); err != nil || src == self.IP || !src.IsValid() {
-					t.Errorf("nodeName %q, %s hairpin: %q, %v; want an answer, masqueraded", nodeName, pa[0], out, err)
+				c.eventuallyServes(t, self.NSPath(), pa[0], pa[1], "self3")
+				out, err := c.probeIn(self.NSPath(), pa[0], pa[1], 2*time.Second)
+				_, src := svcAnswer(out)
+				// In ebpf mode the pod connects to itself directly (see
+				// the hairpin test above): its own address is right.
+				if err != nil || !src.IsValid() || (src == self.IP) != (c.mode == "ebpf") {
+					t.Errorf("nodeName %q, %s hairpin: %q, %v; want an answer, masqueraded in iptables mode, from the pod itself in ebpf mode", nodeName, pa[0], out, err)
 				}
 			}
 		}
@@ -422,13 +482,13 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
 			endpoints: []svcEndpoint{svcReady(c.web1), svcReady(c.web2)}})
 		for _, n := range []*lab.Node{n1, n3, l.Node("node4")} {
 			addr := net.JoinHostPort(n.IP.String(), "30080")
-			svcEventuallyServes(t, l.OutsideHost.NSPath(), "tcp", addr, "web1", "web2")
-			out, _ := svcProbeIn(l.OutsideHost.NSPath(), "tcp", addr, 2*time.Second)
+			c.eventuallyServes(t, l.OutsideHost.NSPath(), "tcp", addr, "web1", "web2")
+			out, _ := c.probeIn(l.OutsideHost.NSPath(), "tcp", addr, 2*time.Second)
 			if _, src := svcAnswer(out); src == l.OutsideIP {
 				t.Errorf("NodePort with policy Cluster via %s: endpoint saw the client %s; want it masqueraded", n.Name, src)
 			}
 		}
-		svcEventuallyServes(t, c.c4.NSPath(), "tcp", net.JoinHostPort(n2.IP.String(), "30080"), "web1", "web2")
+		c.eventuallyServes(t, c.c4.NSPath(), "tcp", net.JoinHostPort(n2.IP.String(), "30080"), "web1", "web2")
 	})
 
 	t.Run("externalIPs and load-balancer IPs with source ranges", func(t *testing.T) {
@@ -454,9 +514,9 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node1}]
 			t.Fatal(err)
 		}
 		// Traffic to these addresses that reaches a node is DNATed there.
-		svcEventuallyServes(t, c.c4.NSPath(), "tcp", "192.0.2.50:80", "web1")
-		svcEventuallyServes(t, c.c3.NSPath(), "tcp", "192.0.2.60:80", "web1")
-		if out, err := svcProbeIn(c.c4.NSPath(), "tcp", "192.0.2.60:80", time.Second); err == nil {
+		c.eventuallyServes(t, c.c4.NSPath(), "tcp", "192.0.2.50:80", "web1")
+		c.eventuallyServes(t, c.c3.NSPath(), "tcp", "192.0.2.60:80", "web1")
+		if out, err := c.probeIn(c.c4.NSPath(), "tcp", "192.0.2.60:80", time.Second); err == nil {
 			t.Errorf("load-balancer IP answered %q to a client outside loadBalancerSourceRanges", out)
 		}
 	})
@@ -470,7 +530,7 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node1}]
 			waitUntil(t, svcTimeout, func() bool {
 				seen := make(map[string]bool)
 				for range 15 {
-					out, err := svcProbeIn(c.c3.NSPath(), "tcp", "10.96.1.16:80", time.Second)
+					out, err := c.probeIn(c.c3.NSPath(), "tcp", "10.96.1.16:80", time.Second)
 					if err != nil {
 						return false
 					}
@@ -483,7 +543,7 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node1}]
 		sticky()
 		d.affinity = 0
 		c.apply(d)
-		svcEventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.16:80", "web1", "web2")
+		c.eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.16:80", "web1", "web2")
 		d.affinity = 600
 		c.apply(d)
 		sticky()
@@ -494,12 +554,12 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node1}]
 			ports:     []svcPort{{name: "tcp", proto: "TCP", port: 80, target: 9090, nodePort: 30081}},
 			endpoints: []svcEndpoint{svcReady(c.web2)}})
 		addr := net.JoinHostPort(n2.IP.String(), "30081")
-		svcEventuallyServes(t, l.OutsideHost.NSPath(), "tcp", addr, "web2")
-		out, _ := svcProbeIn(l.OutsideHost.NSPath(), "tcp", addr, 2*time.Second)
+		c.eventuallyServes(t, l.OutsideHost.NSPath(), "tcp", addr, "web2")
+		out, _ := c.probeIn(l.OutsideHost.NSPath(), "tcp", addr, 2*time.Second)
 		if _, src := svcAnswer(out); src != l.OutsideIP {
 			t.Errorf("externalTrafficPolicy Local: endpoint saw %s, want the client's own %s", src, l.OutsideIP)
 		}
-		if out, err := svcProbeIn(l.OutsideHost.NSPath(), "tcp", net.JoinHostPort(n1.IP.String(), "30081"), time.Second); err == nil {
+		if out, err := c.probeIn(l.OutsideHost.NSPath(), "tcp", net.JoinHostPort(n1.IP.String(), "30081"), time.Second); err == nil {
 			t.Errorf("node1 has no local endpoint but its NodePort answered %q", out)
 		}
 		hc := func(n *lab.Node) (int, string) {
@@ -517,14 +577,14 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node1}]
 			t.Errorf("node1 health check: %d %s; want 503", code, body)
 		}
 		// Pods may still use every endpoint.
-		svcEventuallyServes(t, c.c1.NSPath(), "tcp", net.JoinHostPort(n1.IP.String(), "30081"), "web2")
+		c.eventuallyServes(t, c.c1.NSPath(), "tcp", net.JoinHostPort(n1.IP.String(), "30081"), "web2")
 	})
 
 	t.Run("internalTrafficPolicy Local", func(t *testing.T) {
 		c.apply(svcDef{name: "itp", clusterIP: "10.96.1.18", ports: svcTCPPort(80), itpLocal: true,
 			endpoints: []svcEndpoint{svcReady(c.web1), svcReady(c.web2)}})
-		svcEventuallyServes(t, c.c1.NSPath(), "tcp", "10.96.1.18:80", "web1")
-		if out, err := svcProbeIn(c.c3.NSPath(), "tcp", "10.96.1.18:80", time.Second); err == nil {
+		c.eventuallyServes(t, c.c1.NSPath(), "tcp", "10.96.1.18:80", "web1")
+		if out, err := c.probeIn(c.c3.NSPath(), "tcp", "10.96.1.18:80", time.Second); err == nil {
 			t.Errorf("node3 has no local endpoint but the Service answered %q", out)
 		}
 	})
@@ -548,9 +608,9 @@ endpoints:
 		}
 		// A client next to an endpoint uses it; one on a node without
 		// any uses all of them (or those of its zone).
-		svcEventuallyServes(t, c.c1.NSPath(), "tcp", "10.96.1.24:80", "web1")
+		c.eventuallyServes(t, c.c1.NSPath(), "tcp", "10.96.1.24:80", "web1")
 		if n3.Zone == n1.Zone && n3.Zone == n2.Zone {
-			svcEventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.24:80", "web1", "web2")
+			c.eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.24:80", "web1", "web2")
 		}
 	})
 
@@ -559,20 +619,20 @@ endpoints:
 		gone := svcEndpoint{pod: c.web2, serving: false, terminating: true}
 		d := svcDef{name: "term", clusterIP: "10.96.1.19", ports: svcTCPPort(80), endpoints: []svcEndpoint{term, gone}}
 		c.apply(d)
-		svcEventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.19:80", "web1")
+		c.eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.19:80", "web1")
 		d.endpoints = []svcEndpoint{term, svcReady(c.web2)}
 		c.apply(d)
-		svcEventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.19:80", "web2")
+		c.eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.19:80", "web2")
 	})
 
 	t.Run("UDP endpoint replaced while the client keeps sending", func(t *testing.T) {
 		d := svcDef{name: "udp", clusterIP: "10.96.1.20", ports: []svcPort{{name: "dns", proto: "UDP", port: 53, target: 5353}},
 			endpoints: []svcEndpoint{svcReady(c.web1)}}
 		c.apply(d)
-		svcEventuallyServes(t, c.c3.NSPath(), "udp", "10.96.1.20:53", "web1")
+		c.eventuallyServes(t, c.c3.NSPath(), "udp", "10.96.1.20:53", "web1")
 		// One socket, one source port: the conntrack entry would pin it to
 		// web1 if nobody deleted it.
-		ask := svcUDPClient(t, c.c3.NSPath(), "10.96.1.20:53")
+		ask := c.udpClient(t, c.c3.NSPath(), "10.96.1.20:53")
 		waitUntil(t, svcTimeout, func() bool { return ask() == "web1" }, "UDP answers from web1")
 		d.endpoints = []svcEndpoint{svcReady(c.web2)}
 		c.apply(d)
@@ -592,7 +652,7 @@ endpoints:
 		// Packets to a VIP nobody programs yet are routed out and leave a
 		// conntrack entry without DNAT; once the Service appears that entry
 		// must go, or the client keeps missing it.
-		ask := svcUDPClient(t, c.c3.NSPath(), "10.96.1.30:53")
+		ask := c.udpClient(t, c.c3.NSPath(), "10.96.1.30:53")
 		for range 5 {
 			if got := ask(); got != "" {
 				t.Fatalf("answer %q before the Service exists", got)
@@ -617,7 +677,7 @@ endpoints:
 		// deletes them when the Service's rules appear.
 		const vip, first, ports = "10.96.1.31:80", 41000, 20
 		dial := func(port int, timeout time.Duration) error {
-			return ns.WithNetNSPath(c.c3.NSPath(), func(ns.NetNS) error {
+			return c.inClient(c.c3.NSPath(), func() error {
 				d := net.Dialer{LocalAddr: &net.TCPAddr{Port: port}, Timeout: timeout}
 				conn, err := d.Dial("tcp", vip)
 				if err != nil {
@@ -635,8 +695,8 @@ endpoints:
 			}
 		}
 		c.apply(svcDef{name: "late-tcp", clusterIP: "10.96.1.31", ports: svcTCPPort(80), endpoints: []svcEndpoint{svcReady(c.web1)}})
-		svcEventuallyServes(t, c.c1.NSPath(), "tcp", vip, "web1")
-		svcEventuallyServes(t, c.c3.NSPath(), "tcp", vip, "web1")
+		c.eventuallyServes(t, c.c1.NSPath(), "tcp", vip, "web1")
+		c.eventuallyServes(t, c.c3.NSPath(), "tcp", vip, "web1")
 		time.Sleep(300 * time.Millisecond) // the cleanup follows the sync that served
 		var failed []string
 		for p := first; p < first+ports; p++ {
@@ -650,7 +710,7 @@ endpoints:
 	})
 
 	t.Run("proxyd restart under steady load loses no request", func(t *testing.T) {
-		svcEventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
+		c.eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
 		var ok, failed atomic.Int64
 		var firstErr atomic.Value
 		stop := make(chan struct{})
@@ -664,7 +724,7 @@ endpoints:
 					return
 				default:
 				}
-				if _, err := svcProbeIn(c.c3.NSPath(), "tcp", "10.96.1.10:80", 2*time.Second); err != nil {
+				if _, err := c.probeIn(c.c3.NSPath(), "tcp", "10.96.1.10:80", 2*time.Second); err != nil {
 					failed.Add(1)
 					firstErr.CompareAndSwap(nil, err.Error())
 				} else {
@@ -691,15 +751,17 @@ endpoints:
 	})
 
 	t.Run("a full resync repairs rules someone else deleted", func(t *testing.T) {
-		svcEventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
-		if out, err := n3.Exec(t.Context(), "iptables", "-t", "nat", "-F", "PODSVC-SERVICES"); err != nil {
+		c.eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
+		if c.mode == "ebpf" {
+			svcDeleteFrontend(t, n3, netip.MustParseAddrPort("10.96.1.10:80"))
+		} else if out, err := n3.Exec(t.Context(), "iptables", "-t", "nat", "-F", "PODSVC-SERVICES"); err != nil {
 			t.Fatalf("flush: %v: %s", err, out)
 		}
-		if out, err := svcProbeIn(c.c3.NSPath(), "tcp", "10.96.1.10:80", time.Second); err == nil {
+		if out, err := c.probeIn(c.c3.NSPath(), "tcp", "10.96.1.10:80", time.Second); err == nil {
 			t.Fatalf("Service still answered (%q) right after its rules were flushed", out)
 		}
 		// --sync-period is 2 s here.
-		svcEventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
+		c.eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
 	})
 
 	t.Run("Services of another proxy and headless Services are left alone", func(t *testing.T) {
@@ -720,11 +782,25 @@ endpoints: [{addresses: [%s], conditions: {ready: true}}]
 		}
 		// A Service written after it is programmed, so the state was read.
 		c.apply(svcDef{name: "after-other", clusterIP: "10.96.1.23", ports: svcTCPPort(80), endpoints: []svcEndpoint{svcReady(c.web2)}})
-		svcEventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.23:80", "web2")
-		if out, err := svcProbeIn(c.c3.NSPath(), "tcp", "10.96.1.21:80", time.Second); err == nil {
+		c.eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.23:80", "web2")
+		if out, err := c.probeIn(c.c3.NSPath(), "tcp", "10.96.1.21:80", time.Second); err == nil {
 			t.Errorf("a Service of another proxy answered %q", out)
 		}
 	})
+
+	if c.mode == "ebpf" {
+		t.Run("ebpf mode writes no Service rules into iptables", func(t *testing.T) {
+			for _, n := range l.Nodes {
+				out, err := n.Exec(t.Context(), "iptables-save")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if strings.Contains(out, "PODSVC") {
+					t.Errorf("%s: Service rules in iptables:\n%s", n.Name, out)
+				}
+			}
+		})
+	}
 
 	t.Run("metrics and healthz", func(t *testing.T) {
 		code, body, err := svcHTTPGet(n3.NSPath(), "127.0.0.1:10249/metrics")
@@ -733,7 +809,7 @@ endpoints: [{addresses: [%s], conditions: {ready: true}}]
 		}
 		fams := metricstest.Parse(t, body)
 		for _, m := range [][]string{{"kubeproxy_sync_full_proxy_rules_duration_seconds"}, {"kubeproxy_sync_partial_proxy_rules_duration_seconds"},
-			{"kubeproxy_sync_proxy_rules_iptables_total", "table", "nat"}, {"podnet_proxy_service_ports"}, {"podnet_proxy_endpoints"},
+			{"kubeproxy_sync_proxy_rules_iptables_total", "table", map[string]string{"iptables": "nat", "ebpf": "services"}[c.mode]}, {"podnet_proxy_service_ports"}, {"podnet_proxy_endpoints"},
 			{"kubeproxy_sync_proxy_rules_last_timestamp_seconds"}, {"kubeproxy_sync_proxy_rules_service_changes_total"}} {
 			if v, ok := metricstest.Value(fams, m[0], m[1:]...); !ok || v == 0 {
 				t.Errorf("metrics: %v = %v (found %v), want above 0", m, v, ok)
@@ -753,8 +829,15 @@ endpoints: [{addresses: [%s], conditions: {ready: true}}]
 			t.Fatal(err)
 		}
 		n4 := l.Node("node4")
-		if out, err := n4.Exec(t.Context(), filepath.Join(l.BinDir, "proxyd"), "--cleanup", "--node-name", "node4", "--node-config", n4.NodeConfigPath()); err != nil {
+		if out, err := n4.Exec(t.Context(), filepath.Join(l.BinDir, "proxyd"), "--cleanup", "--node-name", "node4", "--node-config", n4.NodeConfigPath(),
+			"--bpf-pin-dir", n4.BPFPinDir()); err != nil {
 			t.Fatalf("proxyd --cleanup: %v: %s", err, out)
+		}
+		if pins, err := ebpfmode.Pins(n4.BPFPinDir()); err != nil || len(pins) > 0 {
+			t.Errorf("BPF pins left after --cleanup: %v %v", pins, err)
+		}
+		if out, _ := c.probeIn(c.c4.NSPath(), "tcp", "10.96.1.10:80", time.Second); out != "" {
+			t.Errorf("a Service still answered on node4 after --cleanup: %q", out)
 		}
 		out, err := n4.Exec(t.Context(), "iptables-save")
 		if err != nil {
@@ -791,23 +874,33 @@ func svcHTTPGet(nsPath, target string) (int, string, error) {
 	return code, body, nil
 }
 
-// svcUDPClient dials addr over UDP from the namespace at nsPath, one socket
-// and so one source port for the whole test (the conntrack entry a stale
-// endpoint would stay pinned by), and returns a func that sends a query and
-// names the echo server that answered ("" after 100 ms of silence).
-func svcUDPClient(t *testing.T, nsPath, addr string) (ask func() string) {
+// udpClient returns a func that sends a query to addr over UDP from the
+// namespace at nsPath and names the echo server that answered ("" after
+// 100 ms of silence). All queries come from one source port.
+//
+// In iptables mode one connected socket asks them all: the conntrack entry
+// a stale endpoint would stay pinned by is what the tests check is
+// deleted. In ebpf mode a connected socket is translated once, at
+// connect, and stays with its endpoint (a socket pinned to a removed one
+// is to be destroyed, which ebpf mode does not do yet); each query comes
+// from a new socket on the same port, as resolvers and the Kubernetes
+// conformance UDP tests do.
+func (c *svcCluster) udpClient(t *testing.T, nsPath, addr string) (ask func() string) {
 	t.Helper()
-	var conn net.Conn
-	if err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
-		var err error
-		conn, err = net.Dial("udp", addr)
-		return err
-	}); err != nil {
-		t.Fatal(err)
+	dial := func(laddr *net.UDPAddr) net.Conn {
+		t.Helper()
+		var conn net.Conn
+		if err := c.inClient(nsPath, func() error {
+			var err error
+			conn, err = (&net.Dialer{LocalAddr: laddr}).Dial("udp", addr)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return conn
 	}
-	t.Cleanup(func() { conn.Close() })
-	buf := make([]byte, 512)
-	return func() string {
+	query := func(conn net.Conn) string {
+		buf := make([]byte, 512)
 		conn.Write([]byte("q\n"))
 		conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
 		n, err := conn.Read(buf)
@@ -816,5 +909,33 @@ func svcUDPClient(t *testing.T, nsPath, addr string) (ask func() string) {
 		}
 		name, _ := svcAnswer(strings.TrimSpace(string(buf[:n])))
 		return name
+	}
+	conn := dial(nil)
+	if c.mode == "iptables" {
+		t.Cleanup(func() { conn.Close() })
+		return func() string { return query(conn) }
+	}
+	laddr := conn.LocalAddr().(*net.UDPAddr)
+	conn.Close()
+	return func() string {
+		conn := dial(laddr)
+		defer conn.Close()
+		return query(conn)
+	}
+}
+
+// svcDeleteFrontend deletes the frontend entry of vip in node n's pinned
+// services map, as someone else tampering with the maps would.
+func svcDeleteFrontend(t *testing.T, n *lab.Node, vip netip.AddrPort) {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(filepath.Join(n.BPFPinDir(), bpf.SockMapServicesV1), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	p := vip.Port()
+	k := bpf.SockSvcKey{Addr: netip.AddrFrom16(vip.Addr().As16()).As16(), Port: p<<8 | p>>8, Proto: 6}
+	if err := m.Delete(&k); err != nil {
+		t.Fatalf("delete the frontend of %s: %v", vip, err)
 	}
 }

@@ -341,6 +341,9 @@ func (l *Lab) build(ctx context.Context) error {
 			return fmt.Errorf("create cgroup of %s: %w", n.Name, err)
 		}
 	}
+	if err := l.mountBPF(); err != nil {
+		return err
+	}
 	if err := l.buildNetwork(ctx); err != nil {
 		return err
 	}
@@ -458,6 +461,9 @@ func (l *Lab) Close() error {
 			if err := deleteNetns(name); err != nil {
 				errs = append(errs, err)
 			}
+		}
+		if err := unmountUnder(l.WorkDir); err != nil {
+			errs = append(errs, err)
 		}
 		if l.ownsWorkDir {
 			if err := os.RemoveAll(l.WorkDir); err != nil {

@@ -177,6 +177,11 @@ func removeRun(objs runObjects, r runRecord) error {
 			errs = append(errs, err)
 		}
 	}
+	if r.WorkDir != "" {
+		if err := unmountUnder(r.WorkDir); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if r.OwnsWorkDir && r.WorkDir != "" && strings.Contains(filepath.Base(r.WorkDir), "podnet-lab-"+r.Prefix) {
 		if err := os.RemoveAll(r.WorkDir); err != nil {
 			errs = append(errs, err)

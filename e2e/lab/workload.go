@@ -99,6 +99,10 @@ func (n *Node) StartProxyd(ctx context.Context, args ...string) (*Proc, error) {
 		"--node-name", n.Name,
 		"--state-dir", l.StateDir(),
 		"--node-config", n.NodeConfigPath(),
+		// In every mode: iptables mode removes ebpf mode's state at start,
+		// and must find the lab's, never the host's.
+		"--bpf-cgroup", n.BPFCgroup(),
+		"--bpf-pin-dir", n.BPFPinDir(),
 	}, args...)
 	p, err := n.Start("proxyd", argv...)
 	if err != nil {

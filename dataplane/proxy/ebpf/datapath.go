@@ -287,9 +287,10 @@ func (d *Datapath) Close() error {
 	return nil
 }
 
-// Cleanup detaches every program podnet attached through pinDir and
-// removes every pin, and the directory; a bpffs podnet mounted there is
-// unmounted. A missing pinDir is no error.
+// Cleanup detaches every program podnet attached through pinDir, removes
+// every pin and then the directory, unless it is a mount point: a bpffs
+// mounted there (by podnet or by whoever prepared the node) stays, empty.
+// A missing pinDir is no error.
 func Cleanup(pinDir string) error {
 	if _, err := os.Stat(pinDir); errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -302,16 +303,53 @@ func Cleanup(pinDir string) error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("clean up %s: %w", pinDir, err)
 	}
-	if isMountPoint(pinDir) {
-		// Unmounting drops every pin in it.
-		if err := unix.Unmount(pinDir, 0); err != nil {
-			return fmt.Errorf("unmount %s: %w", pinDir, err)
+	if err := os.Remove(filepath.Join(pinDir, linksDir)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("clean up %s: %w", pinDir, err)
+	}
+	entries, err := os.ReadDir(pinDir)
+	if err != nil {
+		return fmt.Errorf("clean up %s: %w", pinDir, err)
+	}
+	for _, e := range entries {
+		if versionedName.MatchString(e.Name()) {
+			errs = append(errs, os.Remove(filepath.Join(pinDir, e.Name())))
 		}
 	}
-	if err := os.RemoveAll(pinDir); err != nil {
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("clean up %s: %w", pinDir, err)
+	}
+	if isMountPoint(pinDir) {
+		return nil
+	}
+	if err := os.Remove(pinDir); err != nil {
 		return fmt.Errorf("clean up %s: %w", pinDir, err)
 	}
 	return nil
+}
+
+// Pins lists what is pinned in pinDir (links as links/NAME), without the
+// kernel's own files of a bpffs root.
+func Pins(pinDir string) ([]string, error) {
+	var out []string
+	entries, err := os.ReadDir(pinDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range entries {
+		switch {
+		case e.Name() == linksDir:
+			links, _ := os.ReadDir(filepath.Join(pinDir, linksDir))
+			for _, l := range links {
+				out = append(out, linksDir+"/"+l.Name())
+			}
+		case !strings.HasSuffix(e.Name(), ".debug"):
+			out = append(out, e.Name())
+		}
+	}
+	return out, nil
 }
 
 const (

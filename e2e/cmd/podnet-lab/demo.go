@@ -39,6 +39,7 @@ var steps = []step{
 	{"two pods on node1 reach each other and their node over cbr0", podsOnOneNode},
 	{"a pod on every node: pod ↔ pod across nodes, and out to the internet", podsAcrossNodes},
 	{"a Service: ClusterIP from a pod, NodePort from the outside", service},
+	{"the same Service in the other proxy mode (proxyd restarted on every node)", switchMode},
 	{"cluster DNS: dnsd behind 10.96.0.10, dig from a pod", clusterDNS},
 }
 
@@ -47,8 +48,12 @@ type demo struct {
 	out       io.Writer
 	proxyMode string
 	pods      []*lab.Pod
-	// proxyd is set once proxyd runs on every node.
+	// proxyd is set once proxyd runs on every node; procs are those
+	// proxyds.
 	proxyd bool
+	procs  []*lab.Proc
+	// backends are the Service's endpoints, set by the Service step.
+	backends []*lab.Pod
 }
 
 // skipError marks a step that could not run yet; it does not fail the demo.
@@ -173,7 +178,8 @@ func startProxyd(ctx context.Context, d *demo) error {
 		return skipError{fmt.Sprintf("no proxyd binary (%v)", err)}
 	}
 	mode := d.proxyMode
-	if err := startProxydEverywhere(ctx, l, mode); err != nil {
+	var err error
+	if d.procs, err = startProxydEverywhere(ctx, l, mode); err != nil {
 		return err
 	}
 	for _, n := range l.Nodes {
@@ -188,16 +194,17 @@ func startProxyd(ctx context.Context, d *demo) error {
 }
 
 // startProxydEverywhere starts proxyd on every node at once.
-func startProxydEverywhere(ctx context.Context, l *lab.Lab, mode string) error {
+func startProxydEverywhere(ctx context.Context, l *lab.Lab, mode string) ([]*lab.Proc, error) {
 	errs := make([]error, len(l.Nodes))
+	procs := make([]*lab.Proc, len(l.Nodes))
 	var wg sync.WaitGroup
 	for i, n := range l.Nodes {
 		wg.Go(func() {
-			_, errs[i] = n.StartProxyd(ctx, "--proxy-mode", mode)
+			procs[i], errs[i] = n.StartProxyd(ctx, "--proxy-mode", mode)
 		})
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	return procs, errors.Join(errs...)
 }
 
 // podsOnOneNode adds two pods to node1 through the CNI plugin and lets them

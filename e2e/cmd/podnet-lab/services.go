@@ -72,7 +72,6 @@ func service(ctx context.Context, d *demo) error {
 	if !d.proxyd || len(d.pods) < 5 {
 		return skipError{"needs proxyd and the pods of the steps before"}
 	}
-	client := d.pods[0]
 	var backends []*lab.Pod
 	for _, p := range d.pods {
 		if p.Name == "a" && (p.Node.Name == "node2" || p.Node.Name == "node3") {
@@ -90,7 +89,60 @@ func service(ctx context.Context, d *demo) error {
 	}
 	vip := fmt.Sprintf("%s:%d", webVIP, webPort)
 	fmt.Fprintf(d.out, "  Service default/web: %s (NodePort %d) → %s, %s port %d\n", vip, webNodePrt, backends[0].IP, backends[1].IP, echoPort)
+	d.backends = backends
+	return askService(ctx, d)
+}
 
+// switchMode restarts proxyd on every node in the other proxy mode (which
+// removes the first mode's rules or maps) and asks the Service again.
+func switchMode(ctx context.Context, d *demo) error {
+	if len(d.backends) == 0 || len(d.procs) == 0 {
+		return skipError{"needs the Service of the step before"}
+	}
+	mode := map[string]string{"iptables": "ebpf", "ebpf": "iptables"}[d.proxyMode]
+	for _, p := range d.procs {
+		if err := p.Stop(); err != nil {
+			return err
+		}
+	}
+	var err error
+	if d.procs, err = startProxydEverywhere(ctx, d.lab, mode); err != nil {
+		return err
+	}
+	// The new mode is in place once the old one's state is gone: ebpf
+	// mode removes the Service rules from iptables, iptables mode writes
+	// them back.
+	node1 := d.lab.Nodes[0]
+	var rules int
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out, err := node1.Exec(ctx, "iptables-save")
+		if err != nil {
+			return err
+		}
+		rules = strings.Count(out, "-A PODSVC")
+		if (rules == 0) == (mode == "ebpf") {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("proxyd --proxy-mode %s: node1 still holds %d Service rules in iptables after 10s", mode, rules)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	fmt.Fprintf(d.out, "  proxyd --proxy-mode %s on every node; node1's iptables hold %d Service rules\n", mode, rules)
+	if err := askService(ctx, d); err != nil {
+		return err
+	}
+	d.proxyMode = mode
+	return nil
+}
+
+// askService asks the Service 20 times from the pod on node1 through the
+// ClusterIP (both endpoints must answer) and once from the outside through
+// node4's NodePort.
+func askService(ctx context.Context, d *demo) error {
+	l, client, backends := d.lab, d.pods[0], d.backends
+	vip := fmt.Sprintf("%s:%d", webVIP, webPort)
 	// proxyd sees the new file within its minimum sync period.
 	if _, err := untilAnswer(ctx, 10*time.Second, func() (string, error) { return client.Probe(ctx, "http", vip) }); err != nil {
 		return fmt.Errorf("%s → %s: %w", client.Node.Name+"/"+client.Name, vip, err)
