@@ -22,8 +22,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/podnet/podnet/bpf"
-	ebpfmode "github.com/podnet/podnet/dataplane/proxy/ebpf"
 	"github.com/podnet/podnet/dataplane/metricstest"
+	ebpfmode "github.com/podnet/podnet/dataplane/proxy/ebpf"
 	"github.com/podnet/podnet/dataplane/roottest"
 	"github.com/podnet/podnet/e2e/lab"
 )
