@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/cluster/statedir"
 	"github.com/podnet/podnet/dataplane/dns"
 	"github.com/podnet/podnet/dataplane/dns/daemon"
 	"github.com/podnet/podnet/dataplane/version"
@@ -56,6 +57,8 @@ func run() int {
 	fs.StringVar(&cfg.HealthAddress, "health-address", ":8080", "address of /health (empty: off)")
 	fs.StringVar(&cfg.ReadyAddress, "ready-address", ":8181", "address of /ready (empty: off)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	var limits statedir.LimitFlags
+	limits.Register(fs)
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		if err == pflag.ErrHelp {
 			return 0
@@ -93,6 +96,10 @@ func run() int {
 			fmt.Fprintf(os.Stderr, "dnsd: dns-service-ip %q: %v\n", *dnsIP, err)
 			return 2
 		}
+	}
+	if cfg.StateLimits, err = limits.Limits(); err != nil {
+		fmt.Fprintln(os.Stderr, "dnsd:", err)
+		return 2
 	}
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintln(os.Stderr, "dnsd:", err)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/podnet/podnet/dataplane/agent"
 	"github.com/podnet/podnet/dataplane/cluster/kube"
+	"github.com/podnet/podnet/dataplane/cluster/statedir"
 	"github.com/podnet/podnet/dataplane/ipt"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
 	"github.com/podnet/podnet/dataplane/proxy"
@@ -68,6 +69,8 @@ func run(args []string) int {
 	fs.BoolVar(&cleanup, "cleanup", false, "remove everything proxyd installed and exit")
 	fs.BoolVar(&showVersion, "version", false, "print the version and exit")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	var limits statedir.LimitFlags
+	limits.Register(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0
@@ -111,6 +114,10 @@ func run(args []string) int {
 			return 2
 		}
 		npa = append(npa, p.Masked())
+	}
+	if o.StateLimits, err = limits.Limits(); err != nil {
+		fmt.Fprintf(os.Stderr, "proxyd: %v\n", err)
+		return 2
 	}
 	if kubeconfig != "" || o.StateDir == "" {
 		if o.Kube, err = kube.ClientConfig(kubeconfig); err != nil {

@@ -31,6 +31,7 @@ import (
 
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/cluster/kube"
+	"github.com/podnet/podnet/dataplane/cluster/convert"
 	"github.com/podnet/podnet/dataplane/cluster/statedir"
 	"github.com/podnet/podnet/dataplane/health"
 	"github.com/podnet/podnet/dataplane/hostnet"
@@ -49,6 +50,8 @@ type Options struct {
 	// Kube is the API server to read the cluster from; when nil, StateDir.
 	Kube     *rest.Config
 	StateDir string
+	// StateLimits are what StateDir's Services are checked against.
+	StateLimits convert.Limits
 	// AllocateNodeCIDRs claims a podCIDR for this node when its Node has
 	// none (needs Kube).
 	AllocateNodeCIDRs bool
@@ -142,7 +145,7 @@ func Run(ctx context.Context, o Options) error {
 			return fmt.Errorf("kubernetes client: %w", err)
 		}
 	} else {
-		src := statedir.New(statedir.Options{Dir: o.StateDir, Store: store, Logger: log.With("component", "statedir")})
+		src := statedir.New(statedir.Options{Dir: o.StateDir, Store: store, Limits: o.StateLimits, Logger: log.With("component", "statedir")})
 		runSource = src.Run
 		fileErrors = func() int { return len(src.FileErrors()) }
 	}

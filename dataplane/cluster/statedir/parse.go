@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	yamlv3 "go.yaml.in/yaml/v3"
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/podnet/podnet/dataplane/cluster"
@@ -35,20 +37,41 @@ type Ignored struct {
 	Line                   int
 }
 
+// Refused is an object of a file that the API server would have refused: a
+// field of the wrong type, a value out of range. The rest of the file is
+// used without it.
+type Refused struct {
+	Kind cluster.Kind
+	Key  cluster.Key
+	// Err names the file, the object's line, the object and the field.
+	Err *ParseError
+}
+
+// Parsed is what one state file holds.
+type Parsed struct {
+	Objects []cluster.Object
+	Ignored []Ignored
+	Refused []Refused
+}
+
 type typeMeta struct {
 	APIVersion string `json:"apiVersion"`
 	Kind       string `json:"kind"`
 	Metadata   struct {
-		Name string `json:"name"`
+		Name      string `json:"name"`
+		Namespace string `json:"namespace"`
 	} `json:"metadata"`
 	Items []json.RawMessage `json:"items"`
 }
 
-// ParseFile decodes the contents of one state file. JSON files (by name)
-// may hold a stream of objects; everything else is YAML with "---"
-// separated documents. Either may hold a List.
-func ParseFile(path string, data []byte) ([]cluster.Object, []Ignored, error) {
-	var p parser
+// ParseFile decodes the contents of one state file, checking Services
+// against limits as the API server would. JSON files (by name) may hold a
+// stream of objects; everything else is YAML with "---" separated
+// documents. Either may hold a List. The error is for a file that cannot be
+// read as a whole (syntax, an object without kind or name); an object that
+// is merely invalid is Refused and the rest kept.
+func ParseFile(path string, data []byte, limits convert.Limits) (Parsed, error) {
+	p := parser{limits: limits}
 	if strings.HasSuffix(path, ".json") {
 		p.parseJSON(data)
 	} else {
@@ -56,15 +79,18 @@ func ParseFile(path string, data []byte) ([]cluster.Object, []Ignored, error) {
 	}
 	if p.err != nil {
 		p.err.Path = path
-		return nil, nil, p.err
+		return Parsed{}, p.err
 	}
-	return p.objs, p.ignored, nil
+	for _, r := range p.out.Refused {
+		r.Err.Path = path
+	}
+	return p.out, nil
 }
 
 type parser struct {
-	objs    []cluster.Object
-	ignored []Ignored
-	err     *ParseError
+	limits convert.Limits
+	out    Parsed
+	err    *ParseError
 }
 
 func (p *parser) fail(line int, err error) {
@@ -179,58 +205,90 @@ func (p *parser) objectAt(j []byte, line int, itemLines func() []int) {
 	// kubectl prints "kind: List"; the API's own lists (ServiceList,
 	// EndpointSliceList, ...) read the same way.
 	if strings.HasSuffix(tm.Kind, "List") {
+		var lines []int
+		itemLine := func(i int) int {
+			if lines == nil && itemLines != nil {
+				lines = itemLines()
+			}
+			if i < len(lines) {
+				return lines[i]
+			}
+			return line
+		}
 		for i, item := range tm.Items {
+			refused := len(p.out.Refused)
 			p.object(item, line)
 			if p.err != nil {
-				if itemLines != nil {
-					if lines := itemLines(); i < len(lines) && p.err.Line == line {
-						p.err.Line = lines[i]
-					}
+				if p.err.Line == line {
+					p.err.Line = itemLine(i)
 				}
 				return
+			}
+			if len(p.out.Refused) > refused {
+				p.out.Refused[refused].Err.Line = itemLine(i)
 			}
 		}
 		return
 	}
-	obj, err := decode(tm.APIVersion, tm.Kind, j)
-	if err != nil {
-		p.fail(line, fmt.Errorf("%s %q: %w", tm.Kind, tm.Metadata.Name, err))
+	d, ok := decoders[tm.APIVersion+"/"+tm.Kind]
+	if !ok {
+		p.out.Ignored = append(p.out.Ignored, Ignored{APIVersion: tm.APIVersion, Kind: tm.Kind, Name: tm.Metadata.Name, Line: line})
 		return
 	}
-	if obj == nil {
-		p.ignored = append(p.ignored, Ignored{APIVersion: tm.APIVersion, Kind: tm.Kind, Name: tm.Metadata.Name, Line: line})
-		return
-	}
-	if obj.Key().Name == "" {
+	if tm.Metadata.Name == "" {
 		p.fail(line, fmt.Errorf("%s has no metadata.name", tm.Kind))
 		return
 	}
-	p.objs = append(p.objs, obj)
+	obj, err := d.decode(j, p.limits)
+	if err != nil {
+		key := cluster.Key{Name: tm.Metadata.Name}
+		if d.namespaced {
+			key.Namespace = tm.Metadata.Namespace
+			if key.Namespace == "" {
+				key.Namespace = "default"
+			}
+		}
+		p.out.Refused = append(p.out.Refused, Refused{Kind: d.kind, Key: key,
+			Err: &ParseError{Line: line, Err: fmt.Errorf("%s %s refused: %w", tm.Kind, key, err)}})
+		return
+	}
+	p.out.Objects = append(p.out.Objects, obj)
 }
 
-// decode returns nil, nil for kinds the dataplane does not use.
-func decode(apiVersion, kind string, j []byte) (cluster.Object, error) {
-	switch apiVersion + "/" + kind {
-	case "v1/Node":
-		return decodeAs(j, convert.FromV1Node)
-	case "v1/Service":
-		return decodeAs(j, convert.FromV1Service)
-	case "v1/Namespace":
-		return decodeAs(j, convert.FromV1Namespace)
-	case "v1/Pod":
-		return decodeAs(j, convert.FromV1Pod)
-	case "discovery.k8s.io/v1/EndpointSlice":
-		return decodeAs(j, convert.FromV1EndpointSlice)
-	}
-	return nil, nil
+type decoder struct {
+	kind       cluster.Kind
+	namespaced bool
+	decode     func(j []byte, l convert.Limits) (cluster.Object, error)
 }
 
-func decodeAs[T any, O cluster.Object](j []byte, reduce func(*T) (O, error)) (cluster.Object, error) {
-	var v T
-	if err := json.Unmarshal(j, &v); err != nil {
-		return nil, err
+// decoders are the kinds the dataplane uses, by apiVersion/kind.
+var decoders = map[string]decoder{
+	"v1/Node":      {cluster.KindNode, false, decodeAs(convert.FromV1Node, nil)},
+	"v1/Namespace": {cluster.KindNamespace, false, decodeAs(convert.FromV1Namespace, nil)},
+	"v1/Pod":       {cluster.KindPod, true, decodeAs(convert.FromV1Pod, nil)},
+	"v1/Service": {cluster.KindService, true, decodeAs(convert.FromV1Service, func(s *v1.Service, l convert.Limits) error {
+		return convert.ValidateV1Service(s, l)
+	})},
+	"discovery.k8s.io/v1/EndpointSlice": {cluster.KindEndpointSlice, true, decodeAs(convert.FromV1EndpointSlice, func(e *discoveryv1.EndpointSlice, _ convert.Limits) error {
+		return convert.ValidateV1EndpointSlice(e)
+	})},
+}
+
+// decodeAs unmarshals into T, checks it (when validate is set) and reduces
+// it.
+func decodeAs[T any, O cluster.Object](reduce func(*T) (O, error), validate func(*T, convert.Limits) error) func([]byte, convert.Limits) (cluster.Object, error) {
+	return func(j []byte, l convert.Limits) (cluster.Object, error) {
+		var v T
+		if err := json.Unmarshal(j, &v); err != nil {
+			return nil, err
+		}
+		if validate != nil {
+			if err := validate(&v, l); err != nil {
+				return nil, err
+			}
+		}
+		return reduce(&v)
 	}
-	return reduce(&v)
 }
 
 type yamlDoc struct {

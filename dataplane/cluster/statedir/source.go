@@ -29,6 +29,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/cluster/convert"
 )
 
 // Options configures a Source.
@@ -44,6 +45,10 @@ type Options struct {
 	Debounce time.Duration
 	// Rescan is the period of the safety-net rescan. Default 5 s.
 	Rescan time.Duration
+	// Limits are the API server settings objects are checked against
+	// (--service-cluster-ip-range, --service-node-port-range); the zero
+	// value means kube-apiserver's defaults.
+	Limits convert.Limits
 }
 
 // Source is a state directory feeding a Store.
@@ -60,6 +65,7 @@ type fileState struct {
 	modTime time.Time
 	objs    []cluster.Object // last successfully parsed
 	err     error            // current parse error, if any
+	refused []error          // objects of the last parse that were refused
 }
 
 // New returns a Source; nothing happens until Run.
@@ -85,8 +91,8 @@ func (s *Source) FileErrors() map[string]error {
 	defer s.mu.Unlock()
 	out := make(map[string]error)
 	for p, f := range s.files {
-		if f.err != nil {
-			out[p] = f.err
+		if err := errors.Join(append([]error{f.err}, f.refused...)...); err != nil {
+			out[p] = err
 		}
 	}
 	return out
@@ -229,7 +235,7 @@ func (s *Source) load(path string, info fs.FileInfo, prev *fileState) bool {
 	if err != nil {
 		return false // vanished or unreadable; the next scan decides
 	}
-	objs, ignored, perr := ParseFile(path, data)
+	parsed, perr := ParseFile(path, data, s.o.Limits)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	f := &fileState{size: info.Size(), modTime: info.ModTime()}
@@ -239,22 +245,57 @@ func (s *Source) load(path string, info fs.FileInfo, prev *fileState) bool {
 		if prev != nil {
 			f.objs = prev.objs
 		}
-		f.err = perr
+		f.err, f.refused = perr, prev.refusedOrNil()
 		if prev == nil || prev.err == nil || prev.err.Error() != perr.Error() {
 			s.o.Logger.Error("state file does not parse; keeping its last good objects", "path", path, "err", perr)
 		}
 		s.files[path] = f
 		return false
 	}
-	for _, ig := range ignored {
+	for _, ig := range parsed.Ignored {
 		s.o.Logger.Debug("ignoring object of unused kind", "path", path, "line", ig.Line, "apiVersion", ig.APIVersion, "kind", ig.Kind, "name", ig.Name)
 	}
 	if prev != nil && prev.err != nil {
 		s.o.Logger.Info("state file parses again", "path", path)
 	}
-	f.objs = objs
+	f.objs = s.keepRefused(path, parsed, prev)
+	f.refused = make([]error, len(parsed.Refused))
+	for i, r := range parsed.Refused {
+		f.refused[i] = r.Err
+	}
 	s.files[path] = f
 	return true
+}
+
+func (f *fileState) refusedOrNil() []error {
+	if f == nil {
+		return nil
+	}
+	return f.refused
+}
+
+// keepRefused returns the file's objects with, for each refused one, the
+// version the file last held of it, as the API server keeps the stored
+// object when it refuses an update. A refusal is logged once.
+func (s *Source) keepRefused(path string, parsed Parsed, prev *fileState) []cluster.Object {
+	objs := parsed.Objects
+	for _, r := range parsed.Refused {
+		var kept cluster.Object
+		if prev != nil {
+			for _, o := range prev.objs {
+				if o.Kind() == r.Kind && o.Key() == r.Key {
+					kept = o
+				}
+			}
+		}
+		if kept != nil {
+			objs = append(objs, kept)
+		}
+		if prev == nil || !slices.ContainsFunc(prev.refused, func(e error) bool { return e.Error() == r.Err.Error() }) {
+			s.o.Logger.Error("state file object refused; the rest of the file is used", "path", path, "line", r.Err.Line, "err", r.Err.Err, "keptPrevious", kept != nil)
+		}
+	}
+	return objs
 }
 
 type objID struct {

@@ -7,11 +7,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/cluster/convert"
 )
 
 const nodesYAML = `apiVersion: v1
@@ -81,7 +83,8 @@ const nsJSON = `{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "
 `
 
 func TestParseFile(t *testing.T) {
-	objs, ignored, err := ParseFile("nodes.yaml", []byte(nodesYAML))
+	parsed, err := ParseFile("nodes.yaml", []byte(nodesYAML), convert.Limits{})
+	objs, ignored := parsed.Objects, parsed.Ignored
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +98,8 @@ func TestParseFile(t *testing.T) {
 		t.Errorf("ignored = %+v, want the Deployment at line 24", ignored)
 	}
 
-	objs, _, err = ParseFile("svc.yml", []byte(listYAML))
+	parsed, err = ParseFile("svc.yml", []byte(listYAML), convert.Limits{})
+	objs = parsed.Objects
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +111,8 @@ func TestParseFile(t *testing.T) {
 		t.Errorf("slice = %+v", es)
 	}
 
-	objs, _, err = ParseFile("ns.json", []byte(nsJSON))
+	parsed, err = ParseFile("ns.json", []byte(nsJSON), convert.Limits{})
+	objs = parsed.Objects
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +122,7 @@ func TestParseFile(t *testing.T) {
 }
 
 func TestParseTypedList(t *testing.T) {
-	objs, _, err := ParseFile("es.yaml", []byte(`apiVersion: discovery.k8s.io/v1
+	parsed, err := ParseFile("es.yaml", []byte(`apiVersion: discovery.k8s.io/v1
 kind: EndpointSliceList
 items:
 - apiVersion: discovery.k8s.io/v1
@@ -125,11 +130,11 @@ items:
   metadata: {name: a-1, namespace: x, labels: {kubernetes.io/service-name: a}}
   addressType: IPv4
   endpoints: [{addresses: [10.244.1.7]}]
-`))
+`), convert.Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := keys(objs); !slices.Equal(got, []string{"EndpointSlice x/a-1"}) {
+	if got := keys(parsed.Objects); !slices.Equal(got, []string{"EndpointSlice x/a-1"}) {
 		t.Errorf("objects = %v", got)
 	}
 }
@@ -148,7 +153,11 @@ func TestParseErrorsNameTheLine(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, _, err := ParseFile(tt.path, []byte(tt.data))
+			parsed, err := ParseFile(tt.path, []byte(tt.data), convert.Limits{})
+			if err == nil && len(parsed.Refused) == 1 {
+				// An object that decodes but is invalid is refused alone.
+				err = parsed.Refused[0].Err
+			}
 			var pe *ParseError
 			if !errors.As(err, &pe) {
 				t.Fatalf("err = %v, want a *ParseError", err)
@@ -337,5 +346,113 @@ func TestRunMissingDir(t *testing.T) {
 	src := New(Options{Dir: filepath.Join(t.TempDir(), "nope"), Store: cluster.NewStore()})
 	if err := src.Run(context.Background()); err == nil {
 		t.Fatal("want an error for a missing directory")
+	}
+}
+
+// outOfRangeYAML: a good Service, then three the API server would refuse
+// (port 70000 wrapped to 4464, nodePort 99999 to 34463, and a cluster IP
+// outside the service range took that address over for pods), one of them
+// inside a List.
+const outOfRangeYAML = `apiVersion: v1
+kind: Service
+metadata: {name: good}
+spec: {clusterIP: 10.96.0.20, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: bigport}
+spec: {clusterIP: 10.96.0.21, ports: [{port: 70000}]}
+---
+apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Service
+  metadata: {name: bignodeport, namespace: shop}
+  spec: {type: NodePort, clusterIP: 10.96.0.22, ports: [{port: 80, nodePort: 99999}]}
+- apiVersion: v1
+  kind: Service
+  metadata: {name: outside}
+  spec: {clusterIP: 8.8.8.8, ports: [{port: 53, protocol: UDP}]}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: good-1, labels: {kubernetes.io/service-name: good}}
+  addressType: IPv4
+  ports: [{port: 0}]
+  endpoints: [{addresses: [10.244.1.7]}]
+`
+
+func TestParseRefusesOutOfRangeValuesPerObject(t *testing.T) {
+	parsed, err := ParseFile("svc.yaml", []byte(outOfRangeYAML), convert.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := keys(parsed.Objects); !slices.Equal(got, []string{"Service default/good"}) {
+		t.Errorf("objects %v, want only the good Service", got)
+	}
+	want := []struct {
+		key   string
+		line  int
+		field string
+	}{
+		{"Service default/bigport", 6, "spec.ports[0].port: 70000"},
+		{"Service shop/bignodeport", 14, "spec.ports[0].nodePort: 99999 is outside the node port range 30000-32767"},
+		{"Service default/outside", 18, "spec.clusterIP: 8.8.8.8 is not in the service range 10.96.0.0/12"},
+		{"EndpointSlice default/good-1", 22, "ports[0].port: 0"},
+	}
+	if len(parsed.Refused) != len(want) {
+		t.Fatalf("refused %d objects, want %d: %+v", len(parsed.Refused), len(want), parsed.Refused)
+	}
+	for i, w := range want {
+		r := parsed.Refused[i]
+		if got := r.Kind.String() + " " + r.Key.String(); got != w.key || r.Err.Line != w.line || r.Err.Path != "svc.yaml" || !strings.Contains(r.Err.Error(), w.field) {
+			t.Errorf("refusal %d: %s at %s:%d: %v; want %s at line %d naming %q", i, got, r.Err.Path, r.Err.Line, r.Err, w.key, w.line, w.field)
+		}
+	}
+	// Another service range and node-port range change the verdicts.
+	parsed, err = ParseFile("svc.yaml", []byte(outOfRangeYAML), convert.Limits{
+		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("8.8.8.0/24")}, NodePorts: convert.PortRange{Min: 30000, Max: 99999}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refused []string
+	for _, r := range parsed.Refused {
+		refused = append(refused, r.Key.Name)
+	}
+	// Their 10.96 cluster IPs are now outside the range; 8.8.8.8 and nodePort 99999 are in.
+	if want := []string{"good", "bigport", "bignodeport", "good-1"}; !slices.Equal(refused, want) {
+		t.Errorf("with range 8.8.8.0/24 and node ports 30000-99999: refused %v, want %v", refused, want)
+	}
+}
+
+// TestSourceKeepsTheLastGoodVersionOfARefusedObject: an edit that puts a
+// Service out of range keeps the Service as it was (the API server would
+// have refused the update) while the rest of the file's changes apply.
+func TestSourceKeepsTheLastGoodVersionOfARefusedObject(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "svc.yaml")
+	svc := func(name, ip string, port int) string {
+		return "---\napiVersion: v1\nkind: Service\nmetadata: {name: " + name + "}\nspec: {clusterIP: " + ip + ", ports: [{port: " + strconv.Itoa(port) + "}]}\n"
+	}
+	write(t, path, svc("a", "10.96.0.30", 80)+svc("b", "10.96.0.31", 80))
+	store := cluster.NewStore()
+	src := New(Options{Dir: dir, Store: store, Debounce: 10 * time.Millisecond, Rescan: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go src.Run(ctx)
+	waitFor(t, "sync", func() bool { return len(store.Services()) == 2 })
+	write(t, path, svc("a", "10.96.0.30", 70000)+svc("b", "10.96.0.31", 81)+svc("c", "1.1.1.1", 80))
+	waitFor(t, "b's change", func() bool {
+		b := store.Service(cluster.Key{Namespace: "default", Name: "b"})
+		return b != nil && b.Ports[0].Port == 81
+	})
+	if a := store.Service(cluster.Key{Namespace: "default", Name: "a"}); a == nil || a.Ports[0].Port != 80 {
+		t.Errorf("refused update of a: store holds %+v, want the previous version (port 80)", a)
+	}
+	if c := store.Service(cluster.Key{Namespace: "default", Name: "c"}); c != nil {
+		t.Errorf("new Service with a cluster IP outside the range is in the store: %+v", c)
+	}
+	if err := src.FileErrors()[path]; err == nil || !strings.Contains(err.Error(), "spec.ports[0].port: 70000") || !strings.Contains(err.Error(), "1.1.1.1") {
+		t.Errorf("file errors %v, want both refusals named", err)
 	}
 }

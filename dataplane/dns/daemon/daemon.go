@@ -24,6 +24,7 @@ import (
 
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/cluster/kube"
+	"github.com/podnet/podnet/dataplane/cluster/convert"
 	"github.com/podnet/podnet/dataplane/cluster/statedir"
 	"github.com/podnet/podnet/dataplane/dns"
 )
@@ -45,6 +46,8 @@ type Config struct {
 	// in-cluster config when Kubeconfig is empty too).
 	StateDir   string
 	Kubeconfig string
+	// StateLimits are what StateDir's Services are checked against.
+	StateLimits convert.Limits
 
 	MetricsAddress, HealthAddress, ReadyAddress string
 }
@@ -99,7 +102,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// server is away); the state dir is never stale.
 	stale := func() error { return nil }
 	if cfg.StateDir != "" {
-		runSource = statedir.New(statedir.Options{Dir: cfg.StateDir, Store: store, Logger: log.With("source", "state-dir")}).Run
+		runSource = statedir.New(statedir.Options{Dir: cfg.StateDir, Store: store, Limits: cfg.StateLimits, Logger: log.With("source", "state-dir")}).Run
 	} else {
 		kc, err := kube.ClientConfig(cfg.Kubeconfig)
 		if err != nil {
