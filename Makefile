@@ -22,6 +22,7 @@ bin/podnet: FORCE
 	$(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/cni-plugin
 # The CNI reference loopback plugin: container runtimes run it for every pod
 # sandbox, and `podnet install` installs it beside podnet when a node has none.
+# It is a tool in go.mod, so `go mod tidy` keeps what it needs in go.sum.
 bin/loopback: FORCE
 	$(GO) build $(GOFLAGS_BUILD) -o $@ github.com/containernetworking/plugins/plugins/main/loopback
 bin/proxyd: FORCE

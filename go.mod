@@ -60,6 +60,7 @@ require (
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/opencontainers/go-digest v1.0.0 // indirect
 	github.com/opencontainers/image-spec v1.1.1 // indirect
+	github.com/pkg/errors v0.9.1 // indirect
 	github.com/pmezard/go-difflib v1.0.1-0.20181226105442-5d4384ee4fb2 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/vbatts/tar-split v0.12.1 // indirect
@@ -87,5 +88,6 @@ require (
 
 tool (
 	github.com/cilium/ebpf/cmd/bpf2go
+	github.com/containernetworking/plugins/plugins/main/loopback
 	honnef.co/go/tools/cmd/staticcheck
 )
