@@ -14,8 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"net/netip"
 	"reflect"
 	"sync"
@@ -29,10 +27,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/podnet/podnet/dataplane/app"
 	"github.com/podnet/podnet/dataplane/cluster"
-	"github.com/podnet/podnet/dataplane/cluster/kube"
 	"github.com/podnet/podnet/dataplane/cluster/convert"
-	"github.com/podnet/podnet/dataplane/cluster/statedir"
 	"github.com/podnet/podnet/dataplane/health"
 	"github.com/podnet/podnet/dataplane/hostnet"
 	"github.com/podnet/podnet/dataplane/ipt"
@@ -72,7 +69,9 @@ type Options struct {
 	// ServiceProxy is the Service proxy run beside the node network; nil:
 	// none. Its IPTables and sync periods are the agent's.
 	ServiceProxy *proxy.ServiceOptions
-	Logger       *slog.Logger
+	// Kernel replaces parts of the node's kernel (tests); nil: the real one.
+	Kernel *Kernel
+	Logger *slog.Logger
 }
 
 // Validate names the first option that is wrong.
@@ -115,6 +114,70 @@ const (
 	componentNetwork = "node-network"
 )
 
+// Kernel is what the agent reads and changes on the node. Run uses the
+// real thing for every field left nil; tests pass fakes.
+type Kernel struct {
+	Routes   routing.Kernel
+	IPTables hostnet.IPTables
+	Sysctl   hostnet.Sysctl
+	Modprobe hostnet.Modprobe
+	// Links lists the node's interfaces with their IPv4 addresses (where
+	// the underlay is found).
+	Links func() ([]Link, error)
+	// Watch signals changes to podnet's routes, neighbours and device
+	// until ctx ends (routing.Watch).
+	Watch func(ctx context.Context, changed chan<- struct{}) error
+}
+
+// Link is one of the node's interfaces.
+type Link struct {
+	Name  string
+	MTU   int
+	Addrs []netip.Prefix // IPv4
+}
+
+// kernel fills k's nil fields with the real kernel; close releases what
+// it opened.
+func (o Options) kernel() (k Kernel, close func(), err error) {
+	if o.Kernel != nil {
+		k = *o.Kernel
+	}
+	close = func() {}
+	if k.Routes == nil || k.Links == nil {
+		h, err := netlink.NewHandle()
+		if err != nil {
+			return k, close, fmt.Errorf("open netlink: %w", err)
+		}
+		close = h.Close
+		if k.Routes == nil {
+			k.Routes = routing.NewNetlinkKernel(h)
+		}
+		if k.Links == nil {
+			k.Links = func() ([]Link, error) { return netlinkLinks(h) }
+		}
+	}
+	if k.IPTables == nil {
+		chains, err := o.IPTables.Chains()
+		if err != nil {
+			close()
+			return k, func() {}, fmt.Errorf("iptables: %w", err)
+		}
+		k.IPTables = chains
+	}
+	if k.Sysctl == nil {
+		k.Sysctl = hostnet.ProcSysctl{}
+	}
+	if k.Modprobe == nil {
+		k.Modprobe = hostnet.ExecModprobe
+	}
+	if k.Watch == nil {
+		k.Watch = func(ctx context.Context, changed chan<- struct{}) error {
+			return routing.Watch(ctx, netns.None(), routing.DefaultDevice, changed)
+		}
+	}
+	return k, close, nil
+}
+
 // Run runs the agent until ctx ends.
 func Run(ctx context.Context, o Options) error {
 	if err := o.Validate(); err != nil {
@@ -124,127 +187,67 @@ func Run(ctx context.Context, o Options) error {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	log := o.Logger
+	if o.IPTables.Backend == "" && (o.Kernel == nil || o.Kernel.IPTables == nil) {
+		o.IPTables.Backend = ipt.Detect()
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	checker := health.NewChecker()
 	checker.Set(componentState, errors.New("cluster state not loaded yet"))
 	checker.Set(componentNetwork, errors.New("node network not synced yet"))
 
-	store := cluster.NewStore()
-	var (
-		runSource  func(context.Context) error
-		stale      = func() error { return nil }
-		fileErrors func() int
-		client     kubernetes.Interface
-	)
+	src, err := app.NewSource(app.SourceOptions{StateDir: o.StateDir, StateLimits: o.StateLimits, Kube: o.Kube, Logger: log})
+	if err != nil {
+		return err
+	}
+	var client kubernetes.Interface
 	if o.Kube != nil {
-		src := kube.New(kube.Options{Config: o.Kube, Store: store, Logger: log.With("component", "kube")})
-		runSource, stale = src.Run, src.Err
-		var err error
 		if client, err = kubernetes.NewForConfig(o.Kube); err != nil {
 			return fmt.Errorf("kubernetes client: %w", err)
 		}
-	} else {
-		src := statedir.New(statedir.Options{Dir: o.StateDir, Store: store, Limits: o.StateLimits, Logger: log.With("component", "statedir")})
-		runSource = src.Run
-		fileErrors = func() int { return len(src.FileErrors()) }
 	}
-
-	h, err := netlink.NewHandle()
+	k, closeKernel, err := o.kernel()
 	if err != nil {
-		return fmt.Errorf("open netlink: %w", err)
+		return err
 	}
-	defer h.Close()
-	if o.IPTables.Backend == "" {
-		o.IPTables.Backend = ipt.Detect()
-	}
-	chains, err := o.IPTables.Chains()
-	if err != nil {
-		return fmt.Errorf("iptables: %w", err)
-	}
+	defer closeKernel()
 	n := &nodeNet{
 		o:      o,
 		log:    log.With("component", "node-network"),
-		store:  store,
+		store:  src.Store,
 		health: checker,
 		underlay: func(ip netip.Addr) (underlay, error) {
-			return findUnderlay(h, o.Iface, ip)
+			links, err := k.Links()
+			if err != nil {
+				return underlay{}, fmt.Errorf("list links: %w", err)
+			}
+			return findUnderlay(links, o.Iface, ip)
 		},
-		rec:     &routing.Reconciler{Kernel: routing.NewNetlinkKernel(h), Device: routing.DefaultDevice},
-		ipt:     chains,
-		sysctl:  hostnet.ProcSysctl{},
-		mod:     hostnet.ExecModprobe,
-		metrics: newMetrics(reg, fileErrors),
+		rec:     &routing.Reconciler{Kernel: k.Routes, Device: routing.DefaultDevice},
+		ipt:     k.IPTables,
+		sysctl:  k.Sysctl,
+		mod:     k.Modprobe,
+		watch:   k.Watch,
+		metrics: newMetrics(reg, src.FileErrors),
 	}
 	if client != nil {
 		n.routed = make(chan struct{})
 	}
 
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	errc := make(chan error, 8)
-	goRun := func(name string, f func(context.Context) error) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := f(ctx); err != nil && ctx.Err() == nil {
-				errc <- fmt.Errorf("%s: %w", name, err)
-			}
-		}()
-	}
+	g := app.NewGroup(ctx)
 	// Listen before anything else so a port conflict fails at start.
-	for _, srv := range []struct {
-		name, addr, path string
-		h                http.Handler
-	}{
-		{"healthz", o.HealthzAddr, "/healthz", checker},
-		{"metrics", o.MetricsAddr, "/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})},
-	} {
-		if srv.addr == "" {
-			continue
-		}
-		ln, err := net.Listen("tcp", srv.addr)
-		if err != nil {
-			return fmt.Errorf("listen %s on %s: %w", srv.name, srv.addr, err)
-		}
-		mux := http.NewServeMux()
-		mux.Handle(srv.path, srv.h)
-		s := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		goRun(srv.name, func(ctx context.Context) error {
-			go func() { <-ctx.Done(); s.Close() }()
-			if err := s.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			return nil
-		})
-		log.Info("serving", "what", srv.name, "addr", ln.Addr().String())
+	if err := app.Serve(g, log,
+		app.Endpoint{Name: "healthz", Addr: o.HealthzAddr, Path: "/healthz", Handler: checker},
+		app.Endpoint{Name: "metrics", Addr: o.MetricsAddr, Path: "/metrics", Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})},
+	); err != nil {
+		return err
 	}
-
-	goRun("cluster state", runSource)
-	goRun("state sync", func(ctx context.Context) error {
-		select {
-		case <-store.Synced():
-			checker.Set(componentState, nil)
-			log.Info("cluster state loaded", "dir", o.StateDir, "nodes", len(store.Nodes()), "services", len(store.Services()))
-		case <-ctx.Done():
-			return nil
-		}
-		// The last known state keeps being served while the API server is
-		// away; /healthz says since when it is stale.
-		tick := time.NewTicker(time.Second)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-tick.C:
-				checker.Set(componentState, stale())
-			}
-		}
+	g.Go("cluster state", src.Run)
+	g.Go("state sync", func(ctx context.Context) error {
+		return watchState(ctx, src, checker, log)
 	})
 	if o.AllocateNodeCIDRs {
-		goRun("podCIDR allocation", func(ctx context.Context) error {
+		g.Go("podCIDR allocation", func(ctx context.Context) error {
 			return retry(ctx, log, "claim a podCIDR", func() error {
 				p, err := podcidr.Ensure(ctx, podcidr.Options{Client: client, NodeName: o.NodeName, ClusterCIDR: o.ClusterCIDR})
 				if err == nil {
@@ -255,7 +258,7 @@ func Run(ctx context.Context, o Options) error {
 		})
 	}
 	if client != nil {
-		goRun("node status", func(ctx context.Context) error {
+		g.Go("node status", func(ctx context.Context) error {
 			select {
 			case <-n.routed:
 			case <-ctx.Done():
@@ -266,24 +269,38 @@ func Run(ctx context.Context, o Options) error {
 			})
 		})
 	}
-	goRun("node network", n.run)
+	g.Go("node network", n.run)
 	if o.ServiceProxy != nil {
 		sp := *o.ServiceProxy
 		sp.Config.IPTables = o.IPTables
 		sp.SyncPeriod, sp.MinSyncPeriod = o.SyncPeriod, o.MinSyncPeriod
-		goRun("service proxy", func(ctx context.Context) error {
-			return proxy.RunService(ctx, sp, proxy.Env{Store: store, Health: checker, Metrics: reg, Logger: log.With("component", "service-proxy")})
+		g.Go("service proxy", func(ctx context.Context) error {
+			return proxy.RunService(ctx, sp, proxy.Env{Store: src.Store, Health: checker, Metrics: reg, Logger: log.With("component", "service-proxy")})
 		})
 	}
+	return g.Wait()
+}
 
+// watchState reports the cluster state's health: not loaded until the
+// source has delivered it all, then stale while the API server is away
+// (the last known state keeps being served).
+func watchState(ctx context.Context, src app.Source, checker *health.Checker, log *slog.Logger) error {
 	select {
+	case <-src.Store.Synced():
+		checker.Set(componentState, nil)
+		log.Info("cluster state loaded", "nodes", len(src.Store.Nodes()), "services", len(src.Store.Services()))
 	case <-ctx.Done():
-		wg.Wait()
 		return nil
-	case err := <-errc:
-		cancel()
-		wg.Wait()
-		return err
+	}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+			checker.Set(componentState, src.Stale())
+		}
 	}
 }
 
@@ -298,7 +315,9 @@ type nodeNet struct {
 	ipt      hostnet.IPTables
 	sysctl   hostnet.Sysctl
 	mod      hostnet.Modprobe
-	metrics  *metrics
+	// watch signals netlink changes; nil: none (the periodic resync only).
+	watch   func(ctx context.Context, changed chan<- struct{}) error
+	metrics *metrics
 
 	lastPlan    string
 	lastProblem string
@@ -342,11 +361,13 @@ func (n *nodeNet) run(ctx context.Context) error {
 		}
 	})
 	netlinkChanged := make(chan struct{}, 1)
-	go func() {
-		if err := routing.Watch(ctx, netns.None(), routing.DefaultDevice, netlinkChanged); err != nil && ctx.Err() == nil {
-			n.log.Warn("netlink watch failed; relying on the periodic resync", "err", err)
-		}
-	}()
+	if n.watch != nil {
+		go func() {
+			if err := n.watch(ctx, netlinkChanged); err != nil && ctx.Err() == nil {
+				n.log.Warn("netlink watch failed; relying on the periodic resync", "err", err)
+			}
+		}()
+	}
 	go func() {
 		for {
 			select {
@@ -397,24 +418,14 @@ type underlay struct {
 
 // findUnderlay finds the interface holding ip (only iface, if set), its
 // subnet and MTU.
-func findUnderlay(h *netlink.Handle, iface string, ip netip.Addr) (underlay, error) {
-	links, err := h.LinkList()
-	if err != nil {
-		return underlay{}, fmt.Errorf("list links: %w", err)
-	}
+func findUnderlay(links []Link, iface string, ip netip.Addr) (underlay, error) {
 	for _, l := range links {
-		if iface != "" && l.Attrs().Name != iface {
+		if iface != "" && l.Name != iface {
 			continue
 		}
-		addrs, err := h.AddrList(l, netlink.FAMILY_V4)
-		if err != nil {
-			continue
-		}
-		for _, a := range addrs {
-			got, _ := netip.AddrFromSlice(a.IP)
-			if got.Unmap() == ip {
-				ones, _ := a.Mask.Size()
-				return underlay{iface: l.Attrs().Name, subnet: netip.PrefixFrom(ip, ones).Masked(), mtu: l.Attrs().MTU}, nil
+		for _, a := range l.Addrs {
+			if a.Addr() == ip {
+				return underlay{iface: l.Name, subnet: a.Masked(), mtu: l.MTU}, nil
 			}
 		}
 	}
@@ -422,6 +433,30 @@ func findUnderlay(h *netlink.Handle, iface string, ip netip.Addr) (underlay, err
 		return underlay{}, fmt.Errorf("--iface %s does not hold the node's InternalIP %s", iface, ip)
 	}
 	return underlay{}, fmt.Errorf("no interface holds the node's InternalIP %s (set --iface)", ip)
+}
+
+// netlinkLinks lists the links and their IPv4 addresses; a link whose
+// addresses cannot be read is listed without them.
+func netlinkLinks(h *netlink.Handle) ([]Link, error) {
+	links, err := h.LinkList()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Link, 0, len(links))
+	for _, l := range links {
+		link := Link{Name: l.Attrs().Name, MTU: l.Attrs().MTU}
+		addrs, _ := h.AddrList(l, netlink.FAMILY_V4)
+		for _, a := range addrs {
+			ip, ok := netip.AddrFromSlice(a.IP)
+			if !ok {
+				continue
+			}
+			ones, _ := a.Mask.Size()
+			link.Addrs = append(link.Addrs, netip.PrefixFrom(ip.Unmap(), ones))
+		}
+		out = append(out, link)
+	}
+	return out, nil
 }
 
 func (n *nodeNet) syncOnce() error {

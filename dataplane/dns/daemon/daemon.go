@@ -15,17 +15,16 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/podnet/podnet/dataplane/app"
 	"github.com/podnet/podnet/dataplane/cluster"
-	"github.com/podnet/podnet/dataplane/cluster/kube"
 	"github.com/podnet/podnet/dataplane/cluster/convert"
-	"github.com/podnet/podnet/dataplane/cluster/statedir"
+	"github.com/podnet/podnet/dataplane/cluster/kube"
 	"github.com/podnet/podnet/dataplane/dns"
 )
 
@@ -93,16 +92,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-
-	store := cluster.NewStore()
-	var runSource func(context.Context) error
-	// stale reports why the cluster state may be out of date (the API
-	// server is away); the state dir is never stale.
-	stale := func() error { return nil }
+	var so app.SourceOptions
 	if cfg.StateDir != "" {
-		runSource = statedir.New(statedir.Options{Dir: cfg.StateDir, Store: store, Limits: cfg.StateLimits, Logger: log.With("source", "state-dir")}).Run
+		so = app.SourceOptions{StateDir: cfg.StateDir, StateLimits: cfg.StateLimits, Logger: log}
 	} else {
 		kc, err := kube.ClientConfig(cfg.Kubeconfig)
 		if err != nil {
@@ -115,9 +107,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		if cfg.Zone.Pods == dns.PodsVerified {
 			kinds = append(kinds, cluster.KindPod)
 		}
-		src := kube.New(kube.Options{Config: kc, Store: store, Kinds: kinds, Logger: log.With("source", "kubernetes")})
-		runSource, stale = src.Run, src.Err
+		so = app.SourceOptions{Kube: kc, Kinds: kinds, Logger: log}
 	}
+	src, err := app.NewSource(so)
+	if err != nil {
+		return err
+	}
+	store := src.Store
 	zone := dns.NewZone(store, cfg.Zone)
 
 	var ups []netip.AddrPort
@@ -166,47 +162,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	metrics := dns.NewMetrics(reg, zone, cache, fwd)
 	srv := dns.NewServer(dns.ServerOptions{Listen: cfg.Listen, Zone: zone, Forwarder: fwd, Cache: cache, Metrics: metrics})
 
-	var (
-		wg       sync.WaitGroup
-		errOnce  sync.Once
-		firstErr error
-		serving  = make(chan dns.Listening, 1)
-		up       = make(chan struct{})
-	)
-	fail := func(err error) {
-		if err != nil && ctx.Err() == nil {
-			errOnce.Do(func() { firstErr = err })
-			cancel()
-		}
-	}
-	wg.Go(func() { fail(runSource(ctx)) })
-	wg.Go(func() { zone.Run(ctx) })
-	wg.Go(func() { fwd.Run(ctx) })
-	wg.Go(func() { fail(srv.Run(ctx, serving)) })
-	wg.Go(func() {
-		// Loading the state leaves parse garbage behind; once the index is
-		// built, give that memory back rather than carry it in RSS.
-		t := time.NewTicker(50 * time.Millisecond)
-		defer t.Stop()
-		for !zone.Synced() {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-		}
-		runtime.GC()
-		debug.FreeOSMemory()
-	})
-	wg.Go(func() {
-		select {
-		case l := <-serving:
-			log.Info("serving DNS", "udp", fmt.Sprint(l.UDP), "tcp", fmt.Sprint(l.TCP))
-			close(up)
-		case <-ctx.Done():
-		}
-	})
-
+	g := app.NewGroup(ctx)
+	up := make(chan struct{})
 	ready := func() error {
 		select {
 		case <-up:
@@ -217,41 +174,54 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return errors.New("cluster state not synced yet")
 		}
 		// Still answering from the last known state, but say so.
-		return stale()
+		return src.Stale()
 	}
-	httpServe := func(addr string, h http.Handler) {
-		if addr == "" {
-			return
-		}
-		hs := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
-		wg.Go(func() {
-			<-ctx.Done()
-			hs.Close()
-		})
-		wg.Go(func() {
-			if err := hs.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				fail(fmt.Errorf("serve %s: %w", addr, err))
+	// Listen before anything else so a port conflict fails at start.
+	if err := app.Serve(g, log,
+		app.Endpoint{Name: "metrics", Addr: cfg.MetricsAddress, Path: "/metrics", Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})},
+		app.Endpoint{Name: "health", Addr: cfg.HealthAddress, Path: "/health", Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "OK") })},
+		app.Endpoint{Name: "ready", Addr: cfg.ReadyAddress, Path: "/ready", Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			if err := ready(); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
 			}
-		})
+			fmt.Fprintln(w, "OK")
+		})},
+	); err != nil {
+		return err
 	}
-	metricsMux := http.NewServeMux()
-	metricsMux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	httpServe(cfg.MetricsAddress, metricsMux)
-	healthMux := http.NewServeMux()
-	healthMux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "OK") })
-	httpServe(cfg.HealthAddress, healthMux)
-	readyMux := http.NewServeMux()
-	readyMux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) {
-		if err := ready(); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "OK")
-	})
-	httpServe(cfg.ReadyAddress, readyMux)
 
-	wg.Wait()
-	return firstErr
+	serving := make(chan dns.Listening, 1)
+	g.Go("cluster state", src.Run)
+	g.Go("zone", func(ctx context.Context) error { zone.Run(ctx); return nil })
+	g.Go("forwarder", func(ctx context.Context) error { fwd.Run(ctx); return nil })
+	g.Go("dns server", func(ctx context.Context) error { return srv.Run(ctx, serving) })
+	g.Go("free load garbage", func(ctx context.Context) error {
+		// Loading the state leaves parse garbage behind; once the index is
+		// built, give that memory back rather than carry it in RSS.
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for !zone.Synced() {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+			}
+		}
+		runtime.GC()
+		debug.FreeOSMemory()
+		return nil
+	})
+	g.Go("listening", func(ctx context.Context) error {
+		select {
+		case l := <-serving:
+			log.Info("serving DNS", "udp", fmt.Sprint(l.UDP), "tcp", fmt.Sprint(l.TCP))
+			close(up)
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	return g.Wait()
 }
 
 func rejectedOf(f *dns.Forwarder) []error {

@@ -1,0 +1,181 @@
+package agent
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/hostnet"
+	"github.com/podnet/podnet/dataplane/nodeconfig"
+	"github.com/podnet/podnet/dataplane/proxy"
+	"github.com/podnet/podnet/dataplane/routing"
+)
+
+const twoNodes = `apiVersion: v1
+kind: Node
+metadata: {name: node1}
+spec: {podCIDR: 10.244.1.0/24}
+status:
+  addresses: [{type: InternalIP, address: 192.168.10.11}]
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node2}
+spec: {podCIDR: 10.244.2.0/24}
+status:
+  addresses: [{type: InternalIP, address: 192.168.10.12}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.20
+  ports: [{port: 80, protocol: TCP}]
+`
+
+// recordingBackend counts the Services of each sync.
+type recordingBackend struct {
+	mu    sync.Mutex
+	syncs []int
+}
+
+func (b *recordingBackend) Sync(ports map[cluster.Key][]*proxy.ServicePort, _ map[cluster.Key]bool, _ bool) (proxy.SyncResult, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.syncs = append(b.syncs, len(ports))
+	return proxy.SyncResult{}, nil
+}
+
+func (b *recordingBackend) synced() []int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]int(nil), b.syncs...)
+}
+
+// fakeKernel is a whole node kernel of fakes: node1 on eth0.
+func fakeKernel() (*Kernel, *routing.FakeKernel, *hostnet.FakeIPTables) {
+	k := routing.NewFakeKernel(map[string]netip.Prefix{"eth0": netip.MustParsePrefix("192.168.10.0/24")})
+	ipt := hostnet.NewFakeIPTables()
+	return &Kernel{
+		Routes:   k,
+		IPTables: ipt,
+		Sysctl:   fakeSysctl{"net/ipv4/ip_forward": "0", "net/bridge/bridge-nf-call-iptables": "0"},
+		Modprobe: func(string) error { return nil },
+		Links: func() ([]Link, error) {
+			return []Link{{Name: "lo", MTU: 65536, Addrs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/8")}},
+				{Name: "eth0", MTU: 1500, Addrs: []netip.Prefix{netip.MustParsePrefix("192.168.10.11/24")}}}, nil
+		},
+		Watch: func(ctx context.Context, _ chan<- struct{}) error { <-ctx.Done(); return nil },
+	}, k, ipt
+}
+
+func runOptions(t *testing.T, kernel *Kernel) Options {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "cluster.yaml"), []byte(twoNodes), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return Options{
+		NodeName: "node1", StateDir: dir, ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"),
+		Backend: routing.BackendHostGW, VXLANVNI: 1, VXLANPort: 8472,
+		NodeConfigPath: filepath.Join(t.TempDir(), "node.json"), Masquerade: true,
+		SyncPeriod: time.Minute, MinSyncPeriod: 10 * time.Millisecond, Kernel: kernel,
+	}
+}
+
+// TestRunWiresTheNode runs the whole agent on fakes: from the state
+// directory to the node config, the route to node2, podnet's chains, the
+// sysctls and a Service proxy that sees the Service.
+func TestRunWiresTheNode(t *testing.T) {
+	kernel, routes, ipt := fakeKernel()
+	o := runOptions(t, kernel)
+	b := &recordingBackend{}
+	fake := proxy.Mode{Name: "fake", New: func(proxy.Config) (proxy.Backend, error) { return b, nil }}
+	o.ServiceProxy = &proxy.ServiceOptions{Mode: fake, Modes: proxy.Modes{fake}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, o) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		cfg, err := nodeconfig.Read(o.NodeConfigPath)
+		if err == nil {
+			if cfg.PodCIDR != netip.MustParsePrefix("10.244.1.0/24") || cfg.MTU != 1500 {
+				t.Errorf("node config %+v", cfg)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no node config: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for len(b.synced()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if s := b.synced(); len(s) == 0 || s[0] != 1 {
+		t.Errorf("service proxy syncs %v, want a first one with the Service", s)
+	}
+	if d := routes.Dump(); !strings.Contains(d, "route 10.244.2.0/24 via 192.168.10.12 dev eth0") {
+		t.Errorf("no route to node2:\n%s", d)
+	}
+	if d := ipt.Dump(); !strings.Contains(d, hostnet.ChainPostrouting) {
+		t.Errorf("no podnet chains:\n%s", d)
+	}
+	if s := kernel.Sysctl.(fakeSysctl); s["net/ipv4/ip_forward"] != "1" {
+		t.Errorf("sysctls %v", s)
+	}
+}
+
+// TestRunFailsOnBusyPortBeforeTouchingTheNode: a taken /healthz port
+// fails Run at once, with nothing written to the kernel.
+func TestRunFailsOnBusyPortBeforeTouchingTheNode(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	kernel, routes, ipt := fakeKernel()
+	o := runOptions(t, kernel)
+	o.HealthzAddr = ln.Addr().String()
+	err = Run(context.Background(), o)
+	if err == nil || !strings.Contains(err.Error(), "listen healthz on "+o.HealthzAddr) {
+		t.Fatalf("err = %v, want one naming the endpoint and address", err)
+	}
+	if routes.Mutations != 0 || ipt.Writes != 0 {
+		t.Errorf("%d route and %d iptables changes before failing", routes.Mutations, ipt.Writes)
+	}
+	if _, err := os.Stat(o.NodeConfigPath); !os.IsNotExist(err) {
+		t.Errorf("node config written: %v", err)
+	}
+}
+
+func TestFindUnderlay(t *testing.T) {
+	links := []Link{
+		{Name: "lo", MTU: 65536, Addrs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/8")}},
+		{Name: "eth0", MTU: 9000, Addrs: []netip.Prefix{netip.MustParsePrefix("10.0.0.5/16"), netip.MustParsePrefix("192.168.10.11/24")}},
+	}
+	ip := netip.MustParseAddr("192.168.10.11")
+	u, err := findUnderlay(links, "", ip)
+	if err != nil || u != (underlay{iface: "eth0", subnet: netip.MustParsePrefix("192.168.10.0/24"), mtu: 9000}) {
+		t.Errorf("findUnderlay = %+v, %v", u, err)
+	}
+	if _, err := findUnderlay(links, "lo", ip); err == nil || !strings.Contains(err.Error(), "--iface lo does not hold") {
+		t.Errorf("wrong --iface: err = %v", err)
+	}
+	if _, err := findUnderlay(links, "", netip.MustParseAddr("192.168.10.99")); err == nil || !strings.Contains(err.Error(), "set --iface") {
+		t.Errorf("no interface: err = %v", err)
+	}
+}
