@@ -285,15 +285,25 @@ func Run(ctx context.Context, o Options) error {
 // source has delivered it all, then stale while the API server is away
 // (the last known state keeps being served).
 func watchState(ctx context.Context, src app.Source, checker *health.Checker, log *slog.Logger) error {
-	select {
-	case <-src.Store.Synced():
-		checker.Set(componentState, nil)
-		log.Info("cluster state loaded", "nodes", len(src.Store.Nodes()), "services", len(src.Store.Services()))
-	case <-ctx.Done():
-		return nil
-	}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	// Until the state is loaded nothing is programmed (the kernel keeps
+	// what an earlier run left); /healthz says why.
+wait:
+	for {
+		select {
+		case <-src.Store.Synced():
+			checker.Set(componentState, nil)
+			log.Info("cluster state loaded", "nodes", len(src.Store.Nodes()), "services", len(src.Store.Services()))
+			break wait
+		case <-tick.C:
+			if err := src.Stale(); err != nil {
+				checker.Set(componentState, fmt.Errorf("cluster state not loaded yet, kernel rules left as they are: %w", err))
+			}
+		case <-ctx.Done():
+			return nil
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():

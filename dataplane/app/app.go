@@ -41,7 +41,8 @@ type Source struct {
 	// Run feeds Store until ctx ends.
 	Run func(context.Context) error
 	// Stale says why the state may be out of date (the API server is
-	// away); nil when it is current. The state dir is never stale.
+	// away) or, before the Store is synced, why it is not loaded yet (a
+	// state file that cannot be read whole); nil when it is current.
 	Stale func() error
 	// FileErrors counts the state files that do not parse; nil for the
 	// API server.
@@ -57,7 +58,7 @@ func NewSource(o SourceOptions) (Source, error) {
 	store := cluster.NewStore()
 	if o.StateDir != "" {
 		src := statedir.New(statedir.Options{Dir: o.StateDir, Store: store, Limits: o.StateLimits, Logger: o.Logger.With("source", "state-dir")})
-		return Source{Store: store, Run: src.Run, Stale: func() error { return nil },
+		return Source{Store: store, Run: src.Run, Stale: src.Err,
 			FileErrors: func() int { return len(src.FileErrors()) }}, nil
 	}
 	if o.Kube == nil {

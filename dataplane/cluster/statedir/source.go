@@ -10,9 +10,19 @@
 // changed; a periodic rescan comparing size and mtime catches anything the
 // watcher missed (overflowed queues, directories created between watch
 // and walk).
+//
+// Nothing half-read is believed: a file that cannot be read or parsed whole
+// keeps its last good objects; the Store is marked synced only once every
+// file has been read and parsed whole (until then dnsd answers SERVFAIL and
+// proxyd leaves the kernel alone, rather than drop the Services of a file
+// that is briefly unreadable); and a file rewritten in place that shrinks
+// to a prefix of itself (an editor or `>` truncating before it writes) is
+// believed only once it has stayed so for Settle. A file replaced by rename
+// is believed at once.
 package statedir
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -24,6 +34,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -45,6 +56,9 @@ type Options struct {
 	Debounce time.Duration
 	// Rescan is the period of the safety-net rescan. Default 5 s.
 	Rescan time.Duration
+	// Settle is how long a file that shrank in place to a prefix of itself
+	// (empty included) must stay so before it is believed. Default 2 s.
+	Settle time.Duration
 	// Limits are the API server settings objects are checked against
 	// (--service-cluster-ip-range, --service-node-port-range); the zero
 	// value means kube-apiserver's defaults.
@@ -55,17 +69,30 @@ type Options struct {
 type Source struct {
 	o Options
 
-	mu    sync.Mutex
-	files map[string]*fileState // by path
-	dups  string                // last duplicate report, to warn only on change
+	now func() time.Time
+
+	mu     sync.Mutex
+	files  map[string]*fileState // by path
+	dups   string                // last duplicate report, to warn only on change
+	synced bool
+	// unread is why the last scan before sync could not read everything.
+	unread error
 }
 
 type fileState struct {
 	size    int64
 	modTime time.Time
+	ino     uint64
 	objs    []cluster.Object // last successfully parsed
-	err     error            // current parse error, if any
+	err     error            // current read or parse error, if any
 	refused []error          // objects of the last parse that were refused
+	// data is the content objs came from; parsed is false until the file
+	// was once read and parsed whole.
+	data   []byte
+	parsed bool
+	// shrunkSince is when the file was first seen shrunk in place to the
+	// size and mtime above: not believed before Settle has passed.
+	shrunkSince time.Time
 }
 
 // New returns a Source; nothing happens until Run.
@@ -82,7 +109,10 @@ func New(o Options) *Source {
 	if o.Rescan <= 0 {
 		o.Rescan = 5 * time.Second
 	}
-	return &Source{o: o, files: make(map[string]*fileState)}
+	if o.Settle <= 0 {
+		o.Settle = 2 * time.Second
+	}
+	return &Source{o: o, now: time.Now, files: make(map[string]*fileState)}
 }
 
 // FileErrors returns the current parse error of every file that has one.
@@ -98,9 +128,23 @@ func (s *Source) FileErrors() map[string]error {
 	return out
 }
 
-// Run loads the directory, fills the Store, marks it synced and then keeps
-// it current until ctx ends. A missing directory is an error; an empty one
-// is an empty cluster.
+// Err says why the Store is not synced yet (files that could not be read or
+// parsed whole); nil once it is.
+func (s *Source) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.synced {
+		return nil
+	}
+	if s.unread != nil {
+		return s.unread
+	}
+	return errors.New("state directory not read yet")
+}
+
+// Run loads the directory, fills the Store, marks it synced once every
+// file was read whole, and keeps it current until ctx ends. A missing
+// directory is an error; an empty one is an empty cluster.
 func (s *Source) Run(ctx context.Context) error {
 	if st, err := os.Stat(s.o.Dir); err != nil {
 		return fmt.Errorf("state directory: %w", err)
@@ -115,21 +159,38 @@ func (s *Source) Run(ctx context.Context) error {
 
 	// Watches go in before the first scan so nothing written in between is
 	// missed.
-	s.scan(w, nil)
-	s.o.Store.MarkSynced()
-
 	ticker := time.NewTicker(s.o.Rescan)
 	defer ticker.Stop()
 	var (
 		dirty    = make(map[string]bool)
 		debounce = time.NewTimer(time.Hour)
+		settle   = time.NewTimer(time.Hour)
 		pending  bool
 	)
 	debounce.Stop()
+	settle.Stop()
+	scan := func(dirty map[string]bool) {
+		if next := s.scan(w, dirty); !next.IsZero() {
+			settle.Reset(next.Sub(s.now()))
+		}
+	}
+	scan(nil)
+	// Until synced, a file that could not be read is retried at the
+	// debounce period rather than the rescan's.
+	retry := time.NewTicker(max(s.o.Debounce, 100*time.Millisecond))
+	defer retry.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-retry.C:
+			if s.Err() == nil {
+				retry.Stop()
+				continue
+			}
+			scan(nil)
+		case <-settle.C:
+			scan(nil)
 		case ev, ok := <-w.Events:
 			if !ok {
 				return errors.New("state directory watcher closed")
@@ -145,13 +206,13 @@ func (s *Source) Run(ctx context.Context) error {
 			}
 			// An overflow loses events; rescan everything from scratch.
 			s.o.Logger.Warn("state directory watch error; rescanning", "dir", s.o.Dir, "err", err)
-			s.scan(w, nil)
+			scan(nil)
 		case <-debounce.C:
 			pending = false
-			s.scan(w, dirty)
+			scan(dirty)
 			dirty = make(map[string]bool)
 		case <-ticker.C:
-			s.scan(w, nil)
+			scan(nil)
 		}
 	}
 }
@@ -165,17 +226,23 @@ func wanted(name string) bool {
 }
 
 // scan walks the directory, re-parses files that are new, changed (size or
-// mtime) or named in dirty, drops files that are gone, and replaces the
-// Store's contents if anything changed.
-func (s *Source) scan(w *fsnotify.Watcher, dirty map[string]bool) {
+// mtime), waiting to settle, or named in dirty, drops files that are gone,
+// and replaces the Store's contents if anything changed. It marks the Store
+// synced once everything was read whole, and returns when a file waiting to
+// settle is due (zero: none is).
+func (s *Source) scan(w *fsnotify.Watcher, dirty map[string]bool) (settleAt time.Time) {
 	seen := make(map[string]bool)
 	changed := false
+	var walkErrs []error
 	err := filepath.WalkDir(s.o.Dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if path == s.o.Dir {
 				return err
 			}
-			return nil // vanished while walking; the next scan settles it
+			if !errors.Is(err, fs.ErrNotExist) { // vanished while walking: the next scan settles it
+				walkErrs = append(walkErrs, err)
+			}
+			return nil
 		}
 		if d.IsDir() {
 			if path != s.o.Dir && strings.HasPrefix(d.Name(), ".") {
@@ -198,7 +265,7 @@ func (s *Source) scan(w *fsnotify.Watcher, dirty map[string]bool) {
 		s.mu.Lock()
 		f := s.files[path]
 		s.mu.Unlock()
-		if f != nil && !dirty[path] && f.size == info.Size() && f.modTime.Equal(info.ModTime()) {
+		if f != nil && !dirty[path] && f.err == nil && f.shrunkSince.IsZero() && f.size == info.Size() && f.modTime.Equal(info.ModTime()) {
 			return nil
 		}
 		if s.load(path, info, f) {
@@ -207,45 +274,101 @@ func (s *Source) scan(w *fsnotify.Watcher, dirty map[string]bool) {
 		return nil
 	})
 	if err != nil {
-		s.o.Logger.Error("cannot read state directory", "dir", s.o.Dir, "err", err)
-		return
+		walkErrs = append(walkErrs, err)
 	}
 	s.mu.Lock()
-	for path := range s.files {
-		if !seen[path] {
-			delete(s.files, path)
-			changed = true
-			s.o.Logger.Info("state file removed", "path", path)
+	// A walk that failed somewhere did not see every file: none is taken
+	// for removed.
+	if len(walkErrs) == 0 {
+		for path := range s.files {
+			if !seen[path] {
+				delete(s.files, path)
+				changed = true
+				s.o.Logger.Info("state file removed", "path", path)
+			}
 		}
+	} else {
+		s.o.Logger.Error("cannot read all of the state directory; keeping what it held", "dir", s.o.Dir, "err", errors.Join(walkErrs...))
 	}
 	var objs []cluster.Object
 	if changed {
 		objs = s.unionLocked()
 	}
+	markSynced := !s.synced && s.completeLocked(walkErrs)
+	if markSynced {
+		s.synced = true
+	}
+	for _, f := range s.files {
+		if !f.shrunkSince.IsZero() {
+			if at := f.shrunkSince.Add(s.o.Settle); settleAt.IsZero() || at.Before(settleAt) {
+				settleAt = at
+			}
+		}
+	}
 	s.mu.Unlock()
 	if changed {
 		s.o.Store.Replace(s.o.Kinds, objs)
 	}
+	if markSynced {
+		s.o.Store.MarkSynced()
+	}
+	return settleAt
 }
 
-// load parses one file and records the result. It reports whether the
-// file's objects changed.
+// completeLocked reports whether everything was read and parsed whole, and
+// records why not.
+func (s *Source) completeLocked(walkErrs []error) bool {
+	errs := walkErrs
+	for _, p := range slices.Sorted(maps.Keys(s.files)) {
+		if f := s.files[p]; !f.parsed {
+			errs = append(errs, f.err)
+		}
+	}
+	s.unread = nil
+	if len(errs) > 0 {
+		s.unread = fmt.Errorf("state directory not read whole: %w", errors.Join(errs...))
+	}
+	return len(errs) == 0
+}
+
+func inode(info fs.FileInfo) uint64 {
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		return st.Ino
+	}
+	return 0
+}
+
+// load reads and parses one file and records the result. It reports
+// whether the file's objects changed.
 func (s *Source) load(path string, info fs.FileInfo, prev *fileState) bool {
 	data, err := os.ReadFile(path)
-	if err != nil {
-		return false // vanished or unreadable; the next scan decides
+	if errors.Is(err, fs.ErrNotExist) {
+		return false // vanished; the next scan drops it
 	}
-	parsed, perr := ParseFile(path, data, s.o.Limits)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	f := &fileState{size: info.Size(), modTime: info.ModTime()}
+	// Until it parses again, the file keeps what it last held.
+	f := &fileState{size: info.Size(), modTime: info.ModTime(), ino: inode(info)}
+	if prev != nil {
+		f.objs, f.data, f.parsed, f.refused = prev.objs, prev.data, prev.parsed, prev.refused
+	}
+	if err != nil {
+		f.err = fmt.Errorf("%s: read: %w", path, err)
+		if prev == nil || prev.err == nil || prev.err.Error() != f.err.Error() {
+			s.o.Logger.Error("state file cannot be read; keeping its last good objects", "path", path, "err", err)
+		}
+		s.files[path] = f
+		return false
+	}
+	if s.shrunkInPlace(path, f, prev, data) {
+		s.files[path] = f
+		return false
+	}
+	parsed, perr := ParseFile(path, data, s.o.Limits)
 	if perr != nil {
 		// A half-written or broken edit never takes down what was working:
 		// the file keeps the objects of its last good parse until fixed.
-		if prev != nil {
-			f.objs = prev.objs
-		}
-		f.err, f.refused = perr, prev.refusedOrNil()
+		f.err = perr
 		if prev == nil || prev.err == nil || prev.err.Error() != perr.Error() {
 			s.o.Logger.Error("state file does not parse; keeping its last good objects", "path", path, "err", perr)
 		}
@@ -256,14 +379,35 @@ func (s *Source) load(path string, info fs.FileInfo, prev *fileState) bool {
 		s.o.Logger.Debug("ignoring object of unused kind", "path", path, "line", ig.Line, "apiVersion", ig.APIVersion, "kind", ig.Kind, "name", ig.Name)
 	}
 	if prev != nil && prev.err != nil {
-		s.o.Logger.Info("state file parses again", "path", path)
+		s.o.Logger.Info("state file reads whole again", "path", path)
 	}
+	f.data, f.parsed = data, true
 	f.objs = s.keepRefused(path, parsed, prev)
 	f.refused = make([]error, len(parsed.Refused))
 	for i, r := range parsed.Refused {
 		f.refused[i] = r.Err
 	}
 	s.files[path] = f
+	return true
+}
+
+// shrunkInPlace reports whether data, read from a file written in place
+// (same inode), is a shorter prefix of what the file last held and has not
+// stayed so for Settle: a writer that truncates and then writes is caught
+// between the two. f records since when.
+func (s *Source) shrunkInPlace(path string, f, prev *fileState, data []byte) bool {
+	if prev == nil || !prev.parsed || f.ino != prev.ino || len(data) >= len(prev.data) || !bytes.HasPrefix(prev.data, data) {
+		return false
+	}
+	since := prev.shrunkSince
+	if since.IsZero() || prev.size != f.size || !prev.modTime.Equal(f.modTime) {
+		since = s.now()
+		s.o.Logger.Info("state file shrank in place; believed if it stays so", "path", path, "bytes", len(data), "was", len(prev.data), "settle", s.o.Settle)
+	}
+	if s.now().Sub(since) >= s.o.Settle {
+		return false
+	}
+	f.shrunkSince = since
 	return true
 }
 

@@ -456,3 +456,151 @@ func TestSourceKeepsTheLastGoodVersionOfARefusedObject(t *testing.T) {
 		t.Errorf("file errors %v, want both refusals named", err)
 	}
 }
+
+func startSource(t *testing.T, o Options) (*Source, *cluster.Store) {
+	t.Helper()
+	o.Store = cluster.NewStore()
+	if o.Debounce == 0 {
+		o.Debounce = 10 * time.Millisecond
+	}
+	src := New(o)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return src, o.Store
+}
+
+func synced(s *cluster.Store) bool {
+	select {
+	case <-s.Synced():
+		return true
+	default:
+		return false
+	}
+}
+
+// TestSourceNotSyncedUntilReadWhole: a daemon started while a file is broken
+// or unreadable must not take the rest for the whole cluster (proxyd would
+// drop that file's Services, dnsd answer NXDOMAIN for them): the Store stays
+// unsynced, saying why, until every file reads whole.
+func TestSourceNotSyncedUntilReadWhole(t *testing.T) {
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "a.yaml"), nsYAML("a"))
+	write(t, filepath.Join(dir, "b.yaml"), "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: b\n   broken: [\n")
+	// Unreadable even for root: a name that is a link to a directory.
+	if err := os.Symlink(t.TempDir(), filepath.Join(dir, "c.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	src, store := startSource(t, Options{Dir: dir, Rescan: time.Hour})
+	time.Sleep(300 * time.Millisecond)
+	if synced(store) {
+		t.Fatalf("store synced with b.yaml broken and c.yaml unreadable; it holds %v", storeKeys(store))
+	}
+	if err := src.Err(); err == nil || !strings.Contains(err.Error(), "b.yaml:5") || !strings.Contains(err.Error(), "c.yaml: read") {
+		t.Errorf("Err() = %v, want both files named", err)
+	}
+	write(t, filepath.Join(dir, "b.yaml"), nsYAML("b"))
+	time.Sleep(200 * time.Millisecond)
+	if synced(store) {
+		t.Fatal("store synced with c.yaml unreadable")
+	}
+	// Replaced in one step: a scan between a removal and a write would
+	// rightly sync without c.
+	write(t, filepath.Join(dir, ".c.tmp"), nsYAML("c"))
+	if err := os.Rename(filepath.Join(dir, ".c.tmp"), filepath.Join(dir, "c.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "sync once every file reads", func() bool { return synced(store) })
+	if got := storeKeys(store); !slices.Equal(got, []string{"Namespace a", "Namespace b", "Namespace c"}) {
+		t.Errorf("store %v", got)
+	}
+	if err := src.Err(); err != nil {
+		t.Errorf("Err() after sync: %v", err)
+	}
+
+	// After sync, a file that becomes unreadable keeps its objects.
+	tmp := filepath.Join(dir, ".link")
+	if err := os.Symlink(t.TempDir(), tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "c.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "read error reported", func() bool { return src.FileErrors()[filepath.Join(dir, "c.yaml")] != nil })
+	if store.Get(cluster.KindNamespace, cluster.Key{Name: "c"}) == nil {
+		t.Error("a file that became unreadable dropped its objects")
+	}
+}
+
+// TestSourceShrinkInPlaceSettles: a file rewritten in place is truncated
+// before it is written; what is read in between (empty, or the first
+// documents) is a prefix of the old content and is believed only if it
+// stays so for Settle. A file replaced by rename is believed at once.
+func TestSourceShrinkInPlaceSettles(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "ns.yaml")
+	all := nsYAML("a", "b", "c")
+	write(t, path, all)
+	const settle = 400 * time.Millisecond
+	_, store := startSource(t, Options{Dir: dir, Rescan: time.Hour, Settle: settle})
+	waitFor(t, "sync", func() bool { return synced(store) && len(store.List(cluster.KindNamespace)) == 3 })
+
+	// Truncated, then written again slowly: never seen with fewer objects.
+	lost := make(chan int, 1)
+	stop := make(chan struct{})
+	go func() {
+		least := 3
+		for {
+			select {
+			case <-stop:
+				lost <- least
+				return
+			default:
+			}
+			least = min(least, len(store.List(cluster.KindNamespace)))
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(150 * time.Millisecond)
+	f.WriteString(nsYAML("a"))
+	time.Sleep(150 * time.Millisecond)
+	f.WriteString(all[len(nsYAML("a")):])
+	f.Close()
+	time.Sleep(settle + 200*time.Millisecond)
+	close(stop)
+	if least := <-lost; least != 3 {
+		t.Errorf("during an in-place rewrite the store held %d of 3 Namespaces", least)
+	}
+
+	// A real shrink in place is believed after Settle.
+	start := time.Now()
+	write(t, path, nsYAML("a"))
+	waitFor(t, "shrink believed", func() bool { return len(store.List(cluster.KindNamespace)) == 1 })
+	if took := time.Since(start); took < settle {
+		t.Errorf("shrink in place believed after %v, want after the settle interval %v", took, settle)
+	}
+
+	// By rename: at once.
+	write(t, path, all)
+	waitFor(t, "grown back", func() bool { return len(store.List(cluster.KindNamespace)) == 3 })
+	tmp := filepath.Join(dir, ".ns.yaml.tmp")
+	write(t, tmp, "")
+	start = time.Now()
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "emptied by rename", func() bool { return len(store.List(cluster.KindNamespace)) == 0 })
+	if took := time.Since(start); took >= settle {
+		t.Errorf("a file replaced by rename was believed after %v, want at once", took)
+	}
+}

@@ -171,6 +171,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return errors.New("not listening yet")
 		}
 		if !zone.Synced() {
+			if err := src.Stale(); err != nil {
+				return fmt.Errorf("cluster state not synced yet: %w", err)
+			}
 			return errors.New("cluster state not synced yet")
 		}
 		// Still answering from the last known state, but say so.
