@@ -58,18 +58,21 @@ struct nodeaddr_key {
 	__u8 addr[16];
 };
 
+// Preallocated: a full load of 10,000 Services × 10 endpoints (210,000
+// entries in both maps) takes 0.39 s of CPU against 0.58 s with
+// BPF_F_NO_PREALLOC, which allocates every element on update. The price is
+// memory held up front, ~26 and ~24 MiB for 2^18 entries each, room for
+// ~23,000 such Services (BENCHMARKS.md, Service proxy).
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1 << 20);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1 << 18);
 	__type(key, struct svc_key);
 	__type(value, struct svc_val);
 } services_v1 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1 << 20);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1 << 18);
 	__type(key, __u32);
 	__type(value, struct backend);
 } backends_v1 SEC(".maps");

@@ -50,14 +50,14 @@ struct ct_rev_val {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 1 << 17);
+	__uint(max_entries, 1 << 16);
 	__type(key, struct ct_key);
 	__type(value, struct ct_fwd_val);
 } ct_fwd_v1 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 1 << 17);
+	__uint(max_entries, 1 << 16);
 	__type(key, struct ct_key);
 	__type(value, struct ct_rev_val);
 } ct_rev_v1 SEC(".maps");

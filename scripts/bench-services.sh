@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Service proxy benchmark (iptables mode), never part of make test.
+# Service proxy benchmark (iptables mode, then ebpf mode in the same run),
+# never part of make test.
 #
 # Full sync of 1,000 / 5,000 / 10,000 ClusterIP Services × 10 endpoints, one
 # endpoint changed at each size, rule and chain counts, RSS, and first-packet
@@ -27,6 +28,20 @@ PODNET_BENCH_BACKENDS="${BENCH_BACKENDS:-nft legacy}" \
 PODNET_BENCH_SIZES="${BENCH_SIZES:-1000 5000 10000}" \
 PODNET_BENCH_ROUNDS="${BENCH_ROUNDS:-1}" \
 	go test -count=1 -timeout 60m -run '^$' -bench '^BenchmarkServicesAtScale$' -benchtime 1x -v ./dataplane/proxy/iptables/ >"$out" 2>&1 || rc=$?
+if [ "$rc" -ne 0 ]; then
+	cat "$out" >&2
+	exit "$rc"
+fi
+grep -E '^(\||$)' "$out"
+
+# ebpf mode: the same Services into the BPF maps (full load, one endpoint
+# changed, a full resync that finds nothing to change, map memory), and
+# connect latency through socket LB against the pod address.
+echo
+PODNET_BENCH=1 \
+PODNET_BENCH_SIZES="${BENCH_SIZES:-1000 5000 10000}" \
+PODNET_BENCH_ROUNDS="${BENCH_ROUNDS:-1}" \
+	go test -count=1 -timeout 30m -run '^$' -bench '^BenchmarkServicesAtScale$' -benchtime 1x -v ./dataplane/proxy/ebpf/ >"$out" 2>&1 || rc=$?
 if [ "$rc" -ne 0 ]; then
 	cat "$out" >&2
 	exit "$rc"

@@ -158,8 +158,8 @@ func (t *FakeTable[K, V]) Dump() (map[K]V, error) {
 
 // NewFakeMaps returns Maps over FakeTables sized like the real maps.
 func NewFakeMaps() (*Maps, *FakeTable[svcKey, svcVal], *FakeTable[uint32, backend]) {
-	s := NewFakeTable[svcKey, svcVal](1 << 20)
-	b := NewFakeTable[uint32, backend](1 << 20)
+	s := NewFakeTable[svcKey, svcVal](1 << 18)
+	b := NewFakeTable[uint32, backend](1 << 18)
 	return &Maps{Services: s, Backends: b, NodeAddrs: NewFakeTable[nodeKey, uint8](256),
 		Ranges: NewFakeTable[rangeKey, uint8](1 << 14), SNAT: NewFakeTable[uint32, bpf.NodeportSnatAddr](1)}, s, b
 }

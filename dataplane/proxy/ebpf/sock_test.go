@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -49,6 +50,10 @@ func clientMain(nsPath, ops string) int {
 			fmt.Println("err bad op", op)
 			return 1
 		}
+		if kind == "lat" {
+			fmt.Println(connectLatency(nsPath, addr, n))
+			continue
+		}
 		for range n {
 			var line string
 			err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
@@ -69,6 +74,29 @@ func clientMain(nsPath, ops string) int {
 		}
 	}
 	return 0
+}
+
+// connectLatency connects n times to addr and reports "ok P50 P99".
+func connectLatency(nsPath, addr string, n int) string {
+	var d []time.Duration
+	err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
+		for range n {
+			start := time.Now()
+			c, err := net.DialTimeout("tcp4", addr, 2*time.Second)
+			if err != nil {
+				return err
+			}
+			d = append(d, time.Since(start))
+			c.(*net.TCPConn).SetLinger(0)
+			c.Close()
+		}
+		return nil
+	})
+	if err != nil {
+		return "err " + err.Error()
+	}
+	slices.Sort(d)
+	return fmt.Sprintf("ok %dµs %dµs", d[len(d)/2].Microseconds(), d[len(d)*99/100].Microseconds())
 }
 
 func clientOnce(kind, addr string) (string, error) {
@@ -117,13 +145,13 @@ func clientOnce(kind, addr string) (string, error) {
 }
 
 type sockEnv struct {
-	t      *testing.T
+	t      testing.TB
 	nsPath string
 	cgroup string
 	pinDir string
 }
 
-func newSockEnv(t *testing.T) *sockEnv {
+func newSockEnv(t testing.TB) *sockEnv {
 	t.Helper()
 	roottest.Require(t)
 	if err := Probe(); err != nil {
@@ -167,7 +195,7 @@ func newSockEnv(t *testing.T) *sockEnv {
 	return e
 }
 
-func removeCgroup(t *testing.T, dir string) {
+func removeCgroup(t testing.TB, dir string) {
 	_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0o644)
 	deadline := time.Now().Add(5 * time.Second)
 	for {

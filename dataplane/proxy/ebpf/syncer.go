@@ -136,8 +136,10 @@ func (s *Syncer) full(ports map[cluster.Key][]*proxy.ServicePort) error {
 	applied := make(map[proxy.PortName]*portEntries)
 	byKey := make(map[cluster.Key][]proxy.PortName)
 	owner := make(map[svcKey]proxy.PortName)
-	wantS := make(map[svcKey]svcVal)
-	wantB := make(map[uint32]backend)
+	// Sized for ten endpoints per port: growing maps of 100,000 entries
+	// rehashes them several times.
+	wantS := make(map[svcKey]svcVal, 11*len(ports))
+	wantB := make(map[uint32]backend, 10*len(ports))
 	wantR := make(map[rangeKey]uint8)
 	keys := make([]cluster.Key, 0, len(ports))
 	for k := range ports {

@@ -1,0 +1,176 @@
+package ebpf
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/proxy"
+)
+
+// benchPorts is n ClusterIP Services × eps endpoints; the last one points
+// at the test server (10.244.1.2:8080).
+func benchPorts(n, eps int) map[cluster.Key][]*proxy.ServicePort {
+	out := make(map[cluster.Key][]*proxy.ServicePort, n)
+	for i := range n {
+		var e []proxy.Endpoint
+		for j := range eps {
+			e = append(e, ep(fmt.Sprintf("10.%d.%d.%d", 245+j, i/250, i%250+1), 8080, false))
+		}
+		if i == n-1 {
+			e = []proxy.Endpoint{ep("10.244.1.2", 8080, true)}
+		}
+		name := fmt.Sprintf("s%05d", i)
+		out[key(name)] = []*proxy.ServicePort{clusterIPPort(name, benchVIP(i), 80, cluster.TCP, e...)}
+	}
+	return out
+}
+
+func benchVIP(i int) string { return fmt.Sprintf("10.%d.%d.%d", 96+i/65000, i/250%260, i%250+1) }
+
+// memlock sums the kernel memory of the maps (fdinfo's memlock).
+func memlock(maps ...*ebpf.Map) (int64, error) {
+	var sum int64
+	for _, m := range maps {
+		f, err := os.Open(fmt.Sprintf("/proc/self/fdinfo/%d", m.FD()))
+		if err != nil {
+			return 0, err
+		}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if v, ok := strings.CutPrefix(sc.Text(), "memlock:"); ok {
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				sum += n
+			}
+		}
+		f.Close()
+	}
+	return sum, nil
+}
+
+// cpuTime is the CPU this process used, kernel time (the map updates)
+// included: steadier than wall time on a shared machine.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func medianOf(d []time.Duration) time.Duration {
+	d = slices.Clone(d)
+	slices.Sort(d)
+	return d[len(d)/2]
+}
+
+// BenchmarkServicesAtScale measures ebpf mode's sync times, map memory and
+// connect latency at scale, once, printing tables for BENCHMARKS.md. It
+// runs only with PODNET_BENCH=1, as scripts/bench-services.sh sets it.
+func BenchmarkServicesAtScale(b *testing.B) {
+	if os.Getenv("PODNET_BENCH") == "" {
+		b.Skip("set PODNET_BENCH=1, as scripts/bench-services.sh does")
+	}
+	sizes := []int{1000, 5000, 10000}
+	if s := os.Getenv("PODNET_BENCH_SIZES"); s != "" {
+		sizes = nil
+		for _, f := range strings.Fields(s) {
+			n, _ := strconv.Atoi(f)
+			sizes = append(sizes, n)
+		}
+	}
+	rounds := 1
+	if r, err := strconv.Atoi(os.Getenv("PODNET_BENCH_ROUNDS")); err == nil && r > 0 {
+		rounds = r
+	}
+	const eps = 10
+	fmt.Printf("| mode | Services × endpoints | full load into empty maps (CPU) | one endpoint changed | full resync, nothing changed | services entries | backends | map memory |\n|---|---|---|---|---|---|---|---|\n")
+	for _, n := range sizes {
+		var full, fullCPU, partial, resync []time.Duration
+		var res proxy.SyncResult
+		var mem int64
+		for range rounds {
+			dp, err := load("")
+			if err != nil {
+				b.Fatal(err)
+			}
+			ports := benchPorts(n, eps)
+			sy := NewSyncer(dp.Maps, nil)
+			start, cpu0 := time.Now(), cpuTime()
+			if res, err = sy.Sync(ports, nil, true); err != nil {
+				b.Fatal(err)
+			}
+			full, fullCPU = append(full, time.Since(start)), append(fullCPU, cpuTime()-cpu0)
+
+			k := key(fmt.Sprintf("s%05d", n/2))
+			sp := *ports[k][0]
+			sp.ClusterEndpoints = append(slices.Clone(sp.ClusterEndpoints[1:]), ep("10.250.250.250", 8080, false))
+			ports[k] = []*proxy.ServicePort{&sp}
+			start = time.Now()
+			if _, err := sy.Sync(ports, map[cluster.Key]bool{k: true}, false); err != nil {
+				b.Fatal(err)
+			}
+			partial = append(partial, time.Since(start))
+
+			start = time.Now()
+			if _, err := sy.Sync(ports, nil, true); err != nil {
+				b.Fatal(err)
+			}
+			resync = append(resync, time.Since(start))
+			var ms []*ebpf.Map
+			for _, m := range dp.coll.Maps {
+				ms = append(ms, m)
+			}
+			for name, m := range dp.np.Maps {
+				if dp.coll.Maps[name] == nil {
+					ms = append(ms, m)
+				}
+			}
+			if mem, err = memlock(ms...); err != nil {
+				b.Fatal(err)
+			}
+			dp.Close()
+		}
+		fmt.Printf("| ebpf | %d × %d | %.3f s (%.3f s) | %.3f ms | %.3f s | %d | %d | %.1f MiB |\n", n, eps,
+			medianOf(full).Seconds(), medianOf(fullCPU).Seconds(), float64(medianOf(partial).Microseconds())/1000, medianOf(resync).Seconds(),
+			res.Rules["services"], res.Rules["backends"], float64(mem)/(1<<20))
+	}
+
+	// Connect latency through socket LB against the pod address itself,
+	// from a client process in the cgroup (loopback inside one namespace:
+	// what is measured is the connect path, hooks included); the Service
+	// asked is the last of the set.
+	e := newSockEnv(b)
+	dp, err := Open(e.pinDir, e.cgroup)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer dp.Close()
+	sy := NewSyncer(dp.Maps, nil)
+	fmt.Printf("\n| mode | Services | to | connect p50 | connect p99 |\n|---|---|---|---|---|\n")
+	for _, n := range []int{10, 10000} {
+		if _, err := sy.Sync(benchPorts(n, eps), nil, true); err != nil {
+			b.Fatal(err)
+		}
+		vip := benchVIP(n-1) + ":80"
+		for _, to := range []string{vip, "10.244.1.2:8080"} {
+			e.client(true, "lat "+to+" 200") // warm up
+			f := strings.Fields(e.client(true, "lat "+to+" 2000")[0])
+			if len(f) != 3 || f[0] != "ok" {
+				b.Fatalf("latency client: %v", f)
+			}
+			what := "ClusterIP"
+			if to != vip {
+				what = "pod IP directly"
+			}
+			fmt.Printf("| ebpf | %d | %s | %s | %s |\n", n, what, f[1], f[2])
+		}
+	}
+}
