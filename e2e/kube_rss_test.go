@@ -144,8 +144,12 @@ func kubeRSSChild(arg string) int {
 }
 
 // vmRSS is this process's resident set in KiB.
-func vmRSS() int {
-	f, err := os.Open("/proc/self/status")
+func vmRSS() int { return procRSS("self") }
+
+// procRSS is the resident set in KiB of process pid ("self" for this
+// one), -1 when unknown.
+func procRSS(pid string) int {
+	f, err := os.Open("/proc/" + pid + "/status")
 	if err != nil {
 		return -1
 	}

@@ -47,3 +47,14 @@ if [ "$rc" -ne 0 ]; then
 	exit "$rc"
 fi
 grep -E '^(\||$)' "$out"
+
+# A real proxyd's memory at 10,000 Services × 10 endpoints, both modes, on a
+# lab node (needs the binaries: make build).
+echo
+PODNET_BENCH=1 PODNET_BIN="${PODNET_BIN:-$PWD/bin}" \
+	go test -count=1 -timeout 30m -run '^$' -bench '^BenchmarkProxydRSS$' -benchtime 1x -v ./e2e/ >"$out" 2>&1 || rc=$?
+if [ "$rc" -ne 0 ]; then
+	cat "$out" >&2
+	exit "$rc"
+fi
+grep -E '^(\||$)' "$out"
