@@ -14,9 +14,10 @@
 // frontends pods' packets still carry are load-balancer IPs with source
 // ranges: socket LB translates everything else before a packet exists.
 //
-// The backend is picked by a hash of the flow (of the client address with
-// session affinity) over the frontend's slots, which every node holds in
-// the same order: any node sends a given flow to the same backend.
+// The backend is picked by Maglev: a hash of the flow (of the client
+// address with session affinity) indexes the service's lookup table, which
+// every node computes alike from the same endpoints, so any node sends a
+// given flow to the same backend, and an endpoint change moves few flows.
 
 #include "lb.h"
 
@@ -77,6 +78,22 @@ struct {
 	__type(key, struct srcrange_key);
 	__type(value, __u8);
 } srcrange_v1 SEC(".maps");
+
+// Maglev lookup tables by service id: MAGLEV_M backend ids (M prime; the
+// Go side fills them, dataplane/proxy/ebpf/maglev.go).
+#define MAGLEV_M 1021
+
+struct maglev_table {
+	__u32 ids[MAGLEV_M];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1 << 14);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct maglev_table);
+} maglev_v1 SEC(".maps");
 
 // The address traffic to externalIPs and load-balancer IPs is SNATed to
 // (the node's address on the uplink); NodePorts use the address they were
@@ -206,8 +223,7 @@ static __always_inline __u32 mix(__u32 h, __u32 v)
 	return h ^ (h >> 15);
 }
 
-// pick_slot chooses a slot 1..count from the flow, the same on every node.
-static __always_inline __u16 pick_slot(struct flow *f, struct svc_val *fe)
+static __always_inline __u32 flow_hash(struct flow *f, struct svc_val *fe)
 {
 	__u32 h = mix(0x5bd1e995, f->saddr);
 	if (!(fe->flags & FE_AFFINITY)) {
@@ -215,7 +231,27 @@ static __always_inline __u16 pick_slot(struct flow *f, struct svc_val *fe)
 		h = mix(h, ((__u32)f->sport << 16) | f->dport);
 		h = mix(h, f->proto);
 	}
-	return h % fe->count + 1;
+	return h;
+}
+
+// pick chooses the flow's backend: from the service's Maglev table, or,
+// while it has none, from the slots (which every node also holds in the
+// same order).
+static __always_inline struct backend *pick(struct flow *f, struct svc_key *key, struct svc_val *fe)
+{
+	__u32 h = flow_hash(f, fe);
+	__u32 svc = fe->id;
+	struct maglev_table *t = bpf_map_lookup_elem(&maglev_v1, &svc);
+	if (t) {
+		__u32 idx = h % MAGLEV_M;
+		// Keep the compiler from dropping the bound the verifier needs.
+		asm volatile("" : "+r"(idx));
+		if (idx >= MAGLEV_M)
+			return 0;
+		__u32 id = t->ids[idx];
+		return bpf_map_lookup_elem(&backends_v1, &id);
+	}
+	return lb_slot(key, h % fe->count + 1);
 }
 
 // snat_port finds a source port on the node for a new SNATed flow: the
@@ -248,7 +284,7 @@ static __always_inline struct ct_fwd_val *new_flow(struct flow *f, struct ct_key
 {
 	struct ct_fwd_val fv = {};
 	struct ct_rev_val rv = {};
-	struct backend *be = lb_slot(key, pick_slot(f, fe));
+	struct backend *be = pick(f, key, fe);
 	if (!be)
 		return 0;
 	__be32 baddr = addr4(be->addr), naddr = f->saddr;

@@ -50,6 +50,11 @@ type NodeportCtRevVal struct {
 	Pad   uint32
 }
 
+type NodeportMaglevTable struct {
+	_   structs.HostLayout
+	Ids [1021]uint32
+}
+
 type NodeportNodeaddrKey struct {
 	_    structs.HostLayout
 	Addr [16]uint8
@@ -93,6 +98,7 @@ const (
 	NodeportMapBackendsV1  = "backends_v1"
 	NodeportMapCtFwdV1     = "ct_fwd_v1"
 	NodeportMapCtRevV1     = "ct_rev_v1"
+	NodeportMapMaglevV1    = "maglev_v1"
 	NodeportMapNodeaddrsV1 = "nodeaddrs_v1"
 	NodeportMapServicesV1  = "services_v1"
 	NodeportMapSnatV1      = "snat_v1"
@@ -152,6 +158,7 @@ type NodeportMapSpecs struct {
 	BackendsV1  *ebpf.MapSpec `ebpf:"backends_v1"`
 	CtFwdV1     *ebpf.MapSpec `ebpf:"ct_fwd_v1"`
 	CtRevV1     *ebpf.MapSpec `ebpf:"ct_rev_v1"`
+	MaglevV1    *ebpf.MapSpec `ebpf:"maglev_v1"`
 	NodeaddrsV1 *ebpf.MapSpec `ebpf:"nodeaddrs_v1"`
 	ServicesV1  *ebpf.MapSpec `ebpf:"services_v1"`
 	SnatV1      *ebpf.MapSpec `ebpf:"snat_v1"`
@@ -187,6 +194,7 @@ type NodeportMaps struct {
 	BackendsV1  *ebpf.Map `ebpf:"backends_v1"`
 	CtFwdV1     *ebpf.Map `ebpf:"ct_fwd_v1"`
 	CtRevV1     *ebpf.Map `ebpf:"ct_rev_v1"`
+	MaglevV1    *ebpf.Map `ebpf:"maglev_v1"`
 	NodeaddrsV1 *ebpf.Map `ebpf:"nodeaddrs_v1"`
 	ServicesV1  *ebpf.Map `ebpf:"services_v1"`
 	SnatV1      *ebpf.Map `ebpf:"snat_v1"`
@@ -198,6 +206,7 @@ func (m *NodeportMaps) Close() error {
 		m.BackendsV1,
 		m.CtFwdV1,
 		m.CtRevV1,
+		m.MaglevV1,
 		m.NodeaddrsV1,
 		m.ServicesV1,
 		m.SnatV1,

@@ -129,6 +129,7 @@ func load(pinDir string) (*Datapath, error) {
 		Backends:  kernelTable[uint32, backend]{coll.Maps[bpf.SockMapBackendsV1]},
 		NodeAddrs: kernelTable[nodeKey, uint8]{coll.Maps[bpf.SockMapNodeaddrsV1]},
 		Ranges:    kernelTable[rangeKey, uint8]{np.Maps[bpf.NodeportMapSrcrangeV1]},
+		Maglev:    kernelTable[uint32, maglevTable]{np.Maps[bpf.NodeportMapMaglevV1]},
 		SNAT:      kernelTable[uint32, bpf.NodeportSnatAddr]{np.Maps[bpf.NodeportMapSnatV1]},
 	}}, nil
 }

@@ -188,6 +188,7 @@ type portEntries struct {
 	services map[svcKey]svcVal
 	backends map[uint32]backend
 	ranges   map[rangeKey]uint8
+	maglev   map[uint32]maglevTable // by service id, for the tc programs
 }
 
 // idSource hands out ids: first those the port held before (or the kernel
@@ -207,6 +208,7 @@ func desiredPort(sp *proxy.ServicePort, src idSource, owner map[svcKey]proxy.Por
 		services: make(map[svcKey]svcVal),
 		backends: make(map[uint32]backend),
 		ranges:   make(map[rangeKey]uint8),
+		maglev:   make(map[uint32]maglevTable),
 	}
 	proto := protoNum(sp.Protocol)
 	for _, fe := range frontends(sp) {
@@ -233,6 +235,13 @@ func desiredPort(sp *proxy.ServicePort, src idSource, owner map[svcKey]proxy.Por
 			sourceRanges(sp, id, pe.ranges)
 		}
 		eps := endpointsOf(sp, fe.set)
+		if _, done := pe.maglev[id]; fe.key.Scope == scopeExt && len(eps) > 0 && !done {
+			bids := make([]uint32, len(eps))
+			for i, ep := range eps {
+				bids[i] = pe.ids.backends[id][ep]
+			}
+			pe.maglev[id] = maglev(eps, bids)
+		}
 		pe.services[fe.key] = svcVal{Id: id, Count: uint16(len(eps)), Flags: fe.flags, Affinity: fe.affinity}
 		for i, ep := range eps {
 			k := fe.key
@@ -253,10 +262,12 @@ type diff struct {
 	delBackends  []uint32
 	putRanges    map[rangeKey]uint8
 	delRanges    []rangeKey
+	putMaglev    map[uint32]maglevTable
+	delMaglev    []uint32
 }
 
 func newDiff() *diff {
-	return &diff{putBackends: map[uint32]backend{}, putSlots: map[svcKey]svcVal{}, putFrontends: map[svcKey]svcVal{}, putRanges: map[rangeKey]uint8{}}
+	return &diff{putBackends: map[uint32]backend{}, putSlots: map[svcKey]svcVal{}, putFrontends: map[svcKey]svcVal{}, putRanges: map[rangeKey]uint8{}, putMaglev: map[uint32]maglevTable{}}
 }
 
 // addRanges records what turns the old source ranges into the new.
@@ -269,6 +280,20 @@ func (d *diff) addRanges(old, new map[rangeKey]uint8) {
 	for k := range old {
 		if _, ok := new[k]; !ok {
 			d.delRanges = append(d.delRanges, k)
+		}
+	}
+}
+
+// addMaglev records what turns the old Maglev tables into the new.
+func (d *diff) addMaglev(old, new map[uint32]maglevTable) {
+	for id, t := range new {
+		if o, ok := old[id]; !ok || o != t {
+			d.putMaglev[id] = t
+		}
+	}
+	for id := range old {
+		if _, ok := new[id]; !ok {
+			d.delMaglev = append(d.delMaglev, id)
 		}
 	}
 }
@@ -308,13 +333,17 @@ func (d *diff) add(oldS map[svcKey]svcVal, oldB map[uint32]backend, newS map[svc
 }
 
 func (d *diff) empty() bool {
-	return len(d.putBackends)+len(d.putSlots)+len(d.putFrontends)+len(d.delFrontends)+len(d.delSlots)+len(d.delBackends)+len(d.putRanges)+len(d.delRanges) == 0
+	return len(d.putBackends)+len(d.putSlots)+len(d.putFrontends)+len(d.delFrontends)+len(d.delSlots)+len(d.delBackends)+len(d.putRanges)+len(d.delRanges)+len(d.putMaglev)+len(d.delMaglev) == 0
 }
 
 // apply writes d in the order that keeps every reader consistent. Source
-// ranges go in before the frontends that check them and out after.
+// ranges and Maglev tables go in before the frontends that use them (after
+// the backends they name) and out after.
 func (d *diff) apply(m *Maps) error {
 	if err := m.Backends.Put(d.putBackends); err != nil {
+		return err
+	}
+	if err := m.Maglev.Put(d.putMaglev); err != nil {
 		return err
 	}
 	if err := m.Ranges.Put(d.putRanges); err != nil {
@@ -333,6 +362,9 @@ func (d *diff) apply(m *Maps) error {
 		return err
 	}
 	if err := m.Ranges.Delete(d.delRanges); err != nil {
+		return err
+	}
+	if err := m.Maglev.Delete(d.delMaglev); err != nil {
 		return err
 	}
 	return m.Backends.Delete(d.delBackends)

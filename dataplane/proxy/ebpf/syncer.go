@@ -141,6 +141,7 @@ func (s *Syncer) full(ports map[cluster.Key][]*proxy.ServicePort) error {
 	wantS := make(map[svcKey]svcVal, 11*len(ports))
 	wantB := make(map[uint32]backend, 10*len(ports))
 	wantR := make(map[rangeKey]uint8)
+	wantM := make(map[uint32]maglevTable)
 	keys := make([]cluster.Key, 0, len(ports))
 	for k := range ports {
 		keys = append(keys, k)
@@ -161,15 +162,21 @@ func (s *Syncer) full(ports map[cluster.Key][]*proxy.ServicePort) error {
 				wantB[id] = b
 			}
 			maps.Copy(wantR, pe.ranges)
+			maps.Copy(wantM, pe.maglev)
 		}
 	}
 	haveR, err := s.maps.Ranges.Dump()
 	if err != nil {
 		return err
 	}
+	haveM, err := s.maps.Maglev.Dump()
+	if err != nil {
+		return err
+	}
 	d := newDiff()
 	d.add(haveS, haveB, wantS, wantB)
 	d.addRanges(haveR, wantR)
+	d.addMaglev(haveM, wantM)
 	if err := d.apply(s.maps); err != nil {
 		return err
 	}
@@ -249,14 +256,15 @@ func (s *Syncer) partial(ports map[cluster.Key][]*proxy.ServicePort, changed map
 	changed = s.release(changed)
 	// One diff over all changed Services: a frontend handed from one to
 	// another is then a rewrite, not a put and a delete.
-	oldS, oldB, oldR := make(map[svcKey]svcVal), make(map[uint32]backend), make(map[rangeKey]uint8)
-	newS, newB, newR := make(map[svcKey]svcVal), make(map[uint32]backend), make(map[rangeKey]uint8)
+	oldS, oldB, oldR, oldM := make(map[svcKey]svcVal), make(map[uint32]backend), make(map[rangeKey]uint8), make(map[uint32]maglevTable)
+	newS, newB, newR, newM := make(map[svcKey]svcVal), make(map[uint32]backend), make(map[rangeKey]uint8), make(map[uint32]maglevTable)
 	for k := range changed {
 		for _, name := range s.byKey[k] {
 			pe := s.applied[name]
 			maps.Copy(oldS, pe.services)
 			maps.Copy(oldB, pe.backends)
 			maps.Copy(oldR, pe.ranges)
+			maps.Copy(oldM, pe.maglev)
 		}
 		for _, sp := range ports[k] {
 			pe := desiredPort(sp, previous{s: s, port: s.applied[sp.Name]}, s.owner, s.lose(sp))
@@ -264,10 +272,12 @@ func (s *Syncer) partial(ports map[cluster.Key][]*proxy.ServicePort, changed map
 			maps.Copy(newS, pe.services)
 			maps.Copy(newB, pe.backends)
 			maps.Copy(newR, pe.ranges)
+			maps.Copy(newM, pe.maglev)
 		}
 	}
 	d.add(oldS, oldB, newS, newB)
 	d.addRanges(oldR, newR)
+	d.addMaglev(oldM, newM)
 	// On failure the syncer's state is dropped with synced=false; the
 	// next full sync starts from what the kernel holds.
 	if err := d.apply(s.maps); err != nil {

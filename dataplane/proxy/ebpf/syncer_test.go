@@ -327,6 +327,7 @@ func TestIncrementalEqualsFull(t *testing.T) {
 		if got, want := ranges(t, maps, s), ranges(t, fm, fs); !slices.Equal(got, want) {
 			t.Fatalf("step %d: source ranges %v, full load %v", step, got, want)
 		}
+		checkMaglev(t, maps, s, b)
 	}
 }
 
@@ -367,4 +368,38 @@ func sharedExternalIP(a, b []string) bool {
 		}
 	}
 	return true
+}
+
+// checkMaglev checks that every external frontend with backends has a
+// Maglev table naming exactly its service's backends, and that no table
+// is left without one.
+func checkMaglev(t *testing.T, m *Maps, s *FakeTable[svcKey, svcVal], b *FakeTable[uint32, backend]) {
+	t.Helper()
+	tables := m.Maglev.(*FakeTable[uint32, maglevTable]).Entries
+	used := map[uint32]bool{}
+	for k, v := range s.Entries {
+		if k.Slot != 0 || k.Scope != scopeExt || v.Count == 0 {
+			continue
+		}
+		used[v.Id] = true
+		tab, ok := tables[v.Id]
+		if !ok {
+			t.Fatalf("external frontend %v (service %d) has no Maglev table", addrFrom16(k.Addr), v.Id)
+		}
+		ids := map[uint32]bool{}
+		for _, id := range tab.Ids {
+			if b.Entries[id].Svc != v.Id {
+				t.Fatalf("Maglev table of service %d names backend %d of service %d", v.Id, id, b.Entries[id].Svc)
+			}
+			ids[id] = true
+		}
+		if len(ids) != int(v.Count) {
+			t.Fatalf("Maglev table of service %d names %d backends, the frontend counts %d", v.Id, len(ids), v.Count)
+		}
+	}
+	for id := range tables {
+		if !used[id] {
+			t.Fatalf("Maglev table of service %d, which no external frontend uses", id)
+		}
+	}
 }

@@ -2,6 +2,7 @@ package ebpf
 
 import (
 	"encoding/binary"
+	"fmt"
 	"net/netip"
 	"testing"
 
@@ -258,7 +259,11 @@ func TestTCNodePort(t *testing.T) {
 // separately (two nodes) agree on each of many flows, and the flows spread
 // over both backends.
 func TestTCConsistentPick(t *testing.T) {
-	a, b := newTCEnv(t, tcServices()), newTCEnv(t, tcServices())
+	// Node b knows another Service first: its ids differ from a's.
+	other := tcServices()
+	other[key("aaa")] = []*proxy.ServicePort{clusterIPPort("aaa", "10.96.0.99", 80, cluster.TCP, ep("10.244.9.9", 80, false))}
+	other[key("aaa")][0].NodePort = 30099
+	a, b := newTCEnv(t, tcServices()), newTCEnv(t, other)
 	seen := map[netip.AddrPort]int{}
 	for port := uint16(20000); port < 20100; port++ {
 		p := pkt{src: netip.AddrPortFrom(netip.MustParseAddr("198.51.100.9"), port), dst: ap(nodeIP + ":30080"), proto: 6}
@@ -271,5 +276,43 @@ func TestTCConsistentPick(t *testing.T) {
 	}
 	if len(seen) != 2 || seen[ap("10.244.1.5:8080")] < 25 {
 		t.Errorf("100 flows went %v; want both backends used", seen)
+	}
+}
+
+// Maglev: with one of ten endpoints gone, flows to the other nine keep
+// their backend (compared between two nodes, one with the endpoint, one
+// without).
+func TestTCMaglevFewFlowsMove(t *testing.T) {
+	var eps []proxy.Endpoint
+	for i := range 10 {
+		eps = append(eps, ep(fmt.Sprintf("10.244.%d.%d", i%3, 10+i), 8080, false))
+	}
+	svcs := func(eps []proxy.Endpoint) map[cluster.Key][]*proxy.ServicePort {
+		sp := clusterIPPort("big", "10.96.0.30", 80, cluster.TCP, eps...)
+		sp.NodePort = 30030
+		return map[cluster.Key][]*proxy.ServicePort{key("big"): {sp}}
+	}
+	all, less := newTCEnv(t, svcs(eps)), newTCEnv(t, svcs(append(eps[:4:4], eps[5:]...)))
+	gone := eps[4].AddrPort()
+	var kept, stayed int
+	seen := map[netip.AddrPort]bool{}
+	for port := uint16(30000); port < 30400; port++ {
+		p := pkt{src: netip.AddrPortFrom(netip.MustParseAddr("198.51.100.7"), port), dst: ap(nodeIP + ":30030"), proto: 6}
+		_, before := all.run(TCNodePort, p)
+		_, after := less.run(TCNodePort, p)
+		seen[before.dst] = true
+		if before.dst == gone {
+			continue
+		}
+		kept++
+		if after.dst == before.dst {
+			stayed++
+		}
+	}
+	if len(seen) != 10 {
+		t.Errorf("400 flows reached %d of 10 backends", len(seen))
+	}
+	if stayed < kept*9/10 {
+		t.Errorf("of %d flows not on the removed backend, %d kept theirs; want ≥ 90%%", kept, stayed)
 	}
 }
