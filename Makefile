@@ -12,7 +12,7 @@ FUZZTIME ?= 20s
 
 BINARIES := bin/podnet bin/loopback bin/proxyd bin/dnsd bin/podnet-lab
 
-.PHONY: all build deps test demo demo-down bench lint generate clean apiserver image kube-node
+.PHONY: all build deps test demo demo-down bench lint generate clean apiserver image kube-node conformance
 
 all: build
 
@@ -78,6 +78,26 @@ $(CONTAINERD_ROOT)/usr/bin/containerd:
 	for d in $(CONTAINERD_ROOT).tmp/debs/*.deb; do dpkg-deb -x $$d $(CONTAINERD_ROOT).tmp; done
 	rm -rf $(CONTAINERD_ROOT) && mv $(CONTAINERD_ROOT).tmp $(CONTAINERD_ROOT)
 
+# The Kubernetes network conformance tests against a lab of real nodes
+# running podnet (e2e/conformance_test.go): e2e.test and agnhost of the same
+# release, from the same tools module (go test -c as upstream builds it, with
+# its build tags; -vet=off, or go vet alone takes many minutes).
+E2E_TEST := $(APISERVER_CACHE)/e2e.test-$(APISERVER_VERSION)
+AGNHOST := $(APISERVER_CACHE)/agnhost-$(APISERVER_VERSION)
+$(E2E_TEST) $(AGNHOST) &:
+	mkdir -p $(APISERVER_CACHE)
+	cd e2e/apiserver/tools && nice -n 10 $(GO) test -c -vet=off -trimpath -tags selinux,notest,grpcnotrace \
+		-ldflags '-s -w $(KUBE_VERSION_LDFLAGS)' -o $(E2E_TEST).tmp k8s.io/kubernetes/test/e2e
+	cd e2e/apiserver/tools && nice -n 10 $(GO) build -trimpath -ldflags '-s -w' -o $(AGNHOST).tmp k8s.io/kubernetes/test/images/agnhost
+	mv $(E2E_TEST).tmp $(E2E_TEST)
+	mv $(AGNHOST).tmp $(AGNHOST)
+
+CONFORMANCE_FOCUS ?= \[sig-network\].*\[Conformance\]
+conformance: deps build apiserver image kube-node $(E2E_TEST) $(AGNHOST)
+	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) PODNET_IMAGE=$(CURDIR)/$(IMAGE) \
+	PODNET_E2E_TEST=$(E2E_TEST) PODNET_AGNHOST=$(AGNHOST) PODNET_CONFORMANCE_FOCUS='$(CONFORMANCE_FOCUS)' \
+		$(GO) test -tags conformance -count=1 -timeout 150m -v -run '^TestConformance$$' ./e2e/
+
 # podnet's image as a docker-archive tarball (`ctr images import`, `docker
 # load`), without a Docker engine: the final stage of the Dockerfile read by
 # e2e/cmd/mkimage, its Debian packages installed by mmdebstrap (cached in
@@ -90,11 +110,11 @@ image: bin/podnet bin/loopback bin/proxyd bin/dnsd
 # Unit tests (no root needed) and root tests of single packages, then the
 # end-to-end lab tests one package at a time. PODNET_BIN tells the e2e tests
 # where the freshly built binaries are.
-test: deps build apiserver image
+test: deps build apiserver image kube-node
 	bash scripts/check-bpf.sh
 	$(GO) test -count=1 -timeout 20m $$($(GO) list ./... | grep -v /e2e)
 	$(GO) test -run '^$$' -fuzz '^FuzzServe$$' -fuzztime $(FUZZTIME) ./dataplane/dns
-	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) PODNET_IMAGE=$(CURDIR)/$(IMAGE) $(GO) test -count=1 -p 1 -timeout 25m ./e2e/...
+	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) PODNET_IMAGE=$(CURDIR)/$(IMAGE) PODNET_KUBE_CACHE=$(APISERVER_CACHE) $(GO) test -count=1 -p 1 -timeout 25m ./e2e/...
 
 demo: deps build
 	./bin/podnet-lab demo $(if $(KEEP),--keep,)

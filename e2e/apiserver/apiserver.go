@@ -81,6 +81,14 @@ type Options struct {
 	AdvertiseAddress netip.Addr
 	// Binary is kube-apiserver; default $PODNET_KUBE_APISERVER.
 	Binary string
+	// Users are more identities with a token each, mapped to their group
+	// (a kubelet: system:node:NAME in system:nodes).
+	Users map[string]string
+	// AuthorizationMode is kube-apiserver's --authorization-mode; RBAC when
+	// empty.
+	AuthorizationMode string
+	// ExtraArgs are appended to kube-apiserver's arguments.
+	ExtraArgs []string
 }
 
 // Server is a running etcd + kube-apiserver.
@@ -168,7 +176,11 @@ func (s *Server) writeFiles() error {
 		return fmt.Errorf("write service account key: %w", err)
 	}
 	var lines []string
-	for i, user := range []string{Admin, NodeSA, DNSSA} {
+	users := []string{Admin, NodeSA, DNSSA}
+	for u := range s.o.Users {
+		users = append(users, u)
+	}
+	for i, user := range users {
 		b := make([]byte, 16)
 		if _, err := rand.Read(b); err != nil {
 			return err
@@ -178,6 +190,8 @@ func (s *Server) writeFiles() error {
 		group := groupSA
 		if user == Admin {
 			group = "system:masters"
+		} else if g, ok := s.o.Users[user]; ok {
+			group = g
 		}
 		// token,user,uid,"group1,group2"
 		lines = append(lines, fmt.Sprintf("%s,%s,uid-%d,\"%s\"", tok, user, i, group))
@@ -196,24 +210,28 @@ func (s *Server) StartAPIServer(ctx context.Context) error {
 	if s.apiserver != nil {
 		return errors.New("kube-apiserver already runs")
 	}
-	p, err := s.o.Start("kube-apiserver", s.o.Binary,
+	authz := s.o.AuthorizationMode
+	if authz == "" {
+		authz = "RBAC"
+	}
+	p, err := s.o.Start("kube-apiserver", append([]string{s.o.Binary,
 		"--etcd-servers=http://127.0.0.1:2379",
 		"--bind-address=0.0.0.0",
 		fmt.Sprintf("--secure-port=%d", Port),
-		"--advertise-address="+s.o.AdvertiseAddress.String(),
-		"--cert-dir="+s.path("certs"),
-		"--token-auth-file="+s.path("tokens.csv"),
-		"--authorization-mode=RBAC",
-		"--service-cluster-ip-range="+ServiceCIDR,
+		"--advertise-address=" + s.o.AdvertiseAddress.String(),
+		"--cert-dir=" + s.path("certs"),
+		"--token-auth-file=" + s.path("tokens.csv"),
+		"--authorization-mode=" + authz,
+		"--service-cluster-ip-range=" + ServiceCIDR,
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-account-key-file="+s.path("sa.key"),
-		"--service-account-signing-key-file="+s.path("sa.key"),
+		"--service-account-key-file=" + s.path("sa.key"),
+		"--service-account-signing-key-file=" + s.path("sa.key"),
 		"--allow-privileged=true",
 		// One machine, a handful of clients: fairness queues only cost.
 		"--enable-priority-and-fairness=false",
 		"--profiling=false",
 		"--v=0",
-	)
+	}, s.o.ExtraArgs...)...)
 	if err != nil {
 		return err
 	}
@@ -349,3 +367,11 @@ func dialIn(nsPath string) func(ctx context.Context, network, addr string) (net.
 		return conn, err
 	}
 }
+
+// CertFile is the API server's self-signed serving certificate: the root CA
+// kube-controller-manager publishes to pods (kube-root-ca.crt).
+func (s *Server) CertFile() string { return s.path("certs/apiserver.crt") }
+
+// SAKeyFile is the service-account signing key, which
+// kube-controller-manager needs too.
+func (s *Server) SAKeyFile() string { return s.path("sa.key") }

@@ -1,0 +1,110 @@
+// Command podnet-testapp is the one static binary of the real-node lab's test
+// images (no registry, no shell in the image): the pod sandbox's pause
+// process, an HTTP server that says who answered, and the clients the tests
+// run with kubectl exec.
+//
+//	podnet-testapp pause            sleep until TERM/INT, reaping children
+//	podnet-testapp serve [:8080]    answer GET / with "<hostname> <client addr>"
+//	podnet-testapp get URL          print the body of a GET (exit 1 on failure)
+//	podnet-testapp resolve NAME     print NAME's addresses through /etc/resolv.conf
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: podnet-testapp pause|serve [ADDR]|get URL|resolve NAME")
+		os.Exit(2)
+	}
+	var err error
+	switch arg := func(i int) string {
+		if len(os.Args) > i {
+			return os.Args[i]
+		}
+		return ""
+	}; os.Args[1] {
+	case "pause":
+		pause()
+	case "serve":
+		err = serve(arg(2))
+	case "get":
+		err = get(arg(2))
+	case "resolve":
+		err = resolve(arg(2))
+	default:
+		err = fmt.Errorf("unknown command %q", os.Args[1])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "podnet-testapp:", err)
+		os.Exit(1)
+	}
+}
+
+func pause() {
+	c := make(chan os.Signal, 8)
+	signal.Notify(c, syscall.SIGTERM, syscall.SIGINT, syscall.SIGCHLD)
+	for s := range c {
+		if s != syscall.SIGCHLD {
+			return
+		}
+		for {
+			var ws syscall.WaitStatus
+			if pid, _ := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil); pid <= 0 {
+				break
+			}
+		}
+	}
+}
+
+func serve(addr string) error {
+	if addr == "" {
+		addr = ":8080"
+	}
+	host, _ := os.Hostname()
+	http.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s %s\n", host, r.RemoteAddr)
+	})
+	fmt.Println("serving on", addr)
+	return http.ListenAndServe(addr, nil)
+}
+
+func get(url string) error {
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	fmt.Print(string(body))
+	return nil
+}
+
+func resolve(name string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r := &net.Resolver{PreferGo: true}
+	addrs, err := r.LookupHost(ctx, name)
+	if err != nil {
+		return err
+	}
+	fmt.Println(strings.Join(addrs, " "))
+	return nil
+}

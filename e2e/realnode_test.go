@@ -1,0 +1,486 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/podnet/podnet/dataplane/roottest"
+	"github.com/podnet/podnet/e2e/apiserver"
+	"github.com/podnet/podnet/e2e/image"
+	"github.com/podnet/podnet/e2e/lab"
+	"github.com/podnet/podnet/e2e/realnode"
+)
+
+// Images of the real-node lab besides podnet's own: one static test binary
+// (e2e/cmd/podnet-testapp) as the sandbox's pause and as the workload.
+const (
+	pauseImage   = "localhost/podnet-e2e/pause:1"
+	testappImage = "localhost/podnet-e2e/testapp:1"
+)
+
+// realCluster is a control plane (etcd, kube-apiserver with Node
+// authorization, kube-controller-manager allocating podCIDRs,
+// kube-scheduler) and real nodes, with podnet installed by kubectl apply -k.
+type realCluster struct {
+	t       *testing.T
+	l       *lab.Lab
+	cp      *lab.ControlPlane
+	srv     *apiserver.Server
+	admin   kubernetes.Interface
+	bins    realnode.Binaries
+	nodes   []*realnode.Node
+	adminKC string
+	procs   []*lab.Proc
+}
+
+// startRealCluster builds the cluster on the given lab nodes and installs
+// podnet exactly as README says: the podnet-apiserver ConfigMap, then
+// kubectl apply -k with the image tag set in a kustomization over deploy/.
+func startRealCluster(t *testing.T, nodes []lab.NodeSpec) *realCluster {
+	return startRealClusterWith(t, nodes, nil)
+}
+
+// startRealClusterWith is startRealCluster with more images for the nodes,
+// built by extraImages once the control plane is up.
+func startRealClusterWith(t *testing.T, nodes []lab.NodeSpec, extraImages func(*realCluster) []string) *realCluster {
+	roottest.Require(t)
+	bins, err := realnode.FindBinaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiBin, err := apiserver.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	podnetTar := podnetImage(t)
+	checkHostUntouched(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+
+	l := lab.Start(t, lab.Options{Nodes: nodes})
+	cp, err := lab.NewControlPlane(ctx, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cp.Close() })
+	detach, err := l.Attach(cp, kubeAPIAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { detach() })
+	users := map[string]string{}
+	for _, n := range l.Nodes {
+		users["system:node:"+n.Name] = "system:nodes"
+	}
+	srv, err := apiserver.Start(ctx, apiserver.Options{
+		NSPath:            cp.NSPath(),
+		Start:             func(name string, args ...string) (apiserver.Process, error) { return cp.Host.Start(name, args...) },
+		Dir:               filepath.Join(cp.Dir, "apiserver"),
+		AdvertiseAddress:  kubeAPIAddr.Addr(),
+		Binary:            apiBin,
+		Users:             users,
+		AuthorizationMode: "Node,RBAC",
+		ExtraArgs: []string{
+			"--enable-admission-plugins=NodeRestriction",
+			// No DNS for node names in the lab.
+			"--kubelet-preferred-address-types=InternalIP",
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &realCluster{t: t, l: l, cp: cp, srv: srv, bins: bins}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("control plane logs:\n%s", srv.Logs())
+			for _, p := range c.procs {
+				out := p.Output()
+				t.Logf("=== %s\n%s", "controller", out[max(0, len(out)-4000):])
+			}
+		}
+		srv.Close()
+	})
+	if c.admin, err = srv.Client(apiserver.Admin); err != nil {
+		t.Fatal(err)
+	}
+	c.adminKC = filepath.Join(cp.Dir, "admin.kubeconfig")
+	if err := srv.WriteKubeconfig(c.adminKC, apiserver.Admin, netip.MustParseAddr("127.0.0.1")); err != nil {
+		t.Fatal(err)
+	}
+	c.startControllers()
+
+	imgDir := t.TempDir()
+	images := c.testImages(imgDir)
+	if extraImages != nil {
+		images = append(images, extraImages(c)...)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(l.Nodes))
+	c.nodes = make([]*realnode.Node, len(l.Nodes))
+	for i, ln := range l.Nodes {
+		kc := filepath.Join(ln.Dir, "kubelet.kubeconfig")
+		if err := srv.WriteKubeconfig(kc, "system:node:"+ln.Name, kubeAPIAddr.Addr()); err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			c.nodes[i], errs[i] = realnode.Start(ctx, ln, l.Prefix, realnode.NodeOptions{
+				Binaries:   bins,
+				Kubeconfig: kc,
+				Images:     append([]string{podnetTar}, images...),
+				PauseImage: pauseImage,
+				Nameserver: l.OutsideIP.String(),
+				Logf:       t.Logf,
+			})
+		})
+	}
+	wg.Wait()
+	// Registered after the lab's cleanup, so it runs before it: the node's
+	// processes end and its cgroup v1 roots go before the lab removes the
+	// rest.
+	for _, n := range c.nodes {
+		if n == nil {
+			continue
+		}
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("%s", n.Logs())
+			}
+			if err := n.Close(); err != nil {
+				t.Errorf("close node %s: %v", n.Name, err)
+			}
+		})
+	}
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.installPodnet(ctx, podnetTar)
+	return c
+}
+
+// hostPaths are what a kubelet, containerd, kube-controller-manager or the
+// DaemonSet would create on a node's host; host-wide sysctls the kubelet
+// sets. None may change on the machine running the lab.
+var (
+	hostPaths = []string{"/etc/cni", "/opt/cni", "/var/lib/kubelet", "/var/lib/containerd", "/var/lib/podnet",
+		"/run/podnet", "/run/containerd", "/var/log/pods", "/var/log/containers", "/usr/libexec/kubernetes",
+		"/etc/kubernetes", "/usr/lib/modules", "/run/xtables.lock"}
+	hostSysctls = []string{"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+		"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes"}
+)
+
+// checkHostUntouched records hostPaths and hostSysctls now and, after every
+// other cleanup of the test, fails it if any differs.
+func checkHostUntouched(t *testing.T) {
+	snapshot := func() map[string]string {
+		m := map[string]string{}
+		for _, p := range hostPaths {
+			_, err := os.Lstat(p)
+			m[p] = fmt.Sprint(err == nil)
+		}
+		for _, s := range hostSysctls {
+			b, _ := os.ReadFile("/proc/sys/" + s)
+			m[s] = strings.TrimSpace(string(b))
+		}
+		return m
+	}
+	before := snapshot()
+	t.Cleanup(func() {
+		for k, v := range snapshot() {
+			if v != before[k] {
+				t.Errorf("the host's %s changed: %s, was %s", k, v, before[k])
+			}
+		}
+	})
+}
+
+// startControllers runs kube-controller-manager (podCIDRs from
+// 10.244.0.0/16, kube-root-ca.crt for pods' service-account volumes) and
+// kube-scheduler in the control plane's namespace.
+func (c *realCluster) startControllers() {
+	c.t.Helper()
+	for _, args := range [][]string{
+		{c.bins.ControllerManager, "--kubeconfig=" + c.adminKC, "--leader-elect=false",
+			"--allocate-node-cidrs", "--cluster-cidr=10.244.0.0/16", "--node-cidr-mask-size=24",
+			"--service-cluster-ip-range=" + apiserver.ServiceCIDR,
+			"--root-ca-file=" + c.srv.CertFile(), "--service-account-private-key-file=" + c.srv.SAKeyFile(),
+			"--use-service-account-credentials=false", "--v=0",
+			// Its default is under /usr/libexec, on the host.
+			"--flex-volume-plugin-dir=" + filepath.Join(c.cp.Dir, "flexvolume")},
+		{c.bins.Scheduler, "--kubeconfig=" + c.adminKC, "--leader-elect=false", "--v=0"},
+	} {
+		p, err := c.cp.Host.Start(filepath.Base(args[0]), args...)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		c.procs = append(c.procs, p)
+	}
+}
+
+// testImages writes the pause and test-app images (one static binary,
+// built for the test) and returns their tarballs.
+func (c *realCluster) testImages(dir string) []string {
+	c.t.Helper()
+	bin := buildTestapp(c.t, dir)
+	var out []string
+	for _, img := range []struct{ tag, cmd string }{{pauseImage, "pause"}, {testappImage, "serve"}} {
+		path := filepath.Join(dir, strings.ReplaceAll(filepath.Base(img.tag), ":", "-")+".tar")
+		err := image.Build(c.t.Context(), image.BuildOptions{
+			Spec: image.Spec{
+				Files:      []image.File{{Src: bin, Dst: "/testapp", Mode: 0o755}},
+				Entrypoint: []string{"/testapp", img.cmd},
+			},
+			Tag: img.tag, Out: path,
+		})
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		out = append(out, path)
+	}
+	return out
+}
+
+// buildTestapp builds e2e/cmd/podnet-testapp, static, into dir.
+func buildTestapp(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "podnet-testapp")
+	if out, err := goCmd("build", "-trimpath", "-o", bin, "./cmd/podnet-testapp"); err != nil {
+		t.Fatalf("build podnet-testapp: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// goCmd runs the go command (static builds, as the Makefile's).
+func goCmd(args ...string) (string, error) {
+	cmd := exec.Command("go", args...)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// kubectl runs kubectl as the admin inside the control plane's namespace
+// (never from the host's) and returns its output.
+func (c *realCluster) kubectl(ctx context.Context, args ...string) (string, error) {
+	return c.cp.Host.Exec(ctx, append([]string{c.bins.Kubectl, "--kubeconfig=" + c.adminKC}, args...)...)
+}
+
+// installPodnet does what README's "Deploy on a cluster" says.
+func (c *realCluster) installPodnet(ctx context.Context, imageTar string) {
+	t := c.t
+	t.Helper()
+	m, err := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(imageTar) })
+	if err != nil || len(m) != 1 || len(m[0].RepoTags) != 1 {
+		t.Fatalf("podnet image manifest %v: %v", m, err)
+	}
+	repo, tag, _ := strings.Cut(m[0].RepoTags[0], ":")
+	deploy, err := filepath.Abs("../deploy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	overlay := filepath.Join(c.cp.Dir, "deploy-overlay")
+	if err := os.MkdirAll(overlay, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(overlay, deploy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kust := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - %s\nimages:\n  - name: %s\n    newTag: %q\n", rel, repo, tag)
+	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c.kubectl(ctx, "create", "namespace", "podnet-system"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if out, err := c.kubectl(ctx, "-n", "podnet-system", "create", "configmap", "podnet-apiserver",
+		"--from-literal=KUBERNETES_SERVICE_HOST="+kubeAPIAddr.Addr().String(), "--from-literal=KUBERNETES_SERVICE_PORT=6443"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if out, err := c.kubectl(ctx, "apply", "-k", overlay); err != nil {
+		t.Fatalf("kubectl apply -k: %v\n%s", err, out)
+	}
+	c.waitFor(3*time.Minute, "every node Ready and podnet's DaemonSet and DNS Deployment available", func(ctx context.Context) (bool, string) {
+		nodes, err := c.admin.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil || len(nodes.Items) != len(c.nodes) {
+			return false, fmt.Sprintf("nodes: %v (%v)", nodeNames(nodes), err)
+		}
+		for _, n := range nodes.Items {
+			if !nodeReady(&n) {
+				return false, "node " + n.Name + " not Ready"
+			}
+		}
+		ds, err := c.admin.AppsV1().DaemonSets("podnet-system").Get(ctx, "podnet-node", metav1.GetOptions{})
+		if err != nil || ds.Status.NumberReady != int32(len(c.nodes)) {
+			return false, fmt.Sprintf("daemonset: %v", err)
+		}
+		d, err := c.admin.AppsV1().Deployments("kube-system").Get(ctx, "podnet-dns", metav1.GetOptions{})
+		if err != nil || d.Status.AvailableReplicas < 1 {
+			return false, fmt.Sprintf("podnet-dns: %v", err)
+		}
+		return true, ""
+	})
+}
+
+func nodeNames(l *corev1.NodeList) []string {
+	if l == nil {
+		return nil
+	}
+	var out []string
+	for _, n := range l.Items {
+		out = append(out, n.Name)
+	}
+	return out
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// waitFor polls cond (each call bounded to 10 s) until it holds; on timeout
+// the test fails with the last reason and a kubectl view of the pods.
+func (c *realCluster) waitFor(timeout time.Duration, what string, cond func(context.Context) (bool, string)) {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	var why string
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(c.t.Context(), 10*time.Second)
+		ok, reason := cond(ctx)
+		cancel()
+		if ok {
+			return
+		}
+		why = reason
+		time.Sleep(time.Second)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	pods, _ := c.kubectl(ctx, "get", "pods", "-A", "-o", "wide")
+	events, _ := c.kubectl(ctx, "get", "events", "-A")
+	c.t.Fatalf("%s: not after %v (%s)\n%s\n%s", what, timeout, why, pods, events)
+}
+
+// applyYAML applies objects through kubectl.
+func (c *realCluster) applyYAML(ctx context.Context, text string) {
+	c.t.Helper()
+	f := filepath.Join(c.cp.Dir, fmt.Sprintf("apply-%d.yaml", time.Now().UnixNano()))
+	if err := os.WriteFile(f, []byte(text), 0o644); err != nil {
+		c.t.Fatal(err)
+	}
+	if out, err := c.kubectl(ctx, "apply", "-f", f); err != nil {
+		c.t.Fatalf("kubectl apply: %v\n%s", err, out)
+	}
+}
+
+// webYAML is a Deployment of the test app behind a ClusterIP Service, and a
+// client pod to exec into, on the given node (empty: anywhere).
+func webYAML(replicas int, clientNode string) string {
+	node := ""
+	if clientNode != "" {
+		node = "  nodeName: " + clientNode + "\n"
+	}
+	return fmt.Sprintf(`apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: default}
+spec:
+  replicas: %d
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers:
+        - name: web
+          image: %s
+          args: [":8080"]
+          ports: [{containerPort: 8080}]
+          readinessProbe: {httpGet: {path: /, port: 8080}, periodSeconds: 2}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 8080}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client, namespace: default}
+spec:
+%s  containers:
+    - name: client
+      image: %s
+      command: ["/testapp", "pause"]
+`, replicas, testappImage, node, testappImage)
+}
+
+// TestRealNodeSmoke is the short real-node test of make test: one kubelet +
+// containerd node, podnet installed with kubectl apply -k deploy/ (the
+// DaemonSet's init container installs the plugin and loopback, containerd
+// calls podnet for every sandbox, proxyd and dnsd run as pods), then a pod
+// resolves a Service's name through 10.96.0.10 and reaches it.
+func TestRealNodeSmoke(t *testing.T) {
+	c := startRealCluster(t, []lab.NodeSpec{{Name: "node1", IP: netip.MustParsePrefix("192.168.10.11/24")}})
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	c.applyYAML(ctx, webYAML(2, ""))
+	c.waitFor(2*time.Minute, "web ready and client running", func(ctx context.Context) (bool, string) {
+		d, err := c.admin.AppsV1().Deployments("default").Get(ctx, "web", metav1.GetOptions{})
+		if err != nil || d.Status.ReadyReplicas != 2 {
+			return false, fmt.Sprintf("web: %v", err)
+		}
+		p, err := c.admin.CoreV1().Pods("default").Get(ctx, "client", metav1.GetOptions{})
+		if err != nil || p.Status.Phase != corev1.PodRunning {
+			return false, fmt.Sprintf("client: %v", err)
+		}
+		return true, ""
+	})
+	pods, err := c.admin.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	podCIDR := netip.MustParsePrefix("10.244.0.0/16")
+	for _, p := range pods.Items {
+		if p.Spec.HostNetwork || p.Status.Phase != corev1.PodRunning {
+			continue
+		}
+		a, err := netip.ParseAddr(p.Status.PodIP)
+		if err != nil || !podCIDR.Contains(a) {
+			t.Errorf("pod %s/%s has address %q, want one from %v", p.Namespace, p.Name, p.Status.PodIP, podCIDR)
+		}
+	}
+	out, err := c.kubectl(ctx, "exec", "client", "--", "/testapp", "resolve", "kubernetes.default")
+	if err != nil || strings.TrimSpace(out) != "10.96.0.1" {
+		t.Errorf("kubernetes.default from a pod: %q, %v; want 10.96.0.1", out, err)
+	}
+	svc, err := c.admin.CoreV1().Services("default").Get(ctx, "web", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err = c.kubectl(ctx, "exec", "client", "--", "/testapp", "resolve", "web")
+	if err != nil || strings.TrimSpace(out) != svc.Spec.ClusterIP {
+		t.Errorf("web from a pod: %q, %v; want the ClusterIP %s", out, err, svc.Spec.ClusterIP)
+	}
+	out, err = c.kubectl(ctx, "exec", "client", "--", "/testapp", "get", "http://web.default.svc.cluster.local/")
+	if err != nil || !strings.HasPrefix(out, "web-") {
+		t.Errorf("GET http://web.default.svc.cluster.local/ from a pod: %q, %v; want a web pod's answer", out, err)
+	}
+}
