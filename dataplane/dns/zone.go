@@ -272,114 +272,29 @@ type ptrOwner struct {
 
 // apply recomputes the dirty parts of s (a copy of the previous snapshot
 // whose maps are still shared) and reports whether any record changed.
+// Pods go first: their hostnames feed the Services' endpoint names.
 func (b *builder) apply(z *Zone, s *snapshot, p pending) bool {
-	store := z.store
 	if p.all || b.svcNames == nil {
-		*b = builder{
-			svcNames: map[cluster.Key][]string{}, svcPTR: map[cluster.Key][]netip.Addr{},
-			ptrOwners: map[netip.Addr][]ptrOwner{}, nsRefs: map[string]int{}, nsObjects: map[string]bool{},
-			podIPs: map[cluster.Key][]netip.Addr{}, podHosts: map[cluster.Key][2]string{},
-		}
-		s.names = map[string]*node{}
-		s.ptr = map[netip.Addr]*rrset{}
-		s.namespaces = map[string]struct{}{}
-		s.podIPs = map[string]map[netip.Addr]struct{}{}
-		p.services = map[cluster.Key]struct{}{}
-		p.pods = map[cluster.Key]struct{}{}
-		for _, svc := range store.Services() {
-			p.services[svc.Key()] = struct{}{}
-		}
-		for _, pod := range store.Pods() {
-			p.pods[pod.Key()] = struct{}{}
-		}
-		p.namespaces = true
-		z.addFixedNames(s)
+		b.reset(z, s, &p)
 	} else {
 		s.names = maps.Clone(s.names)
 		s.ptr = maps.Clone(s.ptr)
 	}
-	changed := p.all
-	dirtyPTR := map[netip.Addr]struct{}{}
-
-	// Pods first: their hostnames feed the Services' endpoint names.
-	if len(p.pods) > 0 {
-		if s.pods == PodsVerified {
-			s.podIPs = maps.Clone(s.podIPs)
-		}
-		for key := range p.pods {
-			changed = true
-			if _, had := b.podHosts[key]; had {
-				b.nsRefs[key.Namespace]--
-			}
-			if s.pods == PodsVerified {
-				b.setPodIPs(s, key, nil)
-			}
-			delete(b.podHosts, key)
-			pod, _ := store.Get(cluster.KindPod, key).(*cluster.Pod)
-			if pod == nil {
-				continue
-			}
-			b.nsRefs[key.Namespace]++
-			b.podHosts[key] = [2]string{strings.ToLower(pod.Hostname), strings.ToLower(pod.Subdomain)}
-			if s.pods == PodsVerified {
-				b.setPodIPs(s, key, pod.IPs)
-			}
+	if len(p.pods) > 0 && s.pods == PodsVerified {
+		s.podIPs = maps.Clone(s.podIPs)
+	}
+	for key := range p.pods {
+		b.removePod(s, key)
+		if pod, _ := z.store.Get(cluster.KindPod, key).(*cluster.Pod); pod != nil {
+			b.addPod(s, key, pod)
 		}
 	}
-
+	dirtyPTR := map[netip.Addr]struct{}{}
 	for key := range p.services {
-		changed = true
-		for _, n := range b.svcNames[key] {
-			delete(s.names, n)
+		b.removeService(z, s, key, dirtyPTR)
+		if svc := z.store.Service(key); svc != nil {
+			b.addService(z, s, key, svc, dirtyPTR)
 		}
-		if _, had := b.svcNames[key]; had {
-			b.nsRefs[key.Namespace]--
-		}
-		delete(b.svcNames, key)
-		for _, a := range b.svcPTR[key] {
-			b.ptrOwners[a] = slices.DeleteFunc(b.ptrOwners[a], func(o ptrOwner) bool { return o.svc == key })
-			if len(b.ptrOwners[a]) == 0 {
-				delete(b.ptrOwners, a)
-			}
-			dirtyPTR[a] = struct{}{}
-		}
-		delete(b.svcPTR, key)
-		if key == z.opts.DNSService {
-			b.dnsService = nil
-		}
-
-		svc := store.Service(key)
-		if svc == nil {
-			continue
-		}
-		b.nsRefs[key.Namespace]++
-		if key == z.opts.DNSService {
-			b.dnsService = slices.Clone(svc.ClusterIPs)
-		}
-		recs := serviceRecords(svc, store.EndpointSlicesFor(key), b.podHostname, s.zone, s.ttl)
-		names := make([]string, 0, len(recs.names))
-		for _, nn := range recs.names {
-			s.names[nn.name] = nn.node
-			names = append(names, nn.name)
-		}
-		if z.opts.ShortNames && recs.base != nil {
-			for _, short := range []string{
-				string(wireName(svc.Name + "." + svc.Namespace)),
-				string(wireName(svc.Name + "." + svc.Namespace + ".svc")),
-			} {
-				s.names[short] = recs.base
-				names = append(names, short)
-			}
-		}
-		b.svcNames[key] = names
-		var addrs []netip.Addr
-		for _, po := range recs.ptrs {
-			po.owner.svc = key
-			b.ptrOwners[po.addr] = append(b.ptrOwners[po.addr], po.owner)
-			addrs = append(addrs, po.addr)
-			dirtyPTR[po.addr] = struct{}{}
-		}
-		b.svcPTR[key] = addrs
 	}
 	for a := range dirtyPTR {
 		if set := ptrRecords(b.ptrOwners[a], s.ttl); set != nil {
@@ -388,16 +303,129 @@ func (b *builder) apply(z *Zone, s *snapshot, p pending) bool {
 			delete(s.ptr, a)
 		}
 	}
-
 	if p.namespaces {
-		changed = true
 		b.nsObjects = map[string]bool{}
-		for _, ns := range store.Namespaces() {
+		for _, ns := range z.store.Namespaces() {
 			b.nsObjects[strings.ToLower(ns.Name)] = true
 		}
 	}
-	// Namespace existence follows Namespace objects, and also Services and
-	// Pods in a namespace: a state directory need not list Namespaces.
+	b.setNamespaces(s)
+	if !slices.Equal(s.nsAddrs, b.dnsService) {
+		s.nsAddrs = b.dnsService
+		a, aaaa := addressSets(s.nsAddrs, s.ttl)
+		s.names[string(joinWire(wireName("ns.dns"), s.zone))] = packNode(a, aaaa, rrset{}, rrset{}, "")
+	}
+	return p.all || len(p.pods) > 0 || len(p.services) > 0 || p.namespaces
+}
+
+// reset empties the builder and s for a rebuild of everything the store
+// holds, and marks all of it pending.
+func (b *builder) reset(z *Zone, s *snapshot, p *pending) {
+	*b = builder{
+		svcNames: map[cluster.Key][]string{}, svcPTR: map[cluster.Key][]netip.Addr{},
+		ptrOwners: map[netip.Addr][]ptrOwner{}, nsRefs: map[string]int{}, nsObjects: map[string]bool{},
+		podIPs: map[cluster.Key][]netip.Addr{}, podHosts: map[cluster.Key][2]string{},
+	}
+	s.names = map[string]*node{}
+	s.ptr = map[netip.Addr]*rrset{}
+	s.namespaces = map[string]struct{}{}
+	s.podIPs = map[string]map[netip.Addr]struct{}{}
+	p.services = map[cluster.Key]struct{}{}
+	p.pods = map[cluster.Key]struct{}{}
+	for _, svc := range z.store.Services() {
+		p.services[svc.Key()] = struct{}{}
+	}
+	for _, pod := range z.store.Pods() {
+		p.pods[pod.Key()] = struct{}{}
+	}
+	p.namespaces = true
+	z.addFixedNames(s)
+}
+
+// The remove functions undo everything the add functions record: they are
+// the one place that knows what a Pod's or Service's contribution was.
+
+// removePod undoes what addPod recorded for key.
+func (b *builder) removePod(s *snapshot, key cluster.Key) {
+	if _, had := b.podHosts[key]; had {
+		b.nsRefs[key.Namespace]--
+	}
+	if s.pods == PodsVerified {
+		b.setPodIPs(s, key, nil)
+	}
+	delete(b.podHosts, key)
+}
+
+// addPod records a Pod's hostname (for its Service's endpoint names), its
+// namespace and, in verified mode, its addresses.
+func (b *builder) addPod(s *snapshot, key cluster.Key, pod *cluster.Pod) {
+	b.nsRefs[key.Namespace]++
+	b.podHosts[key] = [2]string{strings.ToLower(pod.Hostname), strings.ToLower(pod.Subdomain)}
+	if s.pods == PodsVerified {
+		b.setPodIPs(s, key, pod.IPs)
+	}
+}
+
+// removeService deletes key's names and reverse-record claims; the
+// addresses whose PTR answers must be recomputed go to dirtyPTR.
+func (b *builder) removeService(z *Zone, s *snapshot, key cluster.Key, dirtyPTR map[netip.Addr]struct{}) {
+	for _, n := range b.svcNames[key] {
+		delete(s.names, n)
+	}
+	if _, had := b.svcNames[key]; had {
+		b.nsRefs[key.Namespace]--
+	}
+	delete(b.svcNames, key)
+	for _, a := range b.svcPTR[key] {
+		b.ptrOwners[a] = slices.DeleteFunc(b.ptrOwners[a], func(o ptrOwner) bool { return o.svc == key })
+		if len(b.ptrOwners[a]) == 0 {
+			delete(b.ptrOwners, a)
+		}
+		dirtyPTR[a] = struct{}{}
+	}
+	delete(b.svcPTR, key)
+	if key == z.opts.DNSService {
+		b.dnsService = nil
+	}
+}
+
+// addService puts svc's names into s and records them, and its reverse
+// records' claims, for removeService.
+func (b *builder) addService(z *Zone, s *snapshot, key cluster.Key, svc *cluster.Service, dirtyPTR map[netip.Addr]struct{}) {
+	b.nsRefs[key.Namespace]++
+	if key == z.opts.DNSService {
+		b.dnsService = slices.Clone(svc.ClusterIPs)
+	}
+	recs := serviceRecords(svc, z.store.EndpointSlicesFor(key), b.podHostname, s.zone, s.ttl)
+	names := make([]string, 0, len(recs.names))
+	for _, nn := range recs.names {
+		s.names[nn.name] = nn.node
+		names = append(names, nn.name)
+	}
+	if z.opts.ShortNames && recs.base != nil {
+		for _, short := range []string{
+			string(wireName(svc.Name + "." + svc.Namespace)),
+			string(wireName(svc.Name + "." + svc.Namespace + ".svc")),
+		} {
+			s.names[short] = recs.base
+			names = append(names, short)
+		}
+	}
+	b.svcNames[key] = names
+	var addrs []netip.Addr
+	for _, po := range recs.ptrs {
+		po.owner.svc = key
+		b.ptrOwners[po.addr] = append(b.ptrOwners[po.addr], po.owner)
+		addrs = append(addrs, po.addr)
+		dirtyPTR[po.addr] = struct{}{}
+	}
+	b.svcPTR[key] = addrs
+}
+
+// setNamespaces recomputes which namespaces exist and their svc and pod
+// names. Namespace existence follows Namespace objects, and also Services
+// and Pods in a namespace: a state directory need not list Namespaces.
+func (b *builder) setNamespaces(s *snapshot) {
 	nss := map[string]struct{}{}
 	for ns := range b.nsObjects {
 		nss[ns] = struct{}{}
@@ -409,23 +437,18 @@ func (b *builder) apply(z *Zone, s *snapshot, p pending) bool {
 			delete(b.nsRefs, ns)
 		}
 	}
-	if !maps.Equal(nss, s.namespaces) {
-		for ns := range s.namespaces {
-			delete(s.names, string(joinWire(wireName(ns+".svc"), s.zone)))
-			delete(s.names, string(joinWire(wireName(ns+".pod"), s.zone)))
-		}
-		for ns := range nss {
-			s.names[string(joinWire(wireName(ns+".svc"), s.zone))] = &node{}
-			s.names[string(joinWire(wireName(ns+".pod"), s.zone))] = &node{}
-		}
-		s.namespaces = nss
+	if maps.Equal(nss, s.namespaces) {
+		return
 	}
-	if !slices.Equal(s.nsAddrs, b.dnsService) {
-		s.nsAddrs = b.dnsService
-		a, aaaa := addressSets(s.nsAddrs, s.ttl)
-		s.names[string(joinWire(wireName("ns.dns"), s.zone))] = packNode(a, aaaa, rrset{}, rrset{}, "")
+	for ns := range s.namespaces {
+		delete(s.names, string(joinWire(wireName(ns+".svc"), s.zone)))
+		delete(s.names, string(joinWire(wireName(ns+".pod"), s.zone)))
 	}
-	return changed
+	for ns := range nss {
+		s.names[string(joinWire(wireName(ns+".svc"), s.zone))] = &node{}
+		s.names[string(joinWire(wireName(ns+".pod"), s.zone))] = &node{}
+	}
+	s.namespaces = nss
 }
 
 func (b *builder) podHostname(ns, pod, svc string) string {
