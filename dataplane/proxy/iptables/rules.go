@@ -407,109 +407,153 @@ func (g *Generator) nodePortJumps() []string {
 
 const markFmt = "-j MARK --or-mark %#x"
 
+// portRules builds one ServicePort's rules: its own chains, the cluster IP
+// part, and for a Service reachable from outside the external and firewall
+// parts.
 func (g *Generator) portRules(key cluster.Key, sp *proxy.ServicePort) *portRules {
-	pr := &portRules{chains: make(map[string][]string)}
-	proto := protoMatch(sp.Protocol)
 	h := portHash(sp.Name)
-	match := func(addr netip.Addr) string {
-		return fmt.Sprintf("-d %s/32 %s --dport %d", addr, proto, sp.Port)
-	}
-	own := sp.External() || sp.InternalPolicyLocal
-	svcChain, localChain := "PODSVC-S-"+h, "PODSVC-L-"+h
-	if own {
+	c := portCtx{key: key, sp: sp, proto: protoMatch(sp.Protocol),
+		svcChain: "PODSVC-S-" + h, localChain: "PODSVC-L-" + h, extChain: "PODSVC-E-" + h, fwChain: "PODSVC-F-" + h,
+		own: sp.External() || sp.InternalPolicyLocal}
+	pr := &portRules{chains: make(map[string][]string)}
+	if c.own {
 		if len(sp.ClusterEndpoints) > 0 {
-			pr.chains[svcChain] = endpointRules(nil, "-p "+strings.ToLower(string(sp.Protocol)), sp, sp.ClusterEndpoints)
+			pr.chains[c.svcChain] = endpointRules(nil, "-p "+strings.ToLower(string(sp.Protocol)), sp, sp.ClusterEndpoints)
 		}
 		if len(sp.LocalEndpoints) > 0 {
-			pr.chains[localChain] = endpointRules(nil, "-p "+strings.ToLower(string(sp.Protocol)), sp, sp.LocalEndpoints)
+			pr.chains[c.localChain] = endpointRules(nil, "-p "+strings.ToLower(string(sp.Protocol)), sp, sp.LocalEndpoints)
 		}
 	}
-	target := func(eps []proxy.Endpoint, chain string) string {
-		switch {
-		case !sp.HasEndpoints:
-			return fmt.Sprintf(markFmt, MarkReject)
-		case len(eps) == 0:
-			return fmt.Sprintf(markFmt, MarkDrop)
-		}
-		return "-j " + chain
+	c.clusterIPRules(pr)
+	if sp.External() {
+		g.externalRules(c, pr)
 	}
+	return pr
+}
 
-	// Cluster IP; the leaf it lands in marks it for masquerading.
-	m := match(sp.ClusterIP)
-	var rules []string
-	internal, internalChain := sp.ClusterEndpoints, svcChain
-	if sp.InternalPolicyLocal {
-		internal, internalChain = sp.LocalEndpoints, localChain
+// portCtx is what every part of one ServicePort's rules shares.
+type portCtx struct {
+	key   cluster.Key
+	sp    *proxy.ServicePort
+	proto string // protoMatch of the port's protocol
+	// The port's chains: all endpoints, local endpoints, external entry,
+	// load-balancer source ranges.
+	svcChain, localChain, extChain, fwChain string
+	// own: the port has endpoint chains of its own (else the cluster IP's
+	// rules DNAT directly, saving a jump on the common path).
+	own bool
+}
+
+// match is the match of traffic to addr on the port.
+func (c portCtx) match(addr netip.Addr) string {
+	return fmt.Sprintf("-d %s/32 %s --dport %d", addr, c.proto, c.sp.Port)
+}
+
+// target is where traffic for eps goes: their chain, or a mark that
+// rejects (the Service has no endpoints at all) or drops (none of these).
+func (c portCtx) target(eps []proxy.Endpoint, chain string) string {
+	switch {
+	case !c.sp.HasEndpoints:
+		return fmt.Sprintf(markFmt, MarkReject)
+	case len(eps) == 0:
+		return fmt.Sprintf(markFmt, MarkDrop)
 	}
-	if own || !sp.HasEndpoints || len(internal) == 0 {
-		rules = append(rules, m+" "+target(internal, internalChain))
+	return "-j " + chain
+}
+
+// clusterIPRules adds the cluster IP's frontend; the leaf it lands in marks
+// it for masquerading.
+func (c portCtx) clusterIPRules(pr *portRules) {
+	sp := c.sp
+	m := c.match(sp.ClusterIP)
+	var rules []string
+	internal, internalChain := sp.ClusterEndpoints, c.svcChain
+	if sp.InternalPolicyLocal {
+		internal, internalChain = sp.LocalEndpoints, c.localChain
+	}
+	if c.own || !sp.HasEndpoints || len(internal) == 0 {
+		rules = append(rules, m+" "+c.target(internal, internalChain))
 	} else {
 		rules = endpointRules(rules, m, sp, internal)
 	}
-	pr.clusterFronts = append(pr.clusterFronts, frontend{sp.ClusterIP, rules, frontRef{key, sp.Name, false, 0}})
+	pr.clusterFronts = append(pr.clusterFronts, frontend{sp.ClusterIP, rules, frontRef{c.key, sp.Name, false, 0}})
 	for _, e := range internal {
 		if e.Local {
 			pr.hairpin = append(pr.hairpin, e.Addr)
 		}
 	}
-	if !sp.External() {
-		return pr
-	}
+}
 
-	// External entry points: NodePort, externalIPs, load-balancer IPs.
-	extChain := "PODSVC-E-" + h
-	var ext []string
-	switch {
-	case !sp.HasEndpoints:
-		ext = []string{fmt.Sprintf(markFmt, MarkReject)}
-	case sp.ExternalPolicyLocal:
-		// Pods and the node itself may use any endpoint (and the node's
-		// own traffic is masqueraded); other clients keep their source
-		// address and reach local endpoints only.
-		clusterTarget := target(sp.ClusterEndpoints, svcChain)
-		if len(sp.ClusterEndpoints) == 0 {
-			clusterTarget = target(sp.LocalEndpoints, localChain)
-		}
-		if g.cfg.ClusterCIDR.IsValid() {
-			ext = append(ext, fmt.Sprintf("-s %s %s", g.cfg.ClusterCIDR.Masked(), clusterTarget))
-		}
-		ext = append(ext,
-			"-m addrtype --src-type LOCAL "+fmt.Sprintf(markFmt, MarkMasq),
-			"-m addrtype --src-type LOCAL "+clusterTarget,
-			fmt.Sprintf("-j MARK --and-mark %#x", ^uint32(MarkMasq)),
-			target(sp.LocalEndpoints, localChain))
-	default:
-		ext = []string{fmt.Sprintf(markFmt, MarkMasq), target(sp.ClusterEndpoints, svcChain)}
-	}
-	pr.chains[extChain] = ext
+// externalRules adds the external entry points: the external chain, the
+// frontends of externalIPs and load-balancer IPs (behind the firewall
+// chain when source ranges are set) and the NodePort rule.
+func (g *Generator) externalRules(c portCtx, pr *portRules) {
+	sp := c.sp
+	pr.chains[c.extChain] = g.externalChain(c)
 	for _, e := range sp.ExternalEndpoints() {
 		if e.Local {
 			pr.hairpin = append(pr.hairpin, e.Addr)
 		}
 	}
 	for _, ip := range sp.ExternalIPs {
-		pr.externalFronts = append(pr.externalFronts, frontend{ip, []string{match(ip) + " -j " + extChain},
-			frontRef{key, sp.Name, true, len(pr.externalFronts)}})
+		pr.externalFronts = append(pr.externalFronts, frontend{ip, []string{c.match(ip) + " -j " + c.extChain},
+			frontRef{c.key, sp.Name, true, len(pr.externalFronts)}})
 	}
-	lbTarget := extChain
-	if len(sp.LoadBalancerIPs) > 0 && len(sp.LoadBalancerSourceRanges) > 0 {
-		lbTarget = "PODSVC-F-" + h
-		var fw []string
-		for _, r := range sp.LoadBalancerSourceRanges {
-			if r.Addr().Is4() {
-				fw = append(fw, fmt.Sprintf("-s %s -j %s", r.Masked(), extChain))
-			}
-		}
-		pr.chains[lbTarget] = append(fw, fmt.Sprintf(markFmt, MarkDrop))
-	}
+	lbTarget := c.firewallRules(pr)
 	for _, ip := range sp.LoadBalancerIPs {
-		pr.externalFronts = append(pr.externalFronts, frontend{ip, []string{match(ip) + " -j " + lbTarget},
-			frontRef{key, sp.Name, true, len(pr.externalFronts)}})
+		pr.externalFronts = append(pr.externalFronts, frontend{ip, []string{c.match(ip) + " -j " + lbTarget},
+			frontRef{c.key, sp.Name, true, len(pr.externalFronts)}})
 	}
 	if sp.NodePort != 0 {
-		pr.nodePorts = []string{fmt.Sprintf("%s --dport %d -j %s", proto, sp.NodePort, extChain)}
+		pr.nodePorts = []string{fmt.Sprintf("%s --dport %d -j %s", c.proto, sp.NodePort, c.extChain)}
 	}
-	return pr
+}
+
+// externalChain is the rules of the external entry chain, by traffic
+// policy.
+func (g *Generator) externalChain(c portCtx) []string {
+	sp := c.sp
+	switch {
+	case !sp.HasEndpoints:
+		return []string{fmt.Sprintf(markFmt, MarkReject)}
+	case sp.ExternalPolicyLocal:
+		// Pods and the node itself may use any endpoint (and the node's
+		// own traffic is masqueraded); other clients keep their source
+		// address and reach local endpoints only.
+		clusterTarget := c.target(sp.ClusterEndpoints, c.svcChain)
+		if len(sp.ClusterEndpoints) == 0 {
+			clusterTarget = c.target(sp.LocalEndpoints, c.localChain)
+		}
+		var ext []string
+		if g.cfg.ClusterCIDR.IsValid() {
+			ext = append(ext, fmt.Sprintf("-s %s %s", g.cfg.ClusterCIDR.Masked(), clusterTarget))
+		}
+		return append(ext,
+			"-m addrtype --src-type LOCAL "+fmt.Sprintf(markFmt, MarkMasq),
+			"-m addrtype --src-type LOCAL "+clusterTarget,
+			fmt.Sprintf("-j MARK --and-mark %#x", ^uint32(MarkMasq)),
+			c.target(sp.LocalEndpoints, c.localChain))
+	default:
+		return []string{fmt.Sprintf(markFmt, MarkMasq), c.target(sp.ClusterEndpoints, c.svcChain)}
+	}
+}
+
+// firewallRules adds the firewall chain of load-balancer IPs with source
+// ranges (allowed sources go on to the external chain, the rest is
+// dropped) and returns where the load-balancer frontends jump.
+func (c portCtx) firewallRules(pr *portRules) string {
+	sp := c.sp
+	if len(sp.LoadBalancerIPs) == 0 || len(sp.LoadBalancerSourceRanges) == 0 {
+		return c.extChain
+	}
+	var fw []string
+	for _, r := range sp.LoadBalancerSourceRanges {
+		if r.Addr().Is4() {
+			fw = append(fw, fmt.Sprintf("-s %s -j %s", r.Masked(), c.extChain))
+		}
+	}
+	pr.chains[c.fwChain] = append(fw, fmt.Sprintf(markFmt, MarkDrop))
+	return c.fwChain
 }
 
 // endpointRules appends the DNAT rules choosing one of eps evenly at random
