@@ -20,6 +20,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -445,14 +446,60 @@ func (p *plugin) check(c *Config, args *skel.CmdArgs, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	want, err := checkWanted(prev, args.IfName)
+	if err != nil {
+		return err
+	}
+	want.podCIDR, want.mtu, want.bridge = pn.PodCIDR, pn.MTU, c.Bridge
+	want.hostVeth = link.HostVethName(args.ContainerID, args.IfName)
+	want.att = ipam.Attachment{ContainerID: args.ContainerID, IfName: args.IfName}
+	seen, err := p.observe(c, args, want, log)
+	if err != nil {
+		return err
+	}
+	if diffs := compareCheck(want, seen); len(diffs) > 0 {
+		return fmt.Errorf("CHECK %s: %s", want.att, strings.Join(diffs, "; "))
+	}
+	return nil
+}
+
+// checkWant is the state CHECK expects: prevResult's, and the network's.
+type checkWant struct {
+	att      ipam.Attachment
+	ifName   string
+	addr     netip.Addr
+	prefix   netip.Prefix // addr with the pod's prefix length
+	gw       netip.Addr   // invalid: prevResult names none
+	mac      string       // "": prevResult names none
+	podCIDR  netip.Prefix
+	mtu      int
+	bridge   string
+	hostVeth string
+}
+
+// checkSeen is the pod's state as CHECK observed it. An error field says
+// that part could not be read.
+type checkSeen struct {
+	ipamAddr                netip.Addr // invalid: the store holds no address
+	hostErr                 error      // the host veth
+	bridgeErr               error
+	hostMaster, bridgeIndex int
+	hostMTU                 int
+	hostUp                  bool
+	podErr                  error
+	pod                     link.PodState
+}
+
+// checkWanted reads the pod interface and its address from prevResult.
+func checkWanted(prev *current.Result, ifName string) (checkWant, error) {
 	podIdx := -1
 	for i, ifc := range prev.Interfaces {
-		if ifc.Name == args.IfName && ifc.Sandbox != "" {
+		if ifc.Name == ifName && ifc.Sandbox != "" {
 			podIdx = i
 		}
 	}
 	if podIdx < 0 {
-		return fmt.Errorf("CHECK: prevResult lists no interface %s with a sandbox", args.IfName)
+		return checkWant{}, fmt.Errorf("CHECK: prevResult lists no interface %s with a sandbox", ifName)
 	}
 	var ipc *current.IPConfig
 	for _, ip := range prev.IPs {
@@ -461,89 +508,117 @@ func (p *plugin) check(c *Config, args *skel.CmdArgs, log *slog.Logger) error {
 		}
 	}
 	if ipc == nil {
-		return fmt.Errorf("CHECK: prevResult has no address for interface %s", args.IfName)
+		return checkWant{}, fmt.Errorf("CHECK: prevResult has no address for interface %s", ifName)
 	}
-	wantAddr, _ := netip.AddrFromSlice(ipc.Address.IP)
-	wantAddr = wantAddr.Unmap()
+	w := checkWant{ifName: ifName, mac: prev.Interfaces[podIdx].Mac}
+	w.addr, _ = netip.AddrFromSlice(ipc.Address.IP)
+	w.addr = w.addr.Unmap()
 	ones, _ := ipc.Address.Mask.Size()
-	wantPrefix := netip.PrefixFrom(wantAddr, ones)
-	wantGW, _ := netip.AddrFromSlice(ipc.Gateway)
-	wantGW = wantGW.Unmap()
+	w.prefix = netip.PrefixFrom(w.addr, ones)
+	w.gw, _ = netip.AddrFromSlice(ipc.Gateway)
+	w.gw = w.gw.Unmap()
+	return w, nil
+}
 
-	var diffs []string
-	att := ipam.Attachment{ContainerID: args.ContainerID, IfName: args.IfName}
+// observe reads what CHECK compares: the IPAM store, the host veth and
+// bridge, the pod's interface. Only a pod netns that cannot be opened is
+// an error; what is missing is recorded for compareCheck.
+func (p *plugin) observe(c *Config, args *skel.CmdArgs, want checkWant, log *slog.Logger) (checkSeen, error) {
+	var seen checkSeen
 	txn, err := c.openStore(log)
 	if err != nil {
-		return err
+		return seen, err
 	}
-	got, ok := txn.Lookup(att)
+	if got, ok := txn.Lookup(want.att); ok {
+		seen.ipamAddr = got
+	}
 	txn.Close()
-	switch {
-	case !ok:
-		diffs = append(diffs, fmt.Sprintf("ipam holds no address for %s (prevResult has %s)", att, wantAddr))
-	case got != wantAddr:
-		diffs = append(diffs, fmt.Sprintf("ipam holds %s for %s, prevResult has %s", got, att, wantAddr))
-	}
-	if !pn.PodCIDR.Contains(wantAddr) {
-		diffs = append(diffs, fmt.Sprintf("address %s is outside the podCIDR %s", wantAddr, pn.PodCIDR))
-	}
 
-	hostName := link.HostVethName(args.ContainerID, args.IfName)
-	if hl, err := netlink.LinkByName(hostName); err != nil {
-		diffs = append(diffs, fmt.Sprintf("host veth %s: %v", hostName, err))
+	if hl, err := netlink.LinkByName(want.hostVeth); err != nil {
+		seen.hostErr = err
 	} else {
-		br, err := netlink.LinkByName(c.Bridge)
-		switch {
-		case err != nil:
-			diffs = append(diffs, fmt.Sprintf("bridge %s: %v", c.Bridge, err))
-		case hl.Attrs().MasterIndex != br.Attrs().Index:
-			diffs = append(diffs, fmt.Sprintf("host veth %s is not attached to %s", hostName, c.Bridge))
-		}
-		if hl.Attrs().MTU != pn.MTU {
-			diffs = append(diffs, fmt.Sprintf("host veth %s has MTU %d, want %d", hostName, hl.Attrs().MTU, pn.MTU))
-		}
-		if hl.Attrs().Flags&net.FlagUp == 0 {
-			diffs = append(diffs, fmt.Sprintf("host veth %s is down", hostName))
+		seen.hostMaster, seen.hostMTU, seen.hostUp = hl.Attrs().MasterIndex, hl.Attrs().MTU, hl.Attrs().Flags&net.FlagUp != 0
+		if br, err := netlink.LinkByName(want.bridge); err != nil {
+			seen.bridgeErr = err
+		} else {
+			seen.bridgeIndex = br.Attrs().Index
 		}
 	}
 
 	podNS, err := p.host.OpenNetNS(args.Netns)
 	if err != nil {
-		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_NETNS %s: %v", args.Netns, err), "")
+		return seen, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_NETNS %s: %v", args.Netns, err), "")
 	}
 	defer podNS.Close()
-	st, err := link.InspectPod(podNS, args.IfName, family(wantAddr))
-	if err != nil {
-		diffs = append(diffs, err.Error())
-	} else {
-		if st.MTU != pn.MTU {
-			diffs = append(diffs, fmt.Sprintf("%s in pod has MTU %d, want %d", args.IfName, st.MTU, pn.MTU))
-		}
-		if m := prev.Interfaces[podIdx].Mac; m != "" && !strings.EqualFold(m, st.MAC) {
-			diffs = append(diffs, fmt.Sprintf("%s in pod has MAC %s, prevResult has %s", args.IfName, st.MAC, m))
-		}
-		if !st.Up {
-			diffs = append(diffs, fmt.Sprintf("%s in pod is down", args.IfName))
-		}
-		found := false
-		for _, a := range st.Addrs {
-			found = found || a == wantPrefix
-		}
-		if !found {
-			diffs = append(diffs, fmt.Sprintf("%s in pod has addresses %v, want %s", args.IfName, st.Addrs, wantPrefix))
-		}
-		if wantGW.IsValid() && st.DefaultGW != wantGW {
-			if st.DefaultGW.IsValid() {
-				diffs = append(diffs, fmt.Sprintf("pod's default route is via %s, want %s", st.DefaultGW, wantGW))
-			} else {
-				diffs = append(diffs, fmt.Sprintf("pod has no default route via %s on %s", wantGW, args.IfName))
-			}
+	seen.pod, seen.podErr = link.InspectPod(podNS, args.IfName, family(want.addr))
+	return seen, nil
+}
+
+// compareCheck lists every way seen differs from want, in the order an
+// operator would look: IPAM, the host side, the pod side. Pure.
+func compareCheck(want checkWant, seen checkSeen) []string {
+	var diffs []string
+	switch {
+	case !seen.ipamAddr.IsValid():
+		diffs = append(diffs, fmt.Sprintf("ipam holds no address for %s (prevResult has %s)", want.att, want.addr))
+	case seen.ipamAddr != want.addr:
+		diffs = append(diffs, fmt.Sprintf("ipam holds %s for %s, prevResult has %s", seen.ipamAddr, want.att, want.addr))
+	}
+	if !want.podCIDR.Contains(want.addr) {
+		diffs = append(diffs, fmt.Sprintf("address %s is outside the podCIDR %s", want.addr, want.podCIDR))
+	}
+	diffs = append(diffs, compareHost(want, seen)...)
+	return append(diffs, comparePod(want, seen)...)
+}
+
+// compareHost compares the host veth and its bridge.
+func compareHost(want checkWant, seen checkSeen) []string {
+	if seen.hostErr != nil {
+		return []string{fmt.Sprintf("host veth %s: %v", want.hostVeth, seen.hostErr)}
+	}
+	var diffs []string
+	switch {
+	case seen.bridgeErr != nil:
+		diffs = append(diffs, fmt.Sprintf("bridge %s: %v", want.bridge, seen.bridgeErr))
+	case seen.hostMaster != seen.bridgeIndex:
+		diffs = append(diffs, fmt.Sprintf("host veth %s is not attached to %s", want.hostVeth, want.bridge))
+	}
+	if seen.hostMTU != want.mtu {
+		diffs = append(diffs, fmt.Sprintf("host veth %s has MTU %d, want %d", want.hostVeth, seen.hostMTU, want.mtu))
+	}
+	if !seen.hostUp {
+		diffs = append(diffs, fmt.Sprintf("host veth %s is down", want.hostVeth))
+	}
+	return diffs
+}
+
+// comparePod compares the pod's interface, address and default route.
+func comparePod(want checkWant, seen checkSeen) []string {
+	if seen.podErr != nil {
+		return []string{seen.podErr.Error()}
+	}
+	st, name := seen.pod, want.ifName
+	var diffs []string
+	if st.MTU != want.mtu {
+		diffs = append(diffs, fmt.Sprintf("%s in pod has MTU %d, want %d", name, st.MTU, want.mtu))
+	}
+	if want.mac != "" && !strings.EqualFold(want.mac, st.MAC) {
+		diffs = append(diffs, fmt.Sprintf("%s in pod has MAC %s, prevResult has %s", name, st.MAC, want.mac))
+	}
+	if !st.Up {
+		diffs = append(diffs, fmt.Sprintf("%s in pod is down", name))
+	}
+	if !slices.Contains(st.Addrs, want.prefix) {
+		diffs = append(diffs, fmt.Sprintf("%s in pod has addresses %v, want %s", name, st.Addrs, want.prefix))
+	}
+	if want.gw.IsValid() && st.DefaultGW != want.gw {
+		if st.DefaultGW.IsValid() {
+			diffs = append(diffs, fmt.Sprintf("pod's default route is via %s, want %s", st.DefaultGW, want.gw))
+		} else {
+			diffs = append(diffs, fmt.Sprintf("pod has no default route via %s on %s", want.gw, name))
 		}
 	}
-	if len(diffs) > 0 {
-		return fmt.Errorf("CHECK %s: %s", att, strings.Join(diffs, "; "))
-	}
-	return nil
+	return diffs
 }
 
 func cmdStatus(args *skel.CmdArgs) error {
