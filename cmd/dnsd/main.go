@@ -31,6 +31,8 @@ func run() int {
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	var cfg daemon.Config
 	fs.StringArrayVar(&cfg.Listen, "listen", []string{"0.0.0.0:53"}, "address to serve DNS on, UDP and TCP (repeatable)")
+	fs.IntVar(&cfg.TCPMaxConns, "tcp-max-connections", dns.DefaultTCPMaxConns, "concurrent TCP connections; more are closed at once")
+	fs.DurationVar(&cfg.TCPIdleTimeout, "tcp-idle-timeout", 10*time.Second, "close a TCP connection idle this long between queries")
 	fs.StringVar(&cfg.Zone.Domain, "cluster-domain", "cluster.local", "the cluster's DNS domain")
 	ttl := fs.Uint32("ttl", 5, "TTL of cluster records, in seconds")
 	pods := fs.String("pods", "insecure", "pod records: insecure, verified or disabled")

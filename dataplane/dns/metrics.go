@@ -43,6 +43,7 @@ type Metrics struct {
 	programming        *prometheus.HistogramVec
 	panics             prometheus.Counter
 	forged             prometheus.Counter
+	tcpRefused         prometheus.Counter
 	forwardRequests    *prometheus.CounterVec
 	cacheHitsSuccess   atomic.Pointer[prometheus.Counter]
 	cacheHitsDenial    atomic.Pointer[prometheus.Counter]
@@ -152,6 +153,9 @@ func NewMetrics(reg prometheus.Registerer, zone *Zone, cache *Cache, fwd *Forwar
 		forged: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "podnet_dns_forward_forged_answers_total", Help: "Upstream answers dropped because their ID or question did not match.",
 		}),
+		tcpRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "podnet_dns_tcp_connections_refused_total", Help: "TCP connections closed at once because the cap on concurrent ones was reached.",
+		}),
 	}
 	// The cache's series exist from the start, at zero, as alerts on
 	// their rates expect.
@@ -168,7 +172,7 @@ func NewMetrics(reg prometheus.Registerer, zone *Zone, cache *Cache, fwd *Forwar
 	buildInfo.WithLabelValues(version.Version, version.Revision(), runtime.Version()).Set(1)
 	reg.MustRegister(m.requests, m.responses, m.duration, m.cacheRequests, m.cacheHits, m.cacheMisses,
 		m.cacheStale, m.cachePrefetch, m.proxyDuration, m.healthcheckFails, m.healthcheckBroken,
-		m.forwardRefused, m.programming, m.panics, m.forged, m.forwardRequests, buildInfo)
+		m.forwardRefused, m.programming, m.panics, m.forged, m.forwardRequests, m.tcpRefused, buildInfo)
 	if cache != nil {
 		for _, kind := range []struct {
 			name   string

@@ -2,10 +2,8 @@ package dns
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"runtime"
@@ -30,8 +28,15 @@ type ServerOptions struct {
 	Metrics *Metrics
 	// Sockets per UDP listen address (SO_REUSEPORT); GOMAXPROCS by default.
 	Sockets int
-	// TCPIdleTimeout closes idle TCP connections; 10 s by default.
+	// TCPIdleTimeout closes TCP connections idle between queries; 10 s by
+	// default, as CoreDNS.
 	TCPIdleTimeout time.Duration
+	// TCPReadTimeout bounds the wait for a connection's first query and
+	// for the rest of a message once its length arrived; 3 s by default.
+	TCPReadTimeout time.Duration
+	// TCPMaxConns caps concurrent TCP connections; more are closed at
+	// once. DefaultTCPMaxConns by default.
+	TCPMaxConns int
 }
 
 // Server answers DNS over UDP and TCP. Its handler's rcode contract:
@@ -49,6 +54,8 @@ type Server struct {
 	opts ServerOptions
 
 	pool sync.Pool // *scratch
+	// tcpConns holds a token per open TCP connection.
+	tcpConns chan struct{}
 }
 
 // scratch holds the per-query buffers, reused across queries.
@@ -72,7 +79,13 @@ func NewServer(opts ServerOptions) *Server {
 	if opts.TCPIdleTimeout <= 0 {
 		opts.TCPIdleTimeout = 10 * time.Second
 	}
-	s := &Server{opts: opts}
+	if opts.TCPReadTimeout <= 0 {
+		opts.TCPReadTimeout = 3 * time.Second
+	}
+	if opts.TCPMaxConns <= 0 {
+		opts.TCPMaxConns = DefaultTCPMaxConns
+	}
+	s := &Server{opts: opts, tcpConns: make(chan struct{}, opts.TCPMaxConns)}
 	s.pool.New = func() any { return &scratch{resp: make([]byte, 0, 4096), key: make([]byte, 0, 300)} }
 	return s
 }
@@ -315,60 +328,6 @@ func (s *Server) refuse(pkt []byte, sc *scratch) []byte {
 		s.opts.Metrics.forwardRefused.Inc()
 	}
 	return errorReply(sc.resp, r, rcodeRefused)
-}
-
-func (s *Server) serveTCP(ctx context.Context, l *net.TCPListener) {
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	for {
-		c, err := l.AcceptTCP()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return
-			}
-			time.Sleep(10 * time.Millisecond) // e.g. EMFILE: don't spin
-			continue
-		}
-		wg.Go(func() { s.serveConn(ctx, c) })
-	}
-}
-
-// serveConn answers the queries of one TCP connection, in order.
-func (s *Server) serveConn(ctx context.Context, c *net.TCPConn) {
-	defer c.Close()
-	stop := context.AfterFunc(ctx, func() { c.Close() })
-	defer stop()
-	var lenBuf [2]byte
-	pkt := make([]byte, 65535)
-	var v6 bool
-	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-		v6 = a.IP.To4() == nil
-	}
-	for {
-		c.SetReadDeadline(time.Now().Add(s.opts.TCPIdleTimeout))
-		if _, err := io.ReadFull(c, lenBuf[:]); err != nil {
-			return
-		}
-		n := int(binary.BigEndian.Uint16(lenBuf[:]))
-		if _, err := io.ReadFull(c, pkt[:n]); err != nil {
-			return
-		}
-		sc := s.pool.Get().(*scratch)
-		sc.q.v6 = v6
-		resp, _ := s.serve(ctx, pkt[:n], sc, true, true)
-		if resp == nil {
-			s.pool.Put(sc)
-			return
-		}
-		out := make([]byte, 2+len(resp))
-		binary.BigEndian.PutUint16(out, uint16(len(resp)))
-		copy(out[2:], resp)
-		s.pool.Put(sc)
-		c.SetWriteDeadline(time.Now().Add(s.opts.TCPIdleTimeout))
-		if _, err := c.Write(out); err != nil {
-			return
-		}
-	}
 }
 
 // Handle answers one query packet as if it came over UDP (tcp false) or TCP,

@@ -31,7 +31,11 @@ import (
 // Config is everything dnsd is configured with (its flags).
 type Config struct {
 	Listen []string
-	Zone   dns.ZoneOptions
+	// TCPMaxConns caps concurrent TCP connections (0: the default);
+	// TCPIdleTimeout closes idle ones (0: 10 s).
+	TCPMaxConns    int
+	TCPIdleTimeout time.Duration
+	Zone           dns.ZoneOptions
 	// Upstreams as HOST:PORT; when empty, the nameservers of ResolvConf.
 	Upstreams  []string
 	ResolvConf string
@@ -160,7 +164,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := dns.NewMetrics(reg, zone, cache, fwd)
-	srv := dns.NewServer(dns.ServerOptions{Listen: cfg.Listen, Zone: zone, Forwarder: fwd, Cache: cache, Metrics: metrics})
+	srv := dns.NewServer(dns.ServerOptions{Listen: cfg.Listen, Zone: zone, Forwarder: fwd, Cache: cache, Metrics: metrics,
+		TCPMaxConns: cfg.TCPMaxConns, TCPIdleTimeout: cfg.TCPIdleTimeout})
 
 	g := app.NewGroup(ctx)
 	up := make(chan struct{})
