@@ -18,6 +18,9 @@
 // address with session affinity) indexes the service's lookup table, which
 // every node computes alike from the same endpoints, so any node sends a
 // given flow to the same backend, and an endpoint change moves few flows.
+// A Service without endpoints answers ICMP port unreachable; one with
+// endpoints, none of them for this traffic (policy Local, none here),
+// drops it.
 
 #include "lb.h"
 
@@ -318,6 +321,57 @@ static __always_inline struct ct_fwd_val *new_flow(struct flow *f, struct ct_key
 	return bpf_map_lookup_elem(&ct_fwd_v1, fk);
 }
 
+static __always_inline __u16 csum_fold(__s64 sum)
+{
+	__u32 s = (__u32)sum;
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return ~s;
+}
+
+// The reply to a packet for a Service without endpoints: ICMP port
+// unreachable from the address it was sent to, quoting its IP header and
+// first 8 bytes, sent back out of the interface it came in on.
+struct icmp_unreach {
+	__u16 align; // puts ip on a 4-byte boundary for bpf_csum_diff
+	struct ethhdr eth;
+	struct iphdr ip;
+	__u8 type;
+	__u8 code;
+	__u16 check;
+	__u32 unused;
+	__u8 quote[sizeof(struct iphdr) + 8];
+};
+
+#define ICMP_UNREACH_LEN (sizeof(struct icmp_unreach) - 2)
+
+static __always_inline int port_unreachable(struct __sk_buff *skb)
+{
+	struct icmp_unreach r = {};
+	struct ethhdr eth;
+
+	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) ||
+	    bpf_skb_load_bytes(skb, IP_OFF, r.quote, sizeof(r.quote)))
+		return TC_ACT_SHOT;
+	struct iphdr *orig = (struct iphdr *)r.quote;
+	__builtin_memcpy(r.eth.h_dest, eth.h_source, 6);
+	__builtin_memcpy(r.eth.h_source, eth.h_dest, 6);
+	r.eth.h_proto = bpf_htons(ETH_P_IP);
+	r.ip.ihl_version = 0x45;
+	r.ip.tot_len = bpf_htons(ICMP_UNREACH_LEN - sizeof(r.eth));
+	r.ip.ttl = 64;
+	r.ip.protocol = IPPROTO_ICMP;
+	r.ip.saddr = orig->daddr;
+	r.ip.daddr = orig->saddr;
+	r.ip.check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)&r.ip, sizeof(r.ip), 0));
+	r.type = 3; // destination unreachable
+	r.code = 3; // port unreachable
+	r.check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)&r.type, 8 + sizeof(r.quote), 0));
+	if (bpf_skb_change_tail(skb, ICMP_UNREACH_LEN, 0) || bpf_skb_store_bytes(skb, 0, &r.eth, ICMP_UNREACH_LEN, 0))
+		return TC_ACT_SHOT;
+	return bpf_redirect(skb->ingress_ifindex, 0);
+}
+
 SEC("tc")
 int nodeport_in(struct __sk_buff *skb)
 {
@@ -343,7 +397,7 @@ int nodeport_in(struct __sk_buff *skb)
 	struct ct_fwd_val *fv = bpf_map_lookup_elem(&ct_fwd_v1, &fk);
 	if (!fv) {
 		if (fe->count == 0)
-			return TC_ACT_SHOT;
+			return fe->flags & FE_REJECT ? port_unreachable(skb) : TC_ACT_SHOT;
 		fv = new_flow(&f, &fk, &key, fe, nodeport);
 		if (!fv)
 			return TC_ACT_SHOT;

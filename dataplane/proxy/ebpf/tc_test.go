@@ -174,8 +174,10 @@ func tcServices() map[cluster.Key][]*proxy.ServicePort {
 	ext.ExternalIPs = []netip.Addr{netip.MustParseAddr("192.0.2.50")}
 	empty := clusterIPPort("empty", "10.96.0.24", 80, cluster.TCP)
 	empty.NodePort = 30082
+	emptyUDP := clusterIPPort("emptyudp", "10.96.0.25", 53, cluster.UDP)
+	emptyUDP.NodePort = 30083
 	return map[cluster.Key][]*proxy.ServicePort{
-		key("np"): {np}, key("local"): {loc}, key("lb"): {lb}, key("ext"): {ext}, key("empty"): {empty},
+		key("np"): {np}, key("local"): {loc}, key("lb"): {lb}, key("ext"): {ext}, key("empty"): {empty}, key("emptyudp"): {emptyUDP},
 	}
 }
 
@@ -244,9 +246,13 @@ func TestTCNodePort(t *testing.T) {
 			}
 		}
 	})
-	t.Run("no endpoints: dropped; not a Service: passed untouched", func(t *testing.T) {
-		if ret, _ := e.run(TCNodePort, pkt{src: client, dst: ap(nodeIP + ":30082"), proto: 6}); ret != tcShot {
-			t.Errorf("no endpoints: verdict %d", ret)
+	t.Run("no endpoints: ICMP port unreachable; not a Service: passed untouched", func(t *testing.T) {
+		for _, proto := range []uint8{6, 17} {
+			in := pkt{src: client, dst: ap(nodeIP + ":30082"), proto: proto}
+			if proto == 17 {
+				in.dst = ap(nodeIP + ":30083")
+			}
+			e.checkUnreachable(t, in)
 		}
 		p := pkt{src: client, dst: ap(nodeIP + ":22"), proto: 6}
 		if ret, out := e.run(TCNodePort, p); ret != -1 || out != p {
@@ -314,5 +320,43 @@ func TestTCMaglevFewFlowsMove(t *testing.T) {
 	}
 	if stayed < kept*9/10 {
 		t.Errorf("of %d flows not on the removed backend, %d kept theirs; want ≥ 90%%", kept, stayed)
+	}
+}
+
+// checkUnreachable runs p and checks the answer is an ICMP port
+// unreachable to its source, from the address it was sent to, quoting
+// its IP header and first 8 bytes, with both checksums right, sent back
+// out of the interface p came in on.
+func (e *tcEnv) checkUnreachable(t *testing.T, p pkt) {
+	t.Helper()
+	in := p.bytes()
+	copy(in[0:6], []byte{2, 0, 0, 0, 0, 1})  // to the node
+	copy(in[6:12], []byte{2, 0, 0, 0, 0, 2}) // from the client
+	out := make([]byte, 256)
+	opts := &ebpf.RunOptions{Data: in, DataOut: out}
+	ret, err := e.dp.np.Programs[TCNodePort].Run(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = opts.DataOut
+	if ret != tcRedirect || len(out) != 14+20+8+28 {
+		t.Fatalf("%v: verdict %d, %d bytes; want a 70-byte reply redirected", p.dst, ret, len(out))
+	}
+	if string(out[0:6]) != string(in[6:12]) || string(out[6:12]) != string(in[0:6]) {
+		t.Errorf("MACs not swapped: % x", out[:12])
+	}
+	ip, icmp := out[14:34], out[34:]
+	if s := csumFold(csumAdd(0, ip)); s != 0 {
+		t.Errorf("bad IP checksum")
+	}
+	if s := csumFold(csumAdd(0, icmp)); s != 0 {
+		t.Errorf("bad ICMP checksum")
+	}
+	src, dst := netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20]))
+	if ip[9] != 1 || icmp[0] != 3 || icmp[1] != 3 || src != p.dst.Addr() || dst != p.src.Addr() {
+		t.Errorf("%v: reply proto %d type %d code %d %v -> %v; want ICMP 3/3 %v -> %v", p.dst, ip[9], icmp[0], icmp[1], src, dst, p.dst.Addr(), p.src.Addr())
+	}
+	if string(icmp[8:]) != string(in[14:14+28]) {
+		t.Errorf("quote % x, want the original IP header and 8 bytes % x", icmp[8:], in[14:42])
 	}
 }
