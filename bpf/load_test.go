@@ -15,6 +15,7 @@ func TestObjectsLoad(t *testing.T) {
 	specs := map[string]func() (*ebpf.CollectionSpec, error){
 		"sock":     LoadSock,
 		"nodeport": LoadNodeport,
+		"sockterm": LoadSockterm,
 	}
 	for name, load := range specs {
 		t.Run(name, func(t *testing.T) {

@@ -881,10 +881,10 @@ func svcHTTPGet(nsPath, target string) (int, string, error) {
 // In iptables mode one connected socket asks them all: the conntrack entry
 // a stale endpoint would stay pinned by is what the tests check is
 // deleted. In ebpf mode a connected socket is translated once, at
-// connect, and stays with its endpoint (a socket pinned to a removed one
-// is to be destroyed, which ebpf mode does not do yet); each query comes
-// from a new socket on the same port, as resolvers and the Kubernetes
-// conformance UDP tests do.
+// connect, and stays with its endpoint; one pinned to a removed endpoint is
+// destroyed, so its owner gets an error and must dial again (tested in
+// dataplane/proxy/ebpf). So each query comes from a new socket on the same
+// port, as resolvers and the Kubernetes conformance UDP tests do.
 func (c *svcCluster) udpClient(t *testing.T, nsPath, addr string) (ask func() string) {
 	t.Helper()
 	dial := func(laddr *net.UDPAddr) net.Conn {

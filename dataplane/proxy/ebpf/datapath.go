@@ -31,6 +31,7 @@ type Datapath struct {
 	Maps   *Maps
 	coll   *ebpf.Collection // socket LB
 	np     *ebpf.Collection // tc programs for traffic from outside
+	term   *ebpf.Collection // the UDP socket terminator
 	pinDir string
 	links  []link.Link
 }
@@ -76,31 +77,34 @@ func Open(pinDir, cgroup string) (*Datapath, error) {
 
 // specs are the objects' specs, their maps pinned by name: the maps both
 // declare (services, backends, node addresses) are one.
-func specs() (sock, np *ebpf.CollectionSpec, err error) {
+func specs() (sock, np, term *ebpf.CollectionSpec, err error) {
 	if sock, err = bpf.LoadSock(); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if np, err = bpf.LoadNodeport(); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	for _, s := range []*ebpf.CollectionSpec{sock, np} {
+	if term, err = bpf.LoadSockterm(); err != nil {
+		return nil, nil, nil, err
+	}
+	for _, s := range []*ebpf.CollectionSpec{sock, np, term} {
 		for _, m := range s.Maps {
 			m.Pinning = ebpf.PinByName
 		}
 	}
-	return sock, np, nil
+	return sock, np, term, nil
 }
 
 // load loads both objects with their maps pinned in pinDir ("": not
 // pinned, the tc object then shares the socket object's maps by
 // replacement).
 func load(pinDir string) (*Datapath, error) {
-	sockSpec, npSpec, err := specs()
+	sockSpec, npSpec, termSpec, err := specs()
 	if err != nil {
 		return nil, err
 	}
 	if pinDir == "" {
-		for _, s := range []*ebpf.CollectionSpec{sockSpec, npSpec} {
+		for _, s := range []*ebpf.CollectionSpec{sockSpec, npSpec, termSpec} {
 			for _, m := range s.Maps {
 				m.Pinning = ebpf.PinNone
 			}
@@ -110,21 +114,30 @@ func load(pinDir string) (*Datapath, error) {
 	if err != nil {
 		return nil, err
 	}
-	var shared map[string]*ebpf.Map
-	if pinDir == "" {
-		shared = map[string]*ebpf.Map{}
-		for name := range npSpec.Maps {
+	shared := func(spec *ebpf.CollectionSpec) map[string]*ebpf.Map {
+		if pinDir != "" {
+			return nil
+		}
+		out := map[string]*ebpf.Map{}
+		for name := range spec.Maps {
 			if m := coll.Maps[name]; m != nil {
-				shared[name] = m
+				out[name] = m
 			}
 		}
+		return out
 	}
-	np, err := loadPinned(npSpec, pinDir, shared)
+	np, err := loadPinned(npSpec, pinDir, shared(npSpec))
 	if err != nil {
 		coll.Close()
 		return nil, err
 	}
-	return &Datapath{coll: coll, np: np, pinDir: pinDir, Maps: &Maps{
+	term, err := loadPinned(termSpec, pinDir, shared(termSpec))
+	if err != nil {
+		coll.Close()
+		np.Close()
+		return nil, err
+	}
+	return &Datapath{coll: coll, np: np, term: term, pinDir: pinDir, Maps: &Maps{
 		Services:  kernelTable[svcKey, svcVal]{coll.Maps[bpf.SockMapServicesV1]},
 		Backends:  kernelTable[uint32, backend]{coll.Maps[bpf.SockMapBackendsV1]},
 		NodeAddrs: kernelTable[nodeKey, uint8]{coll.Maps[bpf.SockMapNodeaddrsV1]},
@@ -231,7 +244,7 @@ var versionedName = regexp.MustCompile(`^[a-z0-9_]+_v[0-9]+$`)
 // layout, links of programs that are gone. It runs after the new programs
 // are attached, so traffic moves to the new maps first.
 func removeStale(pinDir string) error {
-	sockSpec, npSpec, err := specs()
+	sockSpec, npSpec, termSpec, err := specs()
 	if err != nil {
 		return err
 	}
@@ -241,7 +254,8 @@ func removeStale(pinDir string) error {
 	}
 	var errs []error
 	for _, e := range entries {
-		if e.Name() == linksDir || sockSpec.Maps[e.Name()] != nil || npSpec.Maps[e.Name()] != nil || !versionedName.MatchString(e.Name()) {
+		name := e.Name()
+		if name == linksDir || sockSpec.Maps[name] != nil || npSpec.Maps[name] != nil || termSpec.Maps[name] != nil || !versionedName.MatchString(name) {
 			continue
 		}
 		errs = append(errs, os.Remove(filepath.Join(pinDir, e.Name())))
@@ -284,6 +298,9 @@ func (d *Datapath) Close() error {
 	}
 	if d.np != nil {
 		d.np.Close()
+	}
+	if d.term != nil {
+		d.term.Close()
 	}
 	return nil
 }

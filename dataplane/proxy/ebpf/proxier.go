@@ -76,6 +76,13 @@ func (p *Proxier) Sync(ports map[cluster.Key][]*proxy.ServicePort, changed map[c
 		full = true
 	}
 	res, err := p.syncer.Sync(ports, changed, full)
+	if removed := p.syncer.TakeRemovedUDP(); len(removed) > 0 {
+		if n, err := p.dp.Terminate(removed, p.cfg.Cgroup); err != nil {
+			p.cfg.Logger.Warn("destroy UDP sockets connected to removed endpoints", "endpoints", removed, "namespaces", n, "err", err)
+		} else {
+			p.cfg.Logger.Debug("destroyed UDP sockets connected to removed endpoints", "endpoints", removed, "namespaces", n)
+		}
+	}
 	if err == nil && (full || len(p.attached) == 0) {
 		// The uplink may be unknown and the bridge missing until the node
 		// and its first pod exist: retried on every full sync, never

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -50,8 +51,12 @@ func clientMain(nsPath, ops string) int {
 			fmt.Println("err bad op", op)
 			return 1
 		}
-		if kind == "lat" {
+		switch kind {
+		case "lat":
 			fmt.Println(connectLatency(nsPath, addr, n))
+			continue
+		case "hold":
+			holdUDP(nsPath, addr)
 			continue
 		}
 		for range n {
@@ -74,6 +79,65 @@ func clientMain(nsPath, ops string) int {
 		}
 	}
 	return 0
+}
+
+// holdUDP asks addr over a connected and over an unconnected UDP socket,
+// says "ready", waits for a line on stdin, and asks over both again: one
+// line per exchange.
+func holdUDP(nsPath, addr string) {
+	// This thread stays in the namespace for good, as a pod's would: the
+	// terminator finds namespaces through their processes' threads.
+	runtime.LockOSThread()
+	f, err := os.Open(nsPath)
+	if err == nil {
+		err = unix.Setns(int(f.Fd()), unix.CLONE_NEWNET)
+	}
+	var conn net.Conn
+	var pc net.PacketConn
+	if err == nil {
+		conn, err = net.Dial("udp4", addr)
+	}
+	if err == nil {
+		pc, err = net.ListenPacket("udp4", ":0")
+	}
+	if err != nil {
+		fmt.Println("err", err)
+		return
+	}
+	ua, _ := net.ResolveUDPAddr("udp4", addr)
+	ask := func() {
+		buf := make([]byte, 512)
+		conn.SetDeadline(time.Now().Add(time.Second))
+		_, err := conn.Write([]byte("hi\n"))
+		var n int
+		if err == nil {
+			n, err = conn.Read(buf)
+		}
+		fmt.Println(result(buf[:n], err))
+		pc.SetDeadline(time.Now().Add(time.Second))
+		_, err = pc.WriteTo([]byte("hi\n"), ua)
+		n = 0
+		if err == nil {
+			n, _, err = pc.ReadFrom(buf)
+		}
+		fmt.Println(result(buf[:n], err))
+	}
+	ask()
+	fmt.Println("ready")
+	bufio.NewReader(os.Stdin).ReadString('\n')
+	ask()
+}
+
+func result(answer []byte, err error) string {
+	switch {
+	case errors.Is(err, syscall.ECONNABORTED):
+		return "err ECONNABORTED"
+	case errors.Is(err, syscall.EDESTADDRREQ):
+		return "err EDESTADDRREQ"
+	case err != nil:
+		return "err " + err.Error()
+	}
+	return "ok " + strings.TrimSpace(string(answer))
 }
 
 // connectLatency connects n times to addr and reports "ok P50 P99".
@@ -377,6 +441,69 @@ func TestSocketLB(t *testing.T) {
 			t.Errorf("after the change: %v", seen)
 		}
 	})
+	t.Run("a connected UDP socket pinned to a removed endpoint is destroyed, an unconnected one moves", func(t *testing.T) {
+		udp := clusterIPPort("udp2", "10.96.0.16", 53, cluster.UDP, both[:1]...)
+		ports[key("udp2")] = []*proxy.ServicePort{udp}
+		if _, err := sy.Sync(ports, map[cluster.Key]bool{key("udp2"): true}, false); err != nil {
+			t.Fatal(err)
+		}
+		sy.TakeRemovedUDP()
+		cg, err := os.Open(e.cgroup)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cg.Close()
+		cmd := exec.Command(os.Args[0], "-test.run=^$", "hold 10.96.0.16:53 1")
+		cmd.Env = append(os.Environ(), clientEnv+"="+e.nsPath)
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+		stdin, _ := cmd.StdinPipe()
+		stdout, _ := cmd.StdoutPipe()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer cmd.Wait()
+		defer stdin.Close()
+		lines := bufio.NewScanner(stdout)
+		next := func() string {
+			if !lines.Scan() {
+				t.Fatalf("client ended early: %v", lines.Err())
+			}
+			return lines.Text()
+		}
+		for i, l := range []string{next(), next()} {
+			if !strings.HasPrefix(l, "ok 10.244.1.2:8080") {
+				t.Fatalf("exchange %d before the change: %q", i, l)
+			}
+		}
+		if l := next(); l != "ready" {
+			t.Fatalf("client: %q", l)
+		}
+		udp2 := *udp
+		udp2.ClusterEndpoints = both[1:]
+		ports[key("udp2")] = []*proxy.ServicePort{&udp2}
+		if _, err := sy.Sync(ports, map[cluster.Key]bool{key("udp2"): true}, false); err != nil {
+			t.Fatal(err)
+		}
+		removed := sy.TakeRemovedUDP()
+		if len(removed) != 1 || removed[0] != netip.MustParseAddrPort("10.244.1.2:8080") {
+			t.Fatalf("removed UDP endpoints %v, want 10.244.1.2:8080", removed)
+		}
+		n, err := dp.Terminate(removed, e.cgroup)
+		if err != nil || n == 0 {
+			t.Fatalf("terminate: %d namespaces, %v", n, err)
+		}
+		stdin.Write([]byte("go\n"))
+		// Destroyed, the socket is disconnected with ECONNABORTED pending:
+		// a read reports that, a send without an address EDESTADDRREQ.
+		// Either way the application hears of it, not silence.
+		if l := next(); l != "err EDESTADDRREQ" && l != "err ECONNABORTED" {
+			t.Errorf("connected socket after its endpoint went: %q, want ECONNABORTED or EDESTADDRREQ", l)
+		}
+		if l := next(); !strings.HasPrefix(l, "ok 10.244.1.3:8080") {
+			t.Errorf("unconnected socket after the change: %q, want an answer from the new endpoint", l)
+		}
+	})
+
 	t.Run("restart: a second loader updates the links in place and keeps the maps", func(t *testing.T) {
 		dp.Close()
 		dp2, err := Open(e.pinDir, e.cgroup)

@@ -33,11 +33,45 @@ type Syncer struct {
 	taken    map[uint32]bool // service ids handed out in this full sync
 	services int             // entries in the services map
 	backends int
+	// udpRefs counts the UDP backend entries per endpoint; removedUDP
+	// collects the endpoints that dropped out of all of them, for
+	// TakeRemovedUDP.
+	udpRefs    map[netip.AddrPort]int
+	removedUDP []netip.AddrPort
 }
 
 // NewSyncer returns a Syncer writing to maps.
 func NewSyncer(maps *Maps, nodeAddrs func() ([]netip.Addr, error)) *Syncer {
-	return &Syncer{maps: maps, nodeAddrs: nodeAddrs, nextID: 1}
+	return &Syncer{maps: maps, nodeAddrs: nodeAddrs, nextID: 1, udpRefs: make(map[netip.AddrPort]int)}
+}
+
+// TakeRemovedUDP returns the UDP endpoints no Service uses any more since
+// the last call: connected sockets pinned to them are to be destroyed.
+func (s *Syncer) TakeRemovedUDP() []netip.AddrPort {
+	out := s.removedUDP
+	s.removedUDP = nil
+	return out
+}
+
+func backendAddr(b backend) netip.AddrPort {
+	return netip.AddrPortFrom(addrFrom16(b.Addr), be16(b.Port))
+}
+
+// countUDP adds delta to the count of every UDP backend in bs, noting the
+// endpoints whose count drops to zero.
+func (s *Syncer) countUDP(bs map[uint32]backend, ids []uint32, delta int) {
+	for _, id := range ids {
+		b, ok := bs[id]
+		if !ok || b.Proto != 17 {
+			continue
+		}
+		ap := backendAddr(b)
+		s.udpRefs[ap] += delta
+		if s.udpRefs[ap] <= 0 {
+			delete(s.udpRefs, ap)
+			s.removedUDP = append(s.removedUDP, ap)
+		}
+	}
 }
 
 var _ proxy.Backend = (*Syncer)(nil)
@@ -185,6 +219,20 @@ func (s *Syncer) full(ports map[cluster.Key][]*proxy.ServicePort) error {
 	}
 	s.applied, s.byKey, s.owner = applied, byKey, owner
 	s.services, s.backends = len(wantS), len(wantB)
+	refs := make(map[netip.AddrPort]int)
+	for _, b := range wantB {
+		if b.Proto == 17 {
+			refs[backendAddr(b)]++
+		}
+	}
+	// What the kernel held but nothing wants now (before a restart too).
+	for _, b := range haveB {
+		if ap := backendAddr(b); b.Proto == 17 && refs[ap] == 0 {
+			s.removedUDP = append(s.removedUDP, ap)
+		}
+	}
+	s.removedUDP = slices.Compact(sortedAddrPorts(s.removedUDP))
+	s.udpRefs = refs
 	return nil
 }
 
@@ -283,6 +331,14 @@ func (s *Syncer) partial(ports map[cluster.Key][]*proxy.ServicePort, changed map
 	if err := d.apply(s.maps); err != nil {
 		return err
 	}
+	var added []uint32
+	for id := range d.putBackends {
+		if _, ok := oldB[id]; !ok {
+			added = append(added, id)
+		}
+	}
+	s.countUDP(newB, added, 1)
+	s.countUDP(oldB, d.delBackends, -1)
 	for k := range changed {
 		for _, name := range s.byKey[k] {
 			pe := s.applied[name]
@@ -340,4 +396,9 @@ func (s *Syncer) syncNodeAddrs() error {
 		return err
 	}
 	return s.maps.NodeAddrs.Delete(stale)
+}
+
+func sortedAddrPorts(s []netip.AddrPort) []netip.AddrPort {
+	slices.SortFunc(s, func(a, b netip.AddrPort) int { return a.Compare(b) })
+	return s
 }
