@@ -39,7 +39,10 @@ func BenchmarkProxydRSS(b *testing.B) {
 	n := l.Node("node1")
 	fmt.Printf("| mode | Services × endpoints | proxyd RSS after the first full sync | first sync took |\n|---|---|---|---|\n")
 	for b.Loop() {
-		for _, mode := range []string{"iptables", "ebpf"} {
+		// ebpf first: it leaves nothing in iptables, while the 100,000
+		// rules iptables mode leaves make every iptables-save of the next
+		// proxyd's node agent (and ebpf mode's removal of them) take seconds.
+		for _, mode := range []string{"ebpf", "iptables"} {
 			start := time.Now()
 			p, err := n.StartProxyd(b.Context(), "--proxy-mode", mode, "--metrics-bind-address", "127.0.0.1:10249", "--healthz-bind-address", "")
 			if err != nil {
