@@ -12,7 +12,7 @@ FUZZTIME ?= 20s
 
 BINARIES := bin/podnet bin/loopback bin/proxyd bin/dnsd bin/podnet-lab
 
-.PHONY: all build deps test demo demo-down bench lint generate clean apiserver image kube-node conformance
+.PHONY: all build deps test demo demo-down bench soak lint generate clean apiserver image kube-node conformance
 
 all: build
 
@@ -125,6 +125,11 @@ demo-down:
 
 bench: deps build apiserver
 	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) bash scripts/bench.sh
+
+# The reliability scenarios at full size (make test runs them short); prints
+# one table. Needs root.
+soak: deps build apiserver
+	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) bash scripts/soak.sh
 
 lint:
 	$(GO) vet ./...

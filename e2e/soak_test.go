@@ -1,0 +1,202 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/podnet/podnet/e2e/lab"
+)
+
+// The reliability scenarios of `make soak` (scripts/soak.sh). Each runs a
+// short version in `make test` and its full size with PODNET_SOAK=1, asserts
+// its goal either way, and adds one row to the table soak.sh prints:
+// scenario | load | faults | failed requests or lost data | figure.
+
+// soakFull reports whether the full-size scenarios were asked for.
+func soakFull() bool { return os.Getenv("PODNET_SOAK") == "1" }
+
+// soakSize is short in `make test`, full in `make soak`.
+func soakSize(short, full int) int {
+	if soakFull() {
+		return full
+	}
+	return short
+}
+
+// soakRow logs a table row and appends it to $PODNET_SOAK_REPORT.
+func soakRow(t *testing.T, scenario, load, faults, failed, figure string) {
+	t.Helper()
+	row := strings.Join([]string{scenario, load, faults, failed, figure}, " | ")
+	t.Log(row)
+	if p := os.Getenv("PODNET_SOAK_REPORT"); p != "" {
+		f, err := os.OpenFile(p, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			t.Errorf("soak report: %v", err)
+			return
+		}
+		defer f.Close()
+		fmt.Fprintln(f, row)
+	}
+}
+
+// soakLoad is one steady client: a probe after another, with a pause,
+// until stopped or max probes; it counts what failed.
+type soakLoad struct {
+	name         string
+	ok, failed   atomic.Int64
+	mu           sync.Mutex
+	firstFailure string
+}
+
+func (l *soakLoad) run(stop <-chan struct{}, max int, probe func() error) {
+	for range max {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		if err := probe(); err != nil {
+			l.failed.Add(1)
+			l.mu.Lock()
+			if l.firstFailure == "" {
+				l.firstFailure = fmt.Sprintf("%s at %s", err, time.Now().Format("15:04:05.000"))
+			}
+			l.mu.Unlock()
+		} else {
+			l.ok.Add(1)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// healthz asks the proxyd of node for /healthz on its loopback. The socket
+// is made on the namespace's thread (an http.Client would dial from another
+// one, outside the namespace).
+func healthz(n *lab.Node) (ok bool, body string) {
+	var conn net.Conn
+	err := ns.WithNetNSPath(n.NSPath(), func(ns.NetNS) error {
+		var err error
+		conn, err = net.DialTimeout("tcp", "127.0.0.1:10256", 200*time.Millisecond)
+		return err
+	})
+	if err != nil {
+		return false, err.Error()
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(time.Second))
+	fmt.Fprintf(conn, "GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return false, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode == http.StatusOK, string(b)
+}
+
+// TestSoakProxydKilled is scenario 1: proxyd killed (SIGKILL) and stopped
+// (SIGTERM) again and again, on the client's node and on an endpoint's node,
+// under steady TCP and UDP load through a ClusterIP and TCP load through a
+// NodePort from outside. Goal: no failed request, and the node's rules stay
+// in place while proxyd is down.
+func TestSoakProxydKilled(t *testing.T) {
+	c := svcStart(t, "iptables")
+	l := c.lab
+	n1, n3 := l.Node("node1"), l.Node("node3")
+	c.apply(svcDef{name: "soak", clusterIP: "10.96.2.1", typ: "NodePort",
+		ports: []svcPort{
+			{name: "tcp", proto: "TCP", port: 80, target: 9090, nodePort: 30090},
+			{name: "udp", proto: "UDP", port: 53, target: 5353},
+		},
+		endpoints: []svcEndpoint{svcReady(c.web1), svcReady(c.web2)}})
+	nodePort := net.JoinHostPort(n3.IP.String(), "30090")
+	c.eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.2.1:80", "web1", "web2")
+	c.eventuallyServes(t, c.c3.NSPath(), "udp", "10.96.2.1:53", "web1", "web2")
+	c.eventuallyServes(t, l.OutsideHost.NSPath(), "tcp", nodePort, "web1", "web2")
+
+	rounds := soakSize(1, 5)
+	probe := func(nsPath, proto, addr string) func() error {
+		return func() error {
+			out, err := c.probeIn(nsPath, proto, addr, 2*time.Second)
+			if err == nil && !strings.HasPrefix(out, "web") {
+				err = fmt.Errorf("answer %q", out)
+			}
+			return err
+		}
+	}
+	loads := []*soakLoad{{name: "TCP ClusterIP"}, {name: "UDP ClusterIP"}, {name: "TCP NodePort"}}
+	probes := []func() error{
+		probe(c.c3.NSPath(), "tcp", "10.96.2.1:80"),
+		probe(c.c3.NSPath(), "udp", "10.96.2.1:53"),
+		probe(l.OutsideHost.NSPath(), "tcp", nodePort),
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i, ld := range loads {
+		wg.Go(func() { ld.run(stop, 100000, probes[i]) })
+	}
+	began := time.Now()
+
+	var restarts []time.Duration
+	faults := 0
+	for _, n := range []*lab.Node{n3, n1} {
+		for _, sig := range []string{"KILL", "TERM"} {
+			for range rounds {
+				time.Sleep(300 * time.Millisecond)
+				if sig == "KILL" {
+					c.proxyd[n.Name].Kill()
+				} else if err := c.proxyd[n.Name].Stop(); err != nil {
+					t.Errorf("proxyd on %s after SIGTERM: %v", n.Name, err)
+				}
+				faults++
+				time.Sleep(200 * time.Millisecond)
+				// With proxyd gone the kernel still holds the Service.
+				if out, err := n.Exec(t.Context(), "iptables-save", "-t", "nat"); err != nil || !strings.Contains(out, "10.96.2.1/32") || !strings.Contains(out, "--dport 30090") {
+					t.Errorf("%s with proxyd down (SIG%s): the Service's rules are gone (%v)", n.Name, sig, err)
+				}
+				start := time.Now()
+				c.startProxyd(n)
+				for ok, body := healthz(n); !ok; ok, body = healthz(n) {
+					if time.Since(start) > 10*time.Second {
+						t.Fatalf("proxyd on %s not healthy 10 s after a restart: %s\n%s", n.Name, body, c.proxyd[n.Name].Output())
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				restarts = append(restarts, time.Since(start))
+			}
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	took := time.Since(began)
+
+	var total, failed int64
+	var perLoad []string
+	for _, ld := range loads {
+		total += ld.ok.Load() + ld.failed.Load()
+		failed += ld.failed.Load()
+		perLoad = append(perLoad, fmt.Sprintf("%s %d", ld.name, ld.ok.Load()+ld.failed.Load()))
+		if ld.failed.Load() > 0 || ld.ok.Load() < 20 {
+			t.Errorf("%s: %d requests ok, %d failed (first: %s)", ld.name, ld.ok.Load(), ld.failed.Load(), ld.firstFailure)
+		}
+	}
+	slices.Sort(restarts)
+	soakRow(t, "1 proxyd killed",
+		fmt.Sprintf("%s over %v (%.0f req/s)", strings.Join(perLoad, ", "), took.Round(time.Second), float64(total)/took.Seconds()),
+		fmt.Sprintf("%d on node3 (client) and node1 (endpoint): SIGKILL and SIGTERM × %d each", faults, rounds),
+		fmt.Sprintf("%d of %d requests failed", failed, total),
+		fmt.Sprintf("restart to healthy: median %v, max %v", restarts[len(restarts)/2].Round(time.Millisecond), restarts[len(restarts)-1].Round(time.Millisecond)))
+}
