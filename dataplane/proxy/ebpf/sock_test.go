@@ -22,6 +22,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
 
+	"github.com/podnet/podnet/bpf"
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/roottest"
@@ -79,6 +80,37 @@ func clientMain(nsPath, ops string) int {
 		}
 	}
 	return 0
+}
+
+// dialMapped connects an AF_INET6 socket to the v4-mapped form of addr (Go's
+// dialer would use AF_INET), which goes through the IPv6 hooks, and reads
+// the answer: "ANSWER PEER" with the peer getpeername reports.
+func dialMapped(addr string) (string, error) {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return "", err
+	}
+	fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return "", err
+	}
+	f := os.NewFile(uintptr(fd), "tcp6")
+	defer f.Close()
+	if err := unix.Connect(fd, &unix.SockaddrInet6{Addr: netip.AddrFrom16(ap.Addr().As16()).As16(), Port: int(ap.Port())}); err != nil {
+		return "", err
+	}
+	peer, err := unix.Getpeername(fd)
+	if err != nil {
+		return "", err
+	}
+	p6 := peer.(*unix.SockaddrInet6)
+	buf := make([]byte, 256)
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 2})
+	n, err := unix.Read(fd, buf)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(buf[:n])) + " " + netip.AddrPortFrom(netip.AddrFrom16(p6.Addr).Unmap(), uint16(p6.Port)).String(), nil
 }
 
 // holdUDP asks addr over a connected and over an unconnected UDP socket,
@@ -166,6 +198,8 @@ func connectLatency(nsPath, addr string, n int) string {
 func clientOnce(kind, addr string) (string, error) {
 	deadline := time.Now().Add(2 * time.Second)
 	switch kind {
+	case "tcp6":
+		return dialMapped(addr)
 	case "tcp", "cudp":
 		network := map[string]string{"tcp": "tcp4", "cudp": "udp4"}[kind]
 		c, err := net.DialTimeout(network, addr, 2*time.Second)
@@ -414,6 +448,30 @@ func TestSocketLB(t *testing.T) {
 			t.Errorf("internalTrafficPolicy Local: %v, want only the local endpoint", seen)
 		}
 	})
+	t.Run("IPv6 hooks: a dual-stack socket to the v4-mapped VIP", func(t *testing.T) {
+		lines := e.client(true, "tcp6 10.96.0.10:80 20")
+		seen := backendsSeen(lines)
+		if len(seen) != 2 || seen["10.244.1.2:8080"] == 0 || seen["10.244.1.3:8080"] == 0 {
+			t.Errorf("through connect6: %v", seen)
+		}
+		for _, l := range lines {
+			if !strings.HasSuffix(l, " 10.96.0.10:80") {
+				t.Errorf("%q: getpeername6 does not say the VIP", l)
+				break
+			}
+		}
+	})
+	t.Run("UDP to a Service without endpoints: refused at once", func(t *testing.T) {
+		ports[key("emptyudp")] = []*proxy.ServicePort{clusterIPPort("emptyudp", "10.96.0.17", 53, cluster.UDP)}
+		if _, err := sy.Sync(ports, map[cluster.Key]bool{key("emptyudp"): true}, false); err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range e.client(true, "udp 10.96.0.17:53 1", "cudp 10.96.0.17:53 1") {
+			if l != "err ECONNREFUSED" {
+				t.Errorf("UDP without endpoints: %q, want ECONNREFUSED", l)
+			}
+		}
+	})
 	t.Run("UDP unconnected and connected: replies come from the VIP", func(t *testing.T) {
 		for _, l := range e.client(true, "udp 10.96.0.11:53 3", "cudp 10.96.0.11:53 3") {
 			f := strings.Fields(l)
@@ -425,6 +483,62 @@ func TestSocketLB(t *testing.T) {
 	t.Run("session affinity keeps one backend", func(t *testing.T) {
 		if seen := backendsSeen(e.client(true, "tcp 10.96.0.12:80 20")); len(seen) != 1 {
 			t.Errorf("affinity: %v", seen)
+		}
+	})
+	t.Run("session affinity: an entry is honoured within the timeout, not after", func(t *testing.T) {
+		sp := clusterIPPort("aff", "10.96.0.18", 80, cluster.TCP, both...)
+		sp.AffinityTimeout = time.Second
+		ports[key("aff")] = []*proxy.ServicePort{sp}
+		if _, err := sy.Sync(ports, map[cluster.Key]bool{key("aff"): true}, false); err != nil {
+			t.Fatal(err)
+		}
+		// Both slots name the first backend, so a fresh pick is always it;
+		// the affinity entry names the second.
+		fe := svcKey{Addr: addr16(sp.ClusterIP), Port: be16(80), Proto: 6}
+		svcs := dp.coll.Maps["services_v1"]
+		var front, first svcVal
+		s1 := fe
+		s1.Slot = 1
+		if err := svcs.Lookup(&fe, &front); err != nil {
+			t.Fatal(err)
+		}
+		if err := svcs.Lookup(&s1, &first); err != nil {
+			t.Fatal(err)
+		}
+		var second uint32
+		for id, b := range mustDump(t, dp.Maps.Backends) {
+			if b.Svc == front.Id && backendAddr(b) != ep("10.244.1.2", 8080, false).AddrPort() && id != first.Id {
+				second = id
+			}
+		}
+		s2 := fe
+		s2.Slot = 2
+		if err := svcs.Put(&s2, &first); err != nil {
+			t.Fatal(err)
+		}
+		var firstBE backend
+		if err := dp.coll.Maps["backends_v1"].Lookup(&first.Id, &firstBE); err != nil {
+			t.Fatal(err)
+		}
+		cookie := netnsCookie(t, e.nsPath)
+		for _, c := range []struct {
+			age  time.Duration
+			want uint32
+		}{{0, second}, {2 * time.Second, first.Id}} {
+			var ts unix.Timespec
+			unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+			k := bpf.SockAffinityKey{Netns: cookie, Svc: front.Id}
+			v := bpf.SockAffinityVal{Last: uint64(ts.Nano() - c.age.Nanoseconds()), Backend: second}
+			if err := dp.coll.Maps["affinity_v1"].Put(&k, &v); err != nil {
+				t.Fatal(err)
+			}
+			want := "10.244.1.3:8080"
+			if c.want == first.Id {
+				want = backendAddr(firstBE).String()
+			}
+			if seen := backendsSeen(e.client(true, "tcp 10.96.0.18:80 1")); seen[want] != 1 {
+				t.Errorf("affinity entry %v old (timeout 1s): answered by %v, want %s", c.age, seen, want)
+			}
 		}
 	})
 	t.Run("an endpoint change applies to the next connection", func(t *testing.T) {
@@ -591,4 +705,34 @@ func cgroupFD(t *testing.T, dir string) int {
 	}
 	t.Cleanup(func() { f.Close() })
 	return int(f.Fd())
+}
+
+func mustDump[K comparable, V any](t *testing.T, tab Table[K, V]) map[K]V {
+	t.Helper()
+	m, err := tab.Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// netnsCookie is the cookie of the network namespace at nsPath, as
+// bpf_get_netns_cookie reports it for sockets there.
+func netnsCookie(t *testing.T, nsPath string) uint64 {
+	t.Helper()
+	var cookie uint64
+	err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		v, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+		cookie = v
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cookie
 }
