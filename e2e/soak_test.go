@@ -2,11 +2,15 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -16,6 +20,9 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/podnet/podnet/dataplane/ipam"
+	"github.com/podnet/podnet/dataplane/link"
+	"github.com/podnet/podnet/dataplane/roottest"
 	"github.com/podnet/podnet/e2e/lab"
 )
 
@@ -199,4 +206,180 @@ func TestSoakProxydKilled(t *testing.T) {
 		fmt.Sprintf("%d on node3 (client) and node1 (endpoint): SIGKILL and SIGTERM × %d each", faults, rounds),
 		fmt.Sprintf("%d of %d requests failed", failed, total),
 		fmt.Sprintf("restart to healthy: median %v, max %v", restarts[len(restarts)/2].Round(time.Millisecond), restarts[len(restarts)-1].Round(time.Millisecond)))
+}
+
+// TestSoakCNIChurn is scenario 5: ADD/DEL pairs, 20 at a time, the plugin
+// SIGKILLed at random points of one ADD or DEL in ten (a runtime's timeout:
+// libcni kills the plugin when its context ends, and the runtime then
+// DELs until that succeeds), proxyd restarted halfway, then GC. Goal: no
+// address held by two live pods at once, and afterwards no allocation,
+// host veth, store temp file or cached result left.
+func TestSoakCNIChurn(t *testing.T) {
+	roottest.Require(t)
+	l := lab.Start(t, lab.Options{})
+	n := l.Node("node1")
+	startProxyd := func() *lab.Proc {
+		p, err := n.Start("proxyd", svcProxydArgs(l, n, "iptables")...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	proxyd := startProxyd()
+	waitUntil(t, 10*time.Second, func() bool { return svcFileExists(n.NodeConfigPath()) }, "node config")
+
+	pairs, workers := soakSize(100, 2000), 20
+	// The kill window is how long an uninterrupted ADD takes.
+	start := time.Now()
+	cal, err := n.AddPod(t.Context(), "churncal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	window := time.Since(start)
+	if err := n.DeletePod(t.Context(), cal); err != nil {
+		t.Fatal(err)
+	}
+
+	var (
+		mu                      sync.Mutex
+		live                    = map[netip.Addr]string{}
+		twice                   []string
+		kills, unkilledFailures atomic.Int64
+		firstFailure            atomic.Value
+		addTimes                []time.Duration
+	)
+	// maybeKilled returns a context that, one time in ten, ends at a random
+	// point of the plugin's run.
+	maybeKilled := func() (context.Context, context.CancelFunc, bool) {
+		if rand.IntN(10) != 0 {
+			return context.Background(), func() {}, false
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rand.Int64N(int64(window)+1)))
+		return ctx, cancel, true
+	}
+	// del DELs until it succeeds, as a runtime does.
+	del := func(p *lab.Pod) {
+		ctx, cancel, kill := maybeKilled()
+		err := n.DeletePod(ctx, p)
+		cancel()
+		for try := 0; err != nil && try < 5; try++ {
+			if kill {
+				kills.Add(1)
+				kill = false
+			} else {
+				unkilledFailures.Add(1)
+				firstFailure.CompareAndSwap(nil, err.Error())
+			}
+			err = n.DeletePod(context.Background(), p)
+		}
+		if err != nil {
+			t.Errorf("DEL %s never succeeded: %v", p.Name, err)
+		}
+	}
+	jobs := make(chan int)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for i := range jobs {
+				name := fmt.Sprintf("churn%d", i)
+				ctx, cancel, kill := maybeKilled()
+				began := time.Now()
+				p, err := n.AddPod(ctx, name)
+				cancel()
+				if err != nil {
+					if kill {
+						kills.Add(1)
+					} else {
+						unkilledFailures.Add(1)
+						firstFailure.CompareAndSwap(nil, err.Error())
+					}
+					// The failed ADD's own DEL died with it: the runtime
+					// tears the sandbox down.
+					for _, q := range l.Pods() {
+						if q.Name == name {
+							del(q)
+						}
+					}
+					continue
+				}
+				mu.Lock()
+				addTimes = append(addTimes, time.Since(began))
+				if other, ok := live[p.IP]; ok {
+					twice = append(twice, fmt.Sprintf("%s to %s and %s", p.IP, other, name))
+				}
+				live[p.IP] = name
+				mu.Unlock()
+				time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond)
+				mu.Lock()
+				delete(live, p.IP)
+				mu.Unlock()
+				del(p)
+			}
+		})
+	}
+	began := time.Now()
+	for i := range pairs {
+		if i == pairs/2 {
+			if err := proxyd.Stop(); err != nil {
+				t.Errorf("proxyd: %v", err)
+			}
+			proxyd = startProxyd()
+		}
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	took := time.Since(began)
+
+	if err := n.GC(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	var leaks []string
+	txn, err := ipam.Open(ipam.Options{Dir: filepath.Join(n.Dir, "ipam", "podnet")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range txn.Allocations() {
+		leaks = append(leaks, "address "+a.Addr.String()+" of "+a.Attachment.String())
+	}
+	txn.Close()
+	tmps, _ := filepath.Glob(filepath.Join(n.Dir, "ipam", "podnet", ".*tmp*"))
+	for _, f := range tmps {
+		leaks = append(leaks, "store temp file "+f)
+	}
+	if err := ns.WithNetNSPath(n.NSPath(), func(ns.NetNS) error {
+		veths, err := link.HostVeths()
+		for _, v := range veths {
+			leaks = append(leaks, "veth "+v.Attrs().Name)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	cached, _ := filepath.Glob(filepath.Join(n.Dir, "cni-cache", "results", "*churn*"))
+	for _, f := range cached {
+		leaks = append(leaks, "cached result "+filepath.Base(f))
+	}
+	for _, p := range l.Pods() {
+		leaks = append(leaks, "pod namespace "+p.NS)
+	}
+	if len(twice) > 0 {
+		t.Errorf("addresses handed out twice: %v", twice)
+	}
+	if len(leaks) > 0 {
+		t.Errorf("left after GC: %d: %v", len(leaks), leaks)
+	}
+	if n := unkilledFailures.Load(); n > 0 {
+		t.Errorf("%d ADDs or DELs that were not killed failed (first: %v)", n, firstFailure.Load())
+	}
+	slices.Sort(addTimes)
+	median := time.Duration(0)
+	if len(addTimes) > 0 {
+		median = addTimes[len(addTimes)/2]
+	}
+	soakRow(t, "5 CNI churn",
+		fmt.Sprintf("%d ADD/DEL pairs, %d at a time, in %v", pairs, workers, took.Round(time.Second)),
+		fmt.Sprintf("%d plugin runs SIGKILLed, 1 proxyd restart, then GC", kills.Load()),
+		fmt.Sprintf("%d addresses handed out twice, %d leaked objects", len(twice), len(leaks)),
+		fmt.Sprintf("ADD median %v (%.0f pairs/s)", median.Round(time.Millisecond), float64(pairs)/took.Seconds()))
 }

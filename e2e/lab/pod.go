@@ -159,6 +159,23 @@ func (n *Node) delPod(ctx context.Context, p *Pod) error {
 	return n.lab.removePodNS(p)
 }
 
+// GC calls the CNI plugin with GC for node n, as a runtime does after a
+// restart: every attachment not in valid is released.
+func (n *Node) GC(ctx context.Context, valid []types.GCAttachment) error {
+	conf, err := libcni.ConfListFromBytes(n.NetworkConfList())
+	if err != nil {
+		return fmt.Errorf("parse conflist: %w", err)
+	}
+	var stderr syncBuffer
+	err = ns.WithNetNSPath(n.NSPath(), func(ns.NetNS) error {
+		return n.cni(&stderr).GCNetworkList(ctx, conf, &libcni.GCArgs{ValidAttachments: valid})
+	})
+	if err != nil {
+		return fmt.Errorf("CNI GC on %s: %w%s", n.Name, err, stderrNote(&stderr))
+	}
+	return nil
+}
+
 func (l *Lab) removePodNS(p *Pod) error {
 	if err := deleteNetns(p.NS); err != nil {
 		return err
