@@ -78,8 +78,11 @@ $(CONTAINERD_ROOT)/usr/bin/containerd:
 	for d in $(CONTAINERD_ROOT).tmp/debs/*.deb; do dpkg-deb -x $$d $(CONTAINERD_ROOT).tmp; done
 	rm -rf $(CONTAINERD_ROOT) && mv $(CONTAINERD_ROOT).tmp $(CONTAINERD_ROOT)
 
-# The Kubernetes network conformance tests against a lab of real nodes
-# running podnet (e2e/conformance_test.go): e2e.test and agnhost of the same
+# Three real nodes running podnet (two on one segment, one across the
+# router): TestRealNodes (pod to pod over host-gw and VXLAN, ClusterIP,
+# NodePort, kubectl exec and logs, a DaemonSet rolling update under traffic,
+# kubelet and containerd killed and restarted), then the Kubernetes network
+# conformance tests against such a lab (e2e/conformance_test.go): e2e.test and agnhost of the same
 # release, from the same tools module (go test -c as upstream builds it, with
 # its build tags; -vet=off, or go vet alone takes many minutes).
 E2E_TEST := $(APISERVER_CACHE)/e2e.test-$(APISERVER_VERSION)
@@ -96,7 +99,7 @@ CONFORMANCE_FOCUS ?= \[sig-network\].*\[Conformance\]
 conformance: deps build apiserver image kube-node $(E2E_TEST) $(AGNHOST)
 	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) PODNET_IMAGE=$(CURDIR)/$(IMAGE) \
 	PODNET_E2E_TEST=$(E2E_TEST) PODNET_AGNHOST=$(AGNHOST) PODNET_CONFORMANCE_FOCUS='$(CONFORMANCE_FOCUS)' \
-		$(GO) test -tags conformance -count=1 -timeout 150m -v -run '^TestConformance$$' ./e2e/
+		$(GO) test -tags conformance -count=1 -timeout 150m -v -run '^(TestRealNodes|TestConformance)$$' ./e2e/
 
 # podnet's image as a docker-archive tarball (`ctr images import`, `docker
 # load`), without a Docker engine: the final stage of the Dockerfile read by

@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/xml"
 	"fmt"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"sort"
@@ -15,7 +14,6 @@ import (
 	"time"
 
 	"github.com/podnet/podnet/e2e/image"
-	"github.com/podnet/podnet/e2e/lab"
 )
 
 // The suite's images, under the registries KUBE_TEST_REPO_LIST maps to
@@ -111,13 +109,8 @@ func TestConformance(t *testing.T) {
 		focus = `\[sig-network\].*\[Conformance\]`
 	}
 	dir := t.TempDir()
-	testapp := buildTestapp(t, dir)
-	extra := func(c *realCluster) []string { return c.conformanceImages(dir, agnhost, testapp) }
-	c := startRealClusterWith(t, []lab.NodeSpec{
-		{Name: "node1", IP: netip.MustParsePrefix("192.168.10.11/24")},
-		{Name: "node2", IP: netip.MustParsePrefix("192.168.10.12/24")},
-		{Name: "node3", IP: netip.MustParsePrefix("192.168.20.11/24")},
-	}, extra)
+	extra := func(c *realCluster) []string { return c.conformanceImages(dir, agnhost, c.testapp) }
+	c := startRealClusterWith(t, realNodes(), extra)
 
 	repoList := filepath.Join(dir, "repo-list.yaml")
 	if err := os.WriteFile(repoList, []byte(fmt.Sprintf("promoterE2eRegistry: %s\ngcRegistry: %s\nbuildImageRegistry: localhost/build-image\nsigStorageRegistry: localhost/sig-storage\ngcEtcdRegistry: %s\ndockerLibraryRegistry: localhost/library\n", confRegistry, confGCRegistry, confGCRegistry)), 0o644); err != nil {

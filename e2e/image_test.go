@@ -46,11 +46,7 @@ func podnetImage(t *testing.T) string {
 		t.Fatalf("$%s and $PODNET_BIN are unset: run with make test (make image builds the image)", envImage)
 	}
 	imageOnce.Do(func() {
-		var text []byte
-		if text, imageErr = os.ReadFile("../Dockerfile"); imageErr != nil {
-			return
-		}
-		spec, err := image.ParseDockerfile(string(text))
+		spec, err := dockerfileSpec()
 		if err != nil {
 			imageErr = err
 			return
@@ -73,6 +69,28 @@ func podnetImage(t *testing.T) string {
 	return imagePath
 }
 
+// dockerfileSpec is the image ../Dockerfile describes, as make image reads it.
+func dockerfileSpec() (image.Spec, error) {
+	text, err := os.ReadFile("../Dockerfile")
+	if err != nil {
+		return image.Spec{}, err
+	}
+	return image.ParseDockerfile(string(text))
+}
+
+// binDir is $PODNET_BIN, the directory make build fills.
+func binDir(t *testing.T) string {
+	t.Helper()
+	bin := os.Getenv("PODNET_BIN")
+	if bin == "" {
+		t.Fatal("$PODNET_BIN is unset: run with make")
+	}
+	if filepath.Base(bin) == "podnet" {
+		bin = filepath.Dir(bin)
+	}
+	return bin
+}
+
 // cleanups run after every test of the binary (TestMain).
 var cleanups []func()
 
@@ -83,11 +101,7 @@ var cleanups []func()
 // the Dockerfile's USER and ENTRYPOINT.
 func TestImage(t *testing.T) {
 	path := podnetImage(t)
-	text, err := os.ReadFile("../Dockerfile")
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec, err := image.ParseDockerfile(string(text))
+	spec, err := dockerfileSpec()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,6 +45,9 @@ type realCluster struct {
 	nodes   []*realnode.Node
 	adminKC string
 	procs   []*lab.Proc
+	// testapp is the static test binary of the images, runnable in any
+	// lab namespace too.
+	testapp string
 }
 
 // startRealCluster builds the cluster on the given lab nodes and installs
@@ -237,6 +240,7 @@ func (c *realCluster) startControllers() {
 func (c *realCluster) testImages(dir string) []string {
 	c.t.Helper()
 	bin := buildTestapp(c.t, dir)
+	c.testapp = bin
 	var out []string
 	for _, img := range []struct{ tag, cmd string }{{pauseImage, "pause"}, {testappImage, "serve"}} {
 		path := filepath.Join(dir, strings.ReplaceAll(filepath.Base(img.tag), ":", "-")+".tar")
@@ -466,6 +470,11 @@ func TestRealNodeSmoke(t *testing.T) {
 		if err != nil || !podCIDR.Contains(a) {
 			t.Errorf("pod %s/%s has address %q, want one from %v", p.Namespace, p.Name, p.Status.PodIP, podCIDR)
 		}
+	}
+	// The node started with forwarding off; the DaemonSet's proxyd turns it on.
+	if fwd, err := c.nodes[0].Exec(ctx, "cat", "/proc/sys/net/ipv4/ip_forward"); err != nil || strings.TrimSpace(fwd) != "1" {
+		logs, _ := c.kubectl(ctx, "-n", "podnet-system", "logs", "daemonset/podnet-node", "-c", "proxyd")
+		t.Errorf("ip_forward on the node: %q, %v; proxyd says:\n%s", fwd, err, logs)
 	}
 	out, err := c.kubectl(ctx, "exec", "client", "--", "/testapp", "resolve", "kubernetes.default")
 	if err != nil || strings.TrimSpace(out) != "10.96.0.1" {

@@ -223,6 +223,9 @@ func (n *Node) mountScript() string {
 	for _, s := range hostSysctls {
 		fmt.Fprintf(&b, "mount --bind %s/sysctl/%s /proc/sys/%s\n", d, strings.ReplaceAll(s, "/", "."), s)
 	}
+	// A node fresh from boot forwards nothing (a new namespace inherits the
+	// host's setting): the DaemonSet has to turn it on itself.
+	fmt.Fprintf(&b, "echo 0 > /proc/sys/net/ipv4/ip_forward\n")
 	fmt.Fprintf(&b, "echo $$ > %s/mountns.pid\n", d)
 	fmt.Fprintf(&b, "exec sleep infinity\n")
 	return b.String()
@@ -300,18 +303,16 @@ func (n *Node) StartKubelet(ctx context.Context) error {
 	return nil
 }
 
-// StopKubelet and StopContainerd end the daemons (SIGTERM); containers keep
-// running under their shims, as on a node whose kubelet restarts.
-func (n *Node) StopKubelet() error    { return stop(&n.kubelet) }
-func (n *Node) StopContainerd() error { return stop(&n.containerd) }
+// KillKubelet and KillContainerd crash the daemons (SIGKILL); containers
+// keep running under their shims, as on a node whose daemons restart.
+func (n *Node) KillKubelet()    { kill(&n.kubelet) }
+func (n *Node) KillContainerd() { kill(&n.containerd) }
 
-func stop(p **lab.Proc) error {
-	if *p == nil {
-		return nil
+func kill(p **lab.Proc) {
+	if *p != nil {
+		(*p).Kill()
+		*p = nil
 	}
-	err := (*p).Stop()
-	*p = nil
-	return err
 }
 
 // Logs returns the tails of containerd's and the kubelet's output.
@@ -345,7 +346,7 @@ func (n *Node) waitFor(ctx context.Context, p *lab.Proc, what string, ok func() 
 // containers: the whole node cgroup) and removes its cgroup v1 roots,
 // deepest first. The lab's Close removes the rest.
 func (n *Node) Close() error {
-	_ = n.StopKubelet()
+	n.KillKubelet()
 	if err := os.WriteFile(filepath.Join(n.Cgroup, "cgroup.kill"), []byte("1"), 0o644); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("kill node %s: %w", n.Name, err)
 	}

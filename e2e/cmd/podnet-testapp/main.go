@@ -7,6 +7,8 @@
 //	podnet-testapp serve [:8080]    answer GET / with "<hostname> <client addr>"
 //	podnet-testapp get URL          print the body of a GET (exit 1 on failure)
 //	podnet-testapp resolve NAME     print NAME's addresses through /etc/resolv.conf
+//	podnet-testapp load URL DUR     GET URL every 20 ms for DUR (a new connection each),
+//	                                print "ok N failed M" and the failures
 package main
 
 import (
@@ -42,6 +44,8 @@ func main() {
 		err = get(arg(2))
 	case "resolve":
 		err = resolve(arg(2))
+	case "load":
+		err = load(arg(2), arg(3))
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}
@@ -106,5 +110,35 @@ func resolve(name string) error {
 		return err
 	}
 	fmt.Println(strings.Join(addrs, " "))
+	return nil
+}
+
+func load(url, dur string) error {
+	d, err := time.ParseDuration(dur)
+	if err != nil {
+		return err
+	}
+	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	ok, failed := 0, 0
+	var failures []string
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		resp, err := c.Get(url)
+		if err == nil {
+			_, err = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if err == nil && resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("%s", resp.Status)
+			}
+		}
+		if err != nil {
+			failed++
+			if len(failures) < 10 {
+				failures = append(failures, time.Now().Format("15:04:05.000")+" "+err.Error())
+			}
+			continue
+		}
+		ok++
+	}
+	fmt.Printf("ok %d failed %d\n%s\n", ok, failed, strings.Join(failures, "\n"))
 	return nil
 }
