@@ -1,6 +1,9 @@
 package main
 
 import (
+	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -9,5 +12,19 @@ import (
 func TestUnknownProxyModeRefused(t *testing.T) {
 	if code := run([]string{"--state-dir", t.TempDir(), "--proxy-mode", "nftables", "--healthz-bind-address", "", "--metrics-bind-address", ""}); code != 2 {
 		t.Errorf("exit code %d, want 2", code)
+	}
+}
+
+// TestEBPFModeRefusedBeforeAnythingIsTouched: ebpf mode on a cgroup that is
+// not there is a usage error at flag validation, and no pin dir is made.
+func TestEBPFModeRefusedBeforeAnythingIsTouched(t *testing.T) {
+	pins := filepath.Join(t.TempDir(), "pins")
+	code := run([]string{"--state-dir", t.TempDir(), "--proxy-mode", "ebpf", "--bpf-cgroup", filepath.Join(t.TempDir(), "no-such-cgroup"),
+		"--bpf-pin-dir", pins, "--healthz-bind-address", "", "--metrics-bind-address", ""})
+	if code != 2 {
+		t.Errorf("exit code %d, want 2", code)
+	}
+	if _, err := os.Stat(pins); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("pin dir %s: %v; want it never created", pins, err)
 	}
 }

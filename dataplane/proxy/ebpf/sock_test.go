@@ -736,3 +736,56 @@ func netnsCookie(t *testing.T, nsPath string) uint64 {
 	}
 	return cookie
 }
+
+// An upgrade: pins of an older layout version are removed once the new
+// programs are attached, and a pinned map whose definition no longer
+// matches its name is replaced rather than failing the start.
+func TestOpenMigratesOldPins(t *testing.T) {
+	e := newSockEnv(t)
+	if err := ensureBPFFS(e.pinDir); err != nil {
+		t.Fatal(err)
+	}
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Name: "services_v0", Type: ebpf.Hash, KeySize: 8, ValueSize: 8, MaxEntries: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Pin(filepath.Join(e.pinDir, "services_v0")); err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+	spec, err := bpf.LoadSock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrong := spec.Maps[bpf.SockMapBackendsV1].Copy()
+	wrong.MaxEntries = 16
+	m, err := ebpf.NewMap(wrong)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Pin(filepath.Join(e.pinDir, bpf.SockMapBackendsV1)); err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+
+	dp, err := Open(e.pinDir, e.cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	pins, err := Pins(e.pinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(pins, "services_v0") {
+		t.Errorf("the old layout's pin survived: %v", pins)
+	}
+	got, err := ebpf.LoadPinnedMap(filepath.Join(e.pinDir, bpf.SockMapBackendsV1), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer got.Close()
+	if got.MaxEntries() != spec.Maps[bpf.SockMapBackendsV1].MaxEntries {
+		t.Errorf("pinned backends map holds %d entries, want the new definition's %d", got.MaxEntries(), spec.Maps[bpf.SockMapBackendsV1].MaxEntries)
+	}
+}
