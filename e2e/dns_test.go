@@ -20,6 +20,7 @@ import (
 
 	"github.com/podnet/podnet/dataplane/metricstest"
 	"github.com/podnet/podnet/dataplane/roottest"
+	"github.com/podnet/podnet/dataplane/testport"
 	"github.com/podnet/podnet/e2e/lab"
 )
 
@@ -33,26 +34,7 @@ func dnsUserName() string {
 	return "root"
 }
 
-// dnsLoopbackPort returns a loopback port free for UDP and for TCP (a port
-// some connection still uses on its local side cannot be listened on).
-func dnsLoopbackPort(t *testing.T) int {
-	t.Helper()
-	for range 100 {
-		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := pc.LocalAddr().(*net.UDPAddr).Port
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		pc.Close()
-		if err == nil {
-			l.Close()
-			return port
-		}
-	}
-	t.Fatal("no loopback port free for both UDP and TCP")
-	return 0
-}
+func dnsLoopbackPort(t *testing.T) int { return testport.Free(t) }
 
 const dnsTestState = `apiVersion: v1
 kind: List

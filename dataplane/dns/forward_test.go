@@ -17,27 +17,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/testport"
 )
 
 // freePort returns a loopback port free for both UDP and TCP right now.
-func freePort(t testing.TB) uint16 {
-	t.Helper()
-	for range 20 {
-		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := pc.LocalAddr().(*net.UDPAddr).Port
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		pc.Close()
-		if err == nil {
-			l.Close()
-			return uint16(port)
-		}
-	}
-	t.Fatal("no free port")
-	return 0
-}
+func freePort(t testing.TB) uint16 { return uint16(testport.Free(t)) }
 
 // startDnsmasq runs Debian's dnsmasq on a loopback port with the test's
 // records and waits until it answers.

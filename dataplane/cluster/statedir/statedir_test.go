@@ -227,18 +227,8 @@ func TestSourceFollowsTheDirectory(t *testing.T) {
 	write(t, filepath.Join(dir, "notes.txt"), "not state")
 	write(t, filepath.Join(dir, ".hidden.yaml"), nsYAML("hidden"))
 
-	store := cluster.NewStore()
 	// A long rescan period proves the watcher, not the safety net, does the work.
-	src := New(Options{Dir: dir, Store: store, Rescan: time.Hour})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- src.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	src, store := startSource(t, Options{Dir: dir, Rescan: time.Hour, Debounce: 100 * time.Millisecond})
 	select {
 	case <-store.Synced():
 	case <-time.After(2 * time.Second):
