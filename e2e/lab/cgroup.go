@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -63,4 +64,53 @@ func removeCgroup(dir string) error {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// CgroupV1Roots are the mount points of the cgroup v1 hierarchies of a
+// hybrid host (/sys/fs/cgroup/cpu, …/memory, …): where a real node's kubelet
+// (e2e/realnode) makes its cgroup root, named podnet-<prefix>-<node> so that
+// a sweep finds it. None on a unified host.
+func CgroupV1Roots() []string {
+	f, err := os.Open("/proc/self/mounts")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) >= 3 && fields[2] == "cgroup" {
+			out = append(out, fields[1])
+		}
+	}
+	return out
+}
+
+// RemoveCgroupTree removes a cgroup v1 directory and every one below it,
+// deepest first, waiting (up to 5 s each) for killed tasks to leave. A
+// missing directory is no error.
+func RemoveCgroupTree(root string) error {
+	var dirs []string
+	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			dirs = append(dirs, p)
+		}
+		return nil
+	})
+	slices.SortFunc(dirs, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
+	for _, d := range dirs {
+		var err error
+		for range 50 {
+			if err = os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) {
+				err = nil
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err != nil {
+			return fmt.Errorf("remove cgroup %s: %w", d, err)
+		}
+	}
+	return nil
 }

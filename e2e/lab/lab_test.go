@@ -1,11 +1,14 @@
 package lab
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/podnet/podnet/dataplane/roottest"
 )
 
 func TestPlanDefaults(t *testing.T) {
@@ -149,5 +152,48 @@ func TestPidStart(t *testing.T) {
 	}
 	if (runRecord{PID: 0}).alive() {
 		t.Errorf("pid 0 counts as alive")
+	}
+}
+
+// TestSweepCgroupV1: the kubelet cgroup roots a crashed real-node run left
+// in the v1 hierarchies (with a child, as the kubelet makes them) are
+// removed by the sweep, those of other runs are not.
+func TestSweepCgroupV1(t *testing.T) {
+	roottest.Require(t)
+	roots := CgroupV1Roots()
+	if len(roots) == 0 {
+		t.Skip("no cgroup v1 hierarchy on this host")
+	}
+	stale := FamilyPrefix + fmt.Sprintf("%04x", os.Getpid()&0xffff)
+	other := "zz" + stale
+	var dirs, others []string
+	for _, r := range roots {
+		d := filepath.Join(r, "podnet-"+stale+"-node1")
+		o := filepath.Join(r, "podnet-"+other+"-node1")
+		if err := os.MkdirAll(filepath.Join(d, "kubepods"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Mkdir(o, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		dirs, others = append(dirs, d), append(others, o)
+	}
+	t.Cleanup(func() {
+		for _, d := range append(dirs, others...) {
+			RemoveCgroupTree(d)
+		}
+	})
+	if err := sweepStale(t.Logf); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range dirs {
+		if _, err := os.Stat(d); err == nil {
+			t.Errorf("%s survived the sweep", d)
+		}
+	}
+	for _, o := range others {
+		if _, err := os.Stat(o); err != nil {
+			t.Errorf("%s of another family was removed: %v", o, err)
+		}
 	}
 }

@@ -122,10 +122,12 @@ func (r runRecord) alive() bool {
 type runObjects struct {
 	netns   map[string][]string
 	cgroups map[string][]string
+	// cgroupsV1 are real nodes' kubelet cgroup roots on a hybrid host.
+	cgroupsV1 map[string][]string
 }
 
 func listRunObjects() (runObjects, error) {
-	objs := runObjects{netns: map[string][]string{}, cgroups: map[string][]string{}}
+	objs := runObjects{netns: map[string][]string{}, cgroups: map[string][]string{}, cgroupsV1: map[string][]string{}}
 	names, err := listNetns()
 	if err != nil {
 		return objs, err
@@ -160,6 +162,18 @@ func listRunObjects() (runObjects, error) {
 			objs.cgroups[prefix] = append(objs.cgroups[prefix], filepath.Join(root, e.Name()))
 		}
 	}
+	for _, v1 := range CgroupV1Roots() {
+		entries, _ := os.ReadDir(v1)
+		for _, e := range entries {
+			rest, ok := strings.CutPrefix(e.Name(), "podnet-")
+			if !e.IsDir() || !ok {
+				continue
+			}
+			if prefix, _, ok := strings.Cut(rest, "-"); ok {
+				objs.cgroupsV1[prefix] = append(objs.cgroupsV1[prefix], filepath.Join(v1, e.Name()))
+			}
+		}
+	}
 	return objs, nil
 }
 
@@ -169,6 +183,12 @@ func removeRun(objs runObjects, r runRecord) error {
 	// Processes first: they may hold namespaces open.
 	for _, cg := range objs.cgroups[r.Prefix] {
 		if err := removeCgroup(cg); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// Emptied by the kill above.
+	for _, cg := range objs.cgroupsV1[r.Prefix] {
+		if err := RemoveCgroupTree(cg); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -223,6 +243,9 @@ func sweepStale(logf func(string, ...any)) error {
 		orphans = append(orphans, prefix)
 	}
 	for prefix := range objs.cgroups {
+		orphans = append(orphans, prefix)
+	}
+	for prefix := range objs.cgroupsV1 {
 		orphans = append(orphans, prefix)
 	}
 	slices.Sort(orphans)

@@ -23,7 +23,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -105,10 +104,6 @@ type Node struct {
 	kubelet    *lab.Proc
 }
 
-// v1Controllers are the cgroup v1 hierarchies the kubelet's cgroupfs driver
-// needs the root cgroup in.
-var v1Controllers = []string{"cpu", "cpuacct", "cpuset", "memory", "pids", "systemd", "devices", "freezer", "blkio"}
-
 // hostSysctls are the host-wide settings the kubelet writes; inside the node
 // they are files of the node's own.
 var hostSysctls = []string{"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops", "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes"}
@@ -177,24 +172,21 @@ func (n *Node) prepare() error {
 // makeCgroupsV1 creates the kubelet's cgroup root in each v1 hierarchy; the
 // cpuset one needs its parent's cpus and mems before tasks can join.
 func (n *Node) makeCgroupsV1() error {
-	for _, c := range v1Controllers {
-		root := filepath.Join("/sys/fs/cgroup", c)
-		if _, err := os.Stat(root); err != nil {
-			continue
-		}
+	for _, root := range lab.CgroupV1Roots() {
 		d := filepath.Join(root, n.CgroupV1)
 		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("create cgroup %s: %w", d, err)
 		}
-		if c == "cpuset" {
-			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
-				v, err := os.ReadFile(filepath.Join(root, f))
-				if err == nil {
-					err = os.WriteFile(filepath.Join(d, f), v, 0o644)
-				}
-				if err != nil {
-					return fmt.Errorf("cgroup %s: %w", f, err)
-				}
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			v, err := os.ReadFile(filepath.Join(root, f))
+			if errors.Is(err, os.ErrNotExist) {
+				continue // not the cpuset hierarchy
+			}
+			if err == nil {
+				err = os.WriteFile(filepath.Join(d, f), v, 0o644)
+			}
+			if err != nil {
+				return fmt.Errorf("cgroup %s: %w", f, err)
 			}
 		}
 	}
@@ -351,38 +343,10 @@ func (n *Node) Close() error {
 		return fmt.Errorf("kill node %s: %w", n.Name, err)
 	}
 	var errs []error
-	for _, c := range v1Controllers {
-		root := filepath.Join("/sys/fs/cgroup", c, n.CgroupV1)
-		if err := removeTree(root); err != nil {
+	for _, root := range lab.CgroupV1Roots() {
+		if err := lab.RemoveCgroupTree(filepath.Join(root, n.CgroupV1)); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// removeTree removes a cgroup directory and every one below it, deepest
-// first, waiting (bounded) for killed tasks to leave.
-func removeTree(root string) error {
-	var dirs []string
-	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
-		if err == nil && d.IsDir() {
-			dirs = append(dirs, p)
-		}
-		return nil
-	})
-	slices.SortFunc(dirs, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
-	for _, d := range dirs {
-		var err error
-		for range 50 {
-			if err = os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) {
-				err = nil
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		if err != nil {
-			return fmt.Errorf("remove cgroup %s: %w", d, err)
-		}
-	}
-	return nil
 }
