@@ -35,6 +35,7 @@ require (
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
 	github.com/emicklei/go-restful/v3 v3.13.0 // indirect
 	github.com/fxamacker/cbor/v2 v2.9.1 // indirect
+	github.com/fzipp/gocyclo v0.6.0 // indirect
 	github.com/go-logr/logr v1.4.3 // indirect
 	github.com/go-openapi/jsonpointer v1.0.0 // indirect
 	github.com/go-openapi/jsonreference v1.0.0 // indirect
@@ -89,5 +90,6 @@ require (
 tool (
 	github.com/cilium/ebpf/cmd/bpf2go
 	github.com/containernetworking/plugins/plugins/main/loopback
+	github.com/fzipp/gocyclo/cmd/gocyclo
 	honnef.co/go/tools/cmd/staticcheck
 )

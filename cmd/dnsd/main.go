@@ -26,22 +26,33 @@ func main() {
 	os.Exit(run())
 }
 
-func run() int {
+// flags is dnsd's command line: the daemon's config, and the flags that
+// need parsing before they become part of it.
+type flags struct {
+	cfg                                daemon.Config
+	showVersion                        bool
+	ttl                                uint32
+	pods, dnsSvc, dnsIP, policy, level string
+	limits                             statedir.LimitFlags
+}
+
+// flagSet registers every flag into f, with its default.
+func (f *flags) flagSet() *pflag.FlagSet {
 	fs := pflag.NewFlagSet("dnsd", pflag.ContinueOnError)
-	showVersion := fs.Bool("version", false, "print the version and exit")
-	var cfg daemon.Config
+	cfg := &f.cfg
+	fs.BoolVar(&f.showVersion, "version", false, "print the version and exit")
 	fs.StringArrayVar(&cfg.Listen, "listen", []string{"0.0.0.0:53"}, "address to serve DNS on, UDP and TCP (repeatable)")
 	fs.IntVar(&cfg.TCPMaxConns, "tcp-max-connections", dns.DefaultTCPMaxConns, "concurrent TCP connections; more are closed at once")
 	fs.DurationVar(&cfg.TCPIdleTimeout, "tcp-idle-timeout", 10*time.Second, "close a TCP connection idle this long between queries")
 	fs.StringVar(&cfg.Zone.Domain, "cluster-domain", "cluster.local", "the cluster's DNS domain")
-	ttl := fs.Uint32("ttl", 5, "TTL of cluster records, in seconds")
-	pods := fs.String("pods", "insecure", "pod records: insecure, verified or disabled")
+	fs.Uint32Var(&f.ttl, "ttl", 5, "TTL of cluster records, in seconds")
+	fs.StringVar(&f.pods, "pods", "insecure", "pod records: insecure, verified or disabled")
 	fs.BoolVar(&cfg.Zone.ShortNames, "short-names", true, `answer "<svc>.<ns>." and "<svc>.<ns>.svc." for Services that exist`)
-	dnsSvc := fs.String("dns-service", "kube-system/kube-dns", "NAMESPACE/NAME of the Service dnsd runs behind (ns.dns.<zone> answers)")
-	dnsIP := fs.String("dns-service-ip", "10.96.0.10", "the kube-dns VIP; never used as an upstream")
+	fs.StringVar(&f.dnsSvc, "dns-service", "kube-system/kube-dns", "NAMESPACE/NAME of the Service dnsd runs behind (ns.dns.<zone> answers)")
+	fs.StringVar(&f.dnsIP, "dns-service-ip", "10.96.0.10", "the kube-dns VIP; never used as an upstream")
 	fs.StringArrayVar(&cfg.Upstreams, "upstream", nil, "upstream resolver HOST:PORT (repeatable); default: the nameservers of --resolv-conf")
 	fs.StringVar(&cfg.ResolvConf, "resolv-conf", "/etc/resolv.conf", "resolv.conf to take upstreams from when no --upstream is given")
-	policy := fs.String("policy", "random", "upstream selection: random, round_robin or sequential")
+	fs.StringVar(&f.policy, "policy", "random", "upstream selection: random, round_robin or sequential")
 	fs.DurationVar(&cfg.Forward.TryTimeout, "forward-timeout", 0, "timeout of one upstream try (default 2s)")
 	fs.DurationVar(&cfg.Forward.Deadline, "forward-deadline", 0, "deadline of a forwarded query, all tries included (default 5s)")
 	fs.IntVar(&cfg.Forward.MaxConcurrent, "max-concurrent", 1000, "forwarded queries in flight; more are REFUSED")
@@ -58,52 +69,32 @@ func run() int {
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", ":9153", "address of /metrics (empty: off)")
 	fs.StringVar(&cfg.HealthAddress, "health-address", ":8080", "address of /health (empty: off)")
 	fs.StringVar(&cfg.ReadyAddress, "ready-address", ":8181", "address of /ready (empty: off)")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	var limits statedir.LimitFlags
-	limits.Register(fs)
-	if err := fs.Parse(os.Args[1:]); err != nil {
+	fs.StringVar(&f.level, "log-level", "info", "debug, info, warn or error")
+	f.limits.Register(fs)
+	return fs
+}
+
+func run() int {
+	var f flags
+	if err := f.flagSet().Parse(os.Args[1:]); err != nil {
 		if err == pflag.ErrHelp {
 			return 0
 		}
 		fmt.Fprintf(os.Stderr, "dnsd: %v (see dnsd --help)\n", err)
 		return 2
 	}
-	if *showVersion {
+	if f.showVersion {
 		fmt.Println("dnsd", version.String())
 		return 0
 	}
 	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+	if err := level.UnmarshalText([]byte(f.level)); err != nil {
 		fmt.Fprintln(os.Stderr, "dnsd: log-level:", err)
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-
-	cfg.Zone.TTL = *ttl
-	var err error
-	if cfg.Zone.Pods, err = dns.ParsePodMode(*pods); err != nil {
-		fmt.Fprintln(os.Stderr, "dnsd:", err)
-		return 2
-	}
-	if cfg.Forward.Policy, err = dns.ParsePolicy(*policy); err != nil {
-		fmt.Fprintln(os.Stderr, "dnsd:", err)
-		return 2
-	}
-	if cfg.Zone.DNSService, err = parseKey(*dnsSvc); err != nil {
-		fmt.Fprintln(os.Stderr, "dnsd:", err)
-		return 2
-	}
-	if *dnsIP != "" {
-		if cfg.DNSServiceIP, err = netip.ParseAddr(*dnsIP); err != nil {
-			fmt.Fprintf(os.Stderr, "dnsd: dns-service-ip %q: %v\n", *dnsIP, err)
-			return 2
-		}
-	}
-	if cfg.StateLimits, err = limits.Limits(); err != nil {
-		fmt.Fprintln(os.Stderr, "dnsd:", err)
-		return 2
-	}
-	if err := cfg.Validate(); err != nil {
+	cfg, err := f.config()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "dnsd:", err)
 		return 2
 	}
@@ -116,6 +107,32 @@ func run() int {
 		return 1
 	}
 	return 0
+}
+
+// config parses the flags that need it into the daemon's config and
+// validates it.
+func (f *flags) config() (daemon.Config, error) {
+	cfg := f.cfg
+	cfg.Zone.TTL = f.ttl
+	var err error
+	if cfg.Zone.Pods, err = dns.ParsePodMode(f.pods); err != nil {
+		return cfg, err
+	}
+	if cfg.Forward.Policy, err = dns.ParsePolicy(f.policy); err != nil {
+		return cfg, err
+	}
+	if cfg.Zone.DNSService, err = parseKey(f.dnsSvc); err != nil {
+		return cfg, err
+	}
+	if f.dnsIP != "" {
+		if cfg.DNSServiceIP, err = netip.ParseAddr(f.dnsIP); err != nil {
+			return cfg, fmt.Errorf("dns-service-ip %q: %w", f.dnsIP, err)
+		}
+	}
+	if cfg.StateLimits, err = f.limits.Limits(); err != nil {
+		return cfg, err
+	}
+	return cfg, cfg.Validate()
 }
 
 func parseKey(s string) (cluster.Key, error) {

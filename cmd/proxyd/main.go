@@ -30,130 +30,143 @@ func main() {
 	os.Exit(run(os.Args[1:]))
 }
 
-func run(args []string) int {
+// flags is proxyd's command line.
+type flags struct {
+	o                 agent.Options
+	clusterCIDR       string
+	backend           string
+	proxyMode         string
+	nodePortAddresses []string
+	masqueradeAll     bool
+	cleanup           bool
+	showVersion       bool
+	logLevel          string
+	kubeconfig        string
+	bpf               proxy.BPFConfig
+	limits            statedir.LimitFlags
+}
+
+// flagSet registers every flag into f, with its default.
+func (f *flags) flagSet() *pflag.FlagSet {
 	hostname, _ := os.Hostname()
+	o := &f.o
 	fs := pflag.NewFlagSet("proxyd", pflag.ContinueOnError)
-	var (
-		o                 agent.Options
-		clusterCIDR       string
-		backend           string
-		proxyMode         string
-		nodePortAddresses []string
-		masqueradeAll     bool
-		cleanup           bool
-		showVersion       bool
-		logLevel          string
-		kubeconfig        string
-		bpfCfg            proxy.BPFConfig
-	)
 	fs.StringVar(&o.NodeName, "node-name", hostname, "this node's name in the cluster state")
-	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the API server to read the cluster from (default: in-cluster config, unless --state-dir is set)")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the API server to read the cluster from (default: in-cluster config, unless --state-dir is set)")
 	fs.StringVar(&o.StateDir, "state-dir", "", "directory of Kubernetes objects (YAML/JSON) to read the cluster state from instead of the API server")
 	fs.BoolVar(&o.AllocateNodeCIDRs, "allocate-node-cidrs", false, "claim a free /24 of --cluster-cidr for a node without spec.podCIDR (when kube-controller-manager does not allocate them)")
-	fs.StringVar(&clusterCIDR, "cluster-cidr", "10.244.0.0/16", "the pod network of the whole cluster")
-	fs.StringVar(&backend, "backend", string(routing.BackendAuto), "how to reach other nodes' pods: auto (host-gw on this node's subnet, VXLAN beyond), host-gw or vxlan")
+	fs.StringVar(&f.clusterCIDR, "cluster-cidr", "10.244.0.0/16", "the pod network of the whole cluster")
+	fs.StringVar(&f.backend, "backend", string(routing.BackendAuto), "how to reach other nodes' pods: auto (host-gw on this node's subnet, VXLAN beyond), host-gw or vxlan")
 	fs.IntVar(&o.VXLANVNI, "vxlan-vni", routing.DefaultVNI, "VXLAN network identifier")
 	fs.IntVar(&o.VXLANPort, "vxlan-port", routing.DefaultPort, "VXLAN UDP port")
 	fs.StringVar(&o.Iface, "iface", "", "underlay interface (default: the interface holding the node's InternalIP)")
 	fs.StringVar(&o.NodeConfigPath, "node-config", nodeconfig.DefaultPath, "where to write the node config for the CNI plugin")
 	fs.BoolVar(&o.Masquerade, "masquerade", true, "masquerade pod traffic leaving the cluster CIDR to the node's address")
-	fs.StringVar(&proxyMode, "proxy-mode", modes[0].Name, "Service proxy: "+strings.Join(modes.Names(), ", "))
+	fs.StringVar(&f.proxyMode, "proxy-mode", modes[0].Name, "Service proxy: "+strings.Join(modes.Names(), ", "))
 	fs.StringVar(&o.HealthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz (empty disables)")
 	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics (empty disables)")
 	fs.DurationVar(&o.SyncPeriod, "sync-period", 30*time.Second, "full resync period of routes and rules")
 	fs.DurationVar(&o.MinSyncPeriod, "min-sync-period", time.Second, "minimum time between syncs")
-	fs.StringSliceVar(&nodePortAddresses, "nodeport-addresses", nil, "CIDRs whose node addresses accept NodePorts (default: all)")
-	fs.BoolVar(&masqueradeAll, "masquerade-all", false, "masquerade all traffic sent to Service IPs")
-	fs.StringVar(&bpfCfg.Cgroup, "bpf-cgroup", "", "ebpf mode: the cgroup v2 directory whose processes get socket-level load balancing (default: the cgroup2 root)")
-	fs.StringVar(&bpfCfg.PinDir, "bpf-pin-dir", ebpf.DefaultPinDir, "ebpf mode: where maps and links are pinned (a bpffs is mounted there if needed)")
-	fs.BoolVar(&cleanup, "cleanup", false, "remove everything proxyd installed and exit")
-	fs.BoolVar(&showVersion, "version", false, "print the version and exit")
-	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
-	var limits statedir.LimitFlags
-	limits.Register(fs)
-	if err := fs.Parse(args); err != nil {
+	fs.StringSliceVar(&f.nodePortAddresses, "nodeport-addresses", nil, "CIDRs whose node addresses accept NodePorts (default: all)")
+	fs.BoolVar(&f.masqueradeAll, "masquerade-all", false, "masquerade all traffic sent to Service IPs")
+	fs.StringVar(&f.bpf.Cgroup, "bpf-cgroup", "", "ebpf mode: the cgroup v2 directory whose processes get socket-level load balancing (default: the cgroup2 root)")
+	fs.StringVar(&f.bpf.PinDir, "bpf-pin-dir", ebpf.DefaultPinDir, "ebpf mode: where maps and links are pinned (a bpffs is mounted there if needed)")
+	fs.BoolVar(&f.cleanup, "cleanup", false, "remove everything proxyd installed and exit")
+	fs.BoolVar(&f.showVersion, "version", false, "print the version and exit")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.limits.Register(fs)
+	return fs
+}
+
+func run(args []string) int {
+	var f flags
+	if err := f.flagSet().Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0
 		}
 		fmt.Fprintf(os.Stderr, "proxyd: %v (see proxyd --help)\n", err)
 		return 2
 	}
-	if showVersion {
+	if f.showVersion {
 		fmt.Println("proxyd", version.String())
 		return 0
 	}
 	var level slog.Level
-	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
 		fmt.Fprintf(os.Stderr, "proxyd: --log-level: %v\n", err)
 		return 2
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	kube.RouteKlog(logger.With("component", "client-go"))
 
-	if cleanup {
-		err := errors.Join(agent.Cleanup(logger), modes.Cleanup(proxy.Config{Logger: logger, BPF: bpfCfg}, ""))
+	if f.cleanup {
+		err := errors.Join(agent.Cleanup(logger), modes.Cleanup(proxy.Config{Logger: logger, BPF: f.bpf}, ""))
 		if err != nil {
 			logger.Error("cleanup", "err", err)
 			return 1
 		}
 		return 0
 	}
-
-	var err error
-	if o.ClusterCIDR, err = netip.ParsePrefix(clusterCIDR); err != nil {
-		fmt.Fprintf(os.Stderr, "proxyd: --cluster-cidr: %v\n", err)
-		return 2
-	}
-	o.ClusterCIDR = o.ClusterCIDR.Masked()
-	o.Backend = routing.Backend(backend)
-	var npa []netip.Prefix
-	for _, s := range nodePortAddresses {
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "proxyd: --nodeport-addresses: %v\n", err)
-			return 2
-		}
-		npa = append(npa, p.Masked())
-	}
-	if o.StateLimits, err = limits.Limits(); err != nil {
+	o, err := f.options(logger)
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "proxyd: %v\n", err)
 		return 2
 	}
-	if kubeconfig != "" || o.StateDir == "" {
-		if o.Kube, err = kube.ClientConfig(kubeconfig); err != nil {
-			fmt.Fprintf(os.Stderr, "proxyd: %v\n", err)
-			return 2
-		}
-	}
-	o.Logger = logger
-	if err := o.Validate(); err != nil {
-		fmt.Fprintf(os.Stderr, "proxyd: %v\n", err)
-		return 2
-	}
-	// One nft/legacy detection for the node's chains and the proxy's.
-	o.IPTables = ipt.Runner{Backend: ipt.Detect()}
-	sp := proxy.ServiceOptions{Modes: modes, Conntrack: conntrackNetlink{}, Config: proxy.Config{
-		NodeName: o.NodeName, ClusterCIDR: o.ClusterCIDR, NodePortAddresses: npa,
-		MasqueradeAll: masqueradeAll, IPTables: o.IPTables, BPF: bpfCfg,
-	}}
-	if o.Iface != "" {
-		sp.Config.Uplinks = []string{o.Iface}
-	}
-	// A mode this node cannot run is refused here, before anything is
-	// touched.
-	if sp.Mode, err = modes.Select(proxyMode, sp.Config); err != nil {
-		fmt.Fprintf(os.Stderr, "proxyd: %v\n", err)
-		return 2
-	}
-	o.ServiceProxy = &sp
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	logger.Info("proxyd starting", "version", version.String(), "node", o.NodeName, "backend", o.Backend, "proxyMode", proxyMode)
+	logger.Info("proxyd starting", "version", version.String(), "node", o.NodeName, "backend", o.Backend, "proxyMode", f.proxyMode)
 	if err := agent.Run(ctx, o); err != nil {
 		logger.Error("proxyd failed", "err", err)
 		return 1
 	}
 	logger.Info("proxyd stopped")
 	return 0
+}
+
+// options turns the flags into the agent's options, the Service proxy's
+// mode chosen and probed: a mode this node cannot run is refused here,
+// before anything is touched. Errors name the flag.
+func (f *flags) options(logger *slog.Logger) (agent.Options, error) {
+	o := f.o
+	var err error
+	if o.ClusterCIDR, err = netip.ParsePrefix(f.clusterCIDR); err != nil {
+		return o, fmt.Errorf("--cluster-cidr: %w", err)
+	}
+	o.ClusterCIDR = o.ClusterCIDR.Masked()
+	o.Backend = routing.Backend(f.backend)
+	var npa []netip.Prefix
+	for _, s := range f.nodePortAddresses {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return o, fmt.Errorf("--nodeport-addresses: %w", err)
+		}
+		npa = append(npa, p.Masked())
+	}
+	if o.StateLimits, err = f.limits.Limits(); err != nil {
+		return o, err
+	}
+	if f.kubeconfig != "" || o.StateDir == "" {
+		if o.Kube, err = kube.ClientConfig(f.kubeconfig); err != nil {
+			return o, err
+		}
+	}
+	o.Logger = logger
+	if err := o.Validate(); err != nil {
+		return o, err
+	}
+	// One nft/legacy detection for the node's chains and the proxy's.
+	o.IPTables = ipt.Runner{Backend: ipt.Detect()}
+	sp := proxy.ServiceOptions{Modes: modes, Conntrack: conntrackNetlink{}, Config: proxy.Config{
+		NodeName: o.NodeName, ClusterCIDR: o.ClusterCIDR, NodePortAddresses: npa,
+		MasqueradeAll: f.masqueradeAll, IPTables: o.IPTables, BPF: f.bpf,
+	}}
+	if o.Iface != "" {
+		sp.Config.Uplinks = []string{o.Iface}
+	}
+	if sp.Mode, err = modes.Select(f.proxyMode, sp.Config); err != nil {
+		return o, err
+	}
+	o.ServiceProxy = &sp
+	return o, nil
 }

@@ -211,25 +211,7 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	defer closeKernel()
-	n := &nodeNet{
-		o:      o,
-		log:    log.With("component", "node-network"),
-		store:  src.Store,
-		health: checker,
-		underlay: func(ip netip.Addr) (underlay, error) {
-			links, err := k.Links()
-			if err != nil {
-				return underlay{}, fmt.Errorf("list links: %w", err)
-			}
-			return findUnderlay(links, o.Iface, ip)
-		},
-		rec:     &routing.Reconciler{Kernel: k.Routes, Device: routing.DefaultDevice},
-		ipt:     k.IPTables,
-		sysctl:  k.Sysctl,
-		mod:     k.Modprobe,
-		watch:   k.Watch,
-		metrics: newMetrics(reg, src.FileErrors),
-	}
+	n := newNodeNet(o, k, src, checker, reg)
 	if client != nil {
 		n.routed = make(chan struct{})
 	}
@@ -246,28 +228,8 @@ func Run(ctx context.Context, o Options) error {
 	g.Go("state sync", func(ctx context.Context) error {
 		return watchState(ctx, src, checker, log)
 	})
-	if o.AllocateNodeCIDRs {
-		g.Go("podCIDR allocation", func(ctx context.Context) error {
-			return retry(ctx, log, "claim a podCIDR", func() error {
-				p, err := podcidr.Ensure(ctx, podcidr.Options{Client: client, NodeName: o.NodeName, ClusterCIDR: o.ClusterCIDR})
-				if err == nil {
-					log.Info("node podCIDR", "podCIDR", p)
-				}
-				return err
-			})
-		})
-	}
 	if client != nil {
-		g.Go("node status", func(ctx context.Context) error {
-			select {
-			case <-n.routed:
-			case <-ctx.Done():
-				return nil
-			}
-			return retry(ctx, log, "set NetworkUnavailable=False", func() error {
-				return nodestatus.SetNetworkAvailable(ctx, client, o.NodeName)
-			})
-		})
+		goKube(g, o, client, n.routed)
 	}
 	g.Go("node network", n.run)
 	if o.ServiceProxy != nil {
@@ -279,6 +241,57 @@ func Run(ctx context.Context, o Options) error {
 		})
 	}
 	return g.Wait()
+}
+
+// newNodeNet wires the node network's reconciler to the kernel k.
+func newNodeNet(o Options, k Kernel, src app.Source, checker *health.Checker, reg prometheus.Registerer) *nodeNet {
+	return &nodeNet{
+		o:      o,
+		log:    o.Logger.With("component", "node-network"),
+		store:  src.Store,
+		health: checker,
+		underlay: func(ip netip.Addr) (underlay, error) {
+			links, err := k.Links()
+			if err != nil {
+				return underlay{}, fmt.Errorf("list links: %w", err)
+			}
+			return findUnderlay(links, o.Iface, ip)
+		},
+		rec:     &routing.Reconciler{Kernel: k.Routes, Device: routing.DefaultDevice},
+		ipt:     k.IPTables,
+		sysctl:  k.Sysctl,
+		mod:     k.Modprobe,
+		watch:   k.Watch,
+		metrics: newMetrics(reg, src.FileErrors),
+	}
+}
+
+// goKube runs what the agent does through the API server: claiming the
+// node's podCIDR (with --allocate-node-cidrs) and, once every route is in
+// place (routed closes), marking the node's network available.
+func goKube(g *app.Group, o Options, client kubernetes.Interface, routed <-chan struct{}) {
+	log := o.Logger
+	if o.AllocateNodeCIDRs {
+		g.Go("podCIDR allocation", func(ctx context.Context) error {
+			return retry(ctx, log, "claim a podCIDR", func() error {
+				p, err := podcidr.Ensure(ctx, podcidr.Options{Client: client, NodeName: o.NodeName, ClusterCIDR: o.ClusterCIDR})
+				if err == nil {
+					log.Info("node podCIDR", "podCIDR", p)
+				}
+				return err
+			})
+		})
+	}
+	g.Go("node status", func(ctx context.Context) error {
+		select {
+		case <-routed:
+		case <-ctx.Done():
+			return nil
+		}
+		return retry(ctx, log, "set NetworkUnavailable=False", func() error {
+			return nodestatus.SetNetworkAvailable(ctx, client, o.NodeName)
+		})
+	})
 }
 
 // watchState reports the cluster state's health: not loaded until the

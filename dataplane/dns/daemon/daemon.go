@@ -96,30 +96,129 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	var so app.SourceOptions
-	if cfg.StateDir != "" {
-		so = app.SourceOptions{StateDir: cfg.StateDir, StateLimits: cfg.StateLimits, Logger: log}
-	} else {
-		kc, err := kube.ClientConfig(cfg.Kubeconfig)
-		if err != nil {
-			return err
-		}
-		kube.RouteKlog(log.With("source", "kubernetes"))
-		// Pods only matter to verified pod records; watching every Pod of
-		// a cluster costs memory CoreDNS also saves in the other modes.
-		kinds := []cluster.Kind{cluster.KindService, cluster.KindEndpointSlice, cluster.KindNamespace}
-		if cfg.Zone.Pods == dns.PodsVerified {
-			kinds = append(kinds, cluster.KindPod)
-		}
-		so = app.SourceOptions{Kube: kc, Kinds: kinds, Logger: log}
-	}
-	src, err := app.NewSource(so)
+	src, err := newSource(cfg, log)
 	if err != nil {
 		return err
 	}
 	store := src.Store
 	zone := dns.NewZone(store, cfg.Zone)
 
+	fwd, err := newForwarder(cfg, log)
+	if err != nil {
+		return err
+	}
+	log.Info("forwarding", "upstreams", fmt.Sprint(fwd.Upstreams()))
+	var cache *dns.Cache
+	if !cfg.NoCache {
+		cache = dns.NewCache(cfg.Cache)
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := dns.NewMetrics(reg, zone, cache, fwd)
+	srv := dns.NewServer(dns.ServerOptions{Listen: cfg.Listen, Zone: zone, Forwarder: fwd, Cache: cache, Metrics: metrics,
+		TCPMaxConns: cfg.TCPMaxConns, TCPIdleTimeout: cfg.TCPIdleTimeout})
+
+	g := app.NewGroup(ctx)
+	ready := &readiness{up: make(chan struct{}), zone: zone, stale: src.Stale}
+	// Listen before anything else so a port conflict fails at start.
+	if err := app.Serve(g, log,
+		app.Endpoint{Name: "metrics", Addr: cfg.MetricsAddress, Path: "/metrics", Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})},
+		app.Endpoint{Name: "health", Addr: cfg.HealthAddress, Path: "/health", Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "OK") })},
+		app.Endpoint{Name: "ready", Addr: cfg.ReadyAddress, Path: "/ready", Handler: ready},
+	); err != nil {
+		return err
+	}
+
+	serving := make(chan dns.Listening, 1)
+	g.Go("cluster state", src.Run)
+	g.Go("zone", func(ctx context.Context) error { zone.Run(ctx); return nil })
+	g.Go("forwarder", func(ctx context.Context) error { fwd.Run(ctx); return nil })
+	g.Go("dns server", func(ctx context.Context) error { return srv.Run(ctx, serving) })
+	g.Go("free load garbage", func(ctx context.Context) error { freeLoadGarbage(ctx, zone); return nil })
+	g.Go("listening", func(ctx context.Context) error {
+		select {
+		case l := <-serving:
+			log.Info("serving DNS", "udp", fmt.Sprint(l.UDP), "tcp", fmt.Sprint(l.TCP))
+			close(ready.up)
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	return g.Wait()
+}
+
+// readiness is /ready: OK once dnsd listens and its index holds the whole
+// cluster state, and while that state is not stale.
+type readiness struct {
+	up    chan struct{} // closed once the DNS server listens
+	zone  *dns.Zone
+	stale func() error
+}
+
+func (r *readiness) err() error {
+	select {
+	case <-r.up:
+	default:
+		return errors.New("not listening yet")
+	}
+	if !r.zone.Synced() {
+		if err := r.stale(); err != nil {
+			return fmt.Errorf("cluster state not synced yet: %w", err)
+		}
+		return errors.New("cluster state not synced yet")
+	}
+	// Still answering from the last known state, but say so.
+	return r.stale()
+}
+
+func (r *readiness) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	if err := r.err(); err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	fmt.Fprintln(w, "OK")
+}
+
+// freeLoadGarbage gives the memory the state's parsing left behind back
+// once the index is built, rather than carry it in RSS.
+func freeLoadGarbage(ctx context.Context, zone *dns.Zone) {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for !zone.Synced() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+	runtime.GC()
+	debug.FreeOSMemory()
+}
+
+// newSource is the cluster state source cfg chooses.
+func newSource(cfg Config, log *slog.Logger) (app.Source, error) {
+	if cfg.StateDir != "" {
+		return app.NewSource(app.SourceOptions{StateDir: cfg.StateDir, StateLimits: cfg.StateLimits, Logger: log})
+	}
+	kc, err := kube.ClientConfig(cfg.Kubeconfig)
+	if err != nil {
+		return app.Source{}, err
+	}
+	kube.RouteKlog(log.With("source", "kubernetes"))
+	// Pods only matter to verified pod records; watching every Pod of a
+	// cluster costs memory CoreDNS also saves in the other modes.
+	kinds := []cluster.Kind{cluster.KindService, cluster.KindEndpointSlice, cluster.KindNamespace}
+	if cfg.Zone.Pods == dns.PodsVerified {
+		kinds = append(kinds, cluster.KindPod)
+	}
+	return app.NewSource(app.SourceOptions{Kube: kc, Kinds: kinds, Logger: log})
+}
+
+// newForwarder is the forwarder to cfg's upstreams (else resolv.conf's),
+// never to dnsd itself: not to its listen addresses, not to the kube-dns
+// VIP.
+func newForwarder(cfg Config, log *slog.Logger) (*dns.Forwarder, error) {
 	var ups []netip.AddrPort
 	for _, u := range cfg.Upstreams {
 		ap, _ := parseUpstream(u)
@@ -128,7 +227,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if len(ups) == 0 {
 		var err error
 		if ups, err = dns.ReadResolvConf(cfg.ResolvConf); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	fo := cfg.Forward
@@ -152,84 +251,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	for _, r := range rejectedOf(fwd) {
 		log.Error("upstream rejected", "err", r)
 	}
-	if err != nil {
-		return err
-	}
-	log.Info("forwarding", "upstreams", fmt.Sprint(fwd.Upstreams()))
-	var cache *dns.Cache
-	if !cfg.NoCache {
-		cache = dns.NewCache(cfg.Cache)
-	}
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := dns.NewMetrics(reg, zone, cache, fwd)
-	srv := dns.NewServer(dns.ServerOptions{Listen: cfg.Listen, Zone: zone, Forwarder: fwd, Cache: cache, Metrics: metrics,
-		TCPMaxConns: cfg.TCPMaxConns, TCPIdleTimeout: cfg.TCPIdleTimeout})
-
-	g := app.NewGroup(ctx)
-	up := make(chan struct{})
-	ready := func() error {
-		select {
-		case <-up:
-		default:
-			return errors.New("not listening yet")
-		}
-		if !zone.Synced() {
-			if err := src.Stale(); err != nil {
-				return fmt.Errorf("cluster state not synced yet: %w", err)
-			}
-			return errors.New("cluster state not synced yet")
-		}
-		// Still answering from the last known state, but say so.
-		return src.Stale()
-	}
-	// Listen before anything else so a port conflict fails at start.
-	if err := app.Serve(g, log,
-		app.Endpoint{Name: "metrics", Addr: cfg.MetricsAddress, Path: "/metrics", Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})},
-		app.Endpoint{Name: "health", Addr: cfg.HealthAddress, Path: "/health", Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "OK") })},
-		app.Endpoint{Name: "ready", Addr: cfg.ReadyAddress, Path: "/ready", Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			if err := ready(); err != nil {
-				http.Error(w, err.Error(), http.StatusServiceUnavailable)
-				return
-			}
-			fmt.Fprintln(w, "OK")
-		})},
-	); err != nil {
-		return err
-	}
-
-	serving := make(chan dns.Listening, 1)
-	g.Go("cluster state", src.Run)
-	g.Go("zone", func(ctx context.Context) error { zone.Run(ctx); return nil })
-	g.Go("forwarder", func(ctx context.Context) error { fwd.Run(ctx); return nil })
-	g.Go("dns server", func(ctx context.Context) error { return srv.Run(ctx, serving) })
-	g.Go("free load garbage", func(ctx context.Context) error {
-		// Loading the state leaves parse garbage behind; once the index is
-		// built, give that memory back rather than carry it in RSS.
-		t := time.NewTicker(50 * time.Millisecond)
-		defer t.Stop()
-		for !zone.Synced() {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-t.C:
-			}
-		}
-		runtime.GC()
-		debug.FreeOSMemory()
-		return nil
-	})
-	g.Go("listening", func(ctx context.Context) error {
-		select {
-		case l := <-serving:
-			log.Info("serving DNS", "udp", fmt.Sprint(l.UDP), "tcp", fmt.Sprint(l.TCP))
-			close(up)
-		case <-ctx.Done():
-		}
-		return nil
-	})
-	return g.Wait()
+	return fwd, err
 }
 
 func rejectedOf(f *dns.Forwarder) []error {
