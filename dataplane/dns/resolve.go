@@ -3,7 +3,6 @@ package dns
 import (
 	"context"
 	"fmt"
-	"time"
 
 	mdns "github.com/miekg/dns"
 )
@@ -33,7 +32,7 @@ func upstreamQuery(pkt []byte, r *request) (*mdns.Msg, error) {
 // forward answers a name outside the cluster: from the cache, else (when
 // block) from an upstream.
 func (s *Server) forward(ctx context.Context, pkt []byte, r *request, sc *scratch, block bool) ([]byte, bool) {
-	f, c := s.opts.Forwarder, s.opts.Cache
+	f := s.opts.Forwarder
 	if f == nil {
 		return errorReply(sc.resp, r, rcodeRefused), false
 	}
@@ -43,26 +42,44 @@ func (s *Server) forward(ctx context.Context, pkt []byte, r *request, sc *scratc
 	if r.qtype == typeAXFR || r.qtype == typeIXFR {
 		return errorReply(sc.resp, r, rcodeRefused), false
 	}
-	var e *cacheEntry
-	var now time.Time
-	if c != nil {
-		now = c.now()
-		sc.key = cacheKey(sc.key, r)
-		var fresh bool
-		if e, fresh = c.get(sc.key, now); fresh {
-			sc.q.plugin = pluginCache
-			if s.opts.Metrics != nil {
-				s.opts.Metrics.cacheHit(e.denial)
-			}
-			if c.wantsPrefetch(e, now) {
-				s.prefetch(ctx, pkt, r, sc.key, e)
-			}
-			return c.reply(sc.resp, e, r, false, now), false
-		}
+	e, resp, hit := s.fromCache(ctx, pkt, r, sc)
+	if hit {
+		return resp, false
 	}
 	if !block {
 		return nil, true
 	}
+	return s.exchange(ctx, pkt, r, sc, e), false
+}
+
+// fromCache answers from a fresh cache entry (hit), prefetching it when it
+// is popular and about to expire; else it returns the stale entry, if any,
+// for exchange to fall back on.
+func (s *Server) fromCache(ctx context.Context, pkt []byte, r *request, sc *scratch) (*cacheEntry, []byte, bool) {
+	c := s.opts.Cache
+	if c == nil {
+		return nil, nil, false
+	}
+	now := c.now()
+	sc.key = cacheKey(sc.key, r)
+	e, fresh := c.get(sc.key, now)
+	if !fresh {
+		return e, nil, false
+	}
+	sc.q.plugin = pluginCache
+	if s.opts.Metrics != nil {
+		s.opts.Metrics.cacheHit(e.denial)
+	}
+	if c.wantsPrefetch(e, now) {
+		s.prefetch(ctx, pkt, r, sc.key, e)
+	}
+	return e, c.reply(sc.resp, e, r, false, now), true
+}
+
+// exchange asks the upstreams and caches their answer; when none answers,
+// a usable stale entry e is served instead.
+func (s *Server) exchange(ctx context.Context, pkt []byte, r *request, sc *scratch, e *cacheEntry) []byte {
+	f, c := s.opts.Forwarder, s.opts.Cache
 	sc.q.plugin = pluginForward
 	if c != nil && s.opts.Metrics != nil {
 		s.opts.Metrics.cacheMiss()
@@ -71,12 +88,12 @@ func (s *Server) forward(ctx context.Context, pkt []byte, r *request, sc *scratc
 		if s.opts.Metrics != nil {
 			s.opts.Metrics.forwardRefused.Inc()
 		}
-		return errorReply(sc.resp, r, rcodeRefused), false
+		return errorReply(sc.resp, r, rcodeRefused)
 	}
 	defer f.release()
 	q, err := upstreamQuery(pkt, r)
 	if err != nil {
-		return errorReply(sc.resp, r, rcodeFormErr), false
+		return errorReply(sc.resp, r, rcodeFormErr)
 	}
 	m, err := f.Exchange(ctx, q)
 	if err != nil {
@@ -85,16 +102,16 @@ func (s *Server) forward(ctx context.Context, pkt []byte, r *request, sc *scratc
 			if s.opts.Metrics != nil {
 				s.opts.Metrics.servedStale()
 			}
-			return c.reply(sc.resp, e, r, true, c.now()), false
+			return c.reply(sc.resp, e, r, true, c.now())
 		}
-		return errorReply(sc.resp, r, rcodeServFail), false
+		return errorReply(sc.resp, r, rcodeServFail)
 	}
 	if c != nil {
 		if ne := c.put(sc.key, m); ne != nil {
-			return c.reply(sc.resp, ne, r, false, c.now()), false
+			return c.reply(sc.resp, ne, r, false, c.now())
 		}
 	}
-	return msgReply(sc.resp, r, m), false
+	return msgReply(sc.resp, r, m)
 }
 
 // prefetch refreshes a popular entry in the background.

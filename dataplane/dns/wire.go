@@ -98,12 +98,32 @@ func parseRequest(pkt []byte, lowerBuf []byte, r *request) error {
 	if qd != 1 || an != 0 || ns != 0 || ar > 1 {
 		return errFormErr
 	}
+	off, err := parseQName(pkt, lowerBuf, r)
+	if err != nil {
+		return err
+	}
+	if off+4 > len(pkt) {
+		return errFormErr
+	}
+	r.qtype = binary.BigEndian.Uint16(pkt[off:])
+	r.qclass = binary.BigEndian.Uint16(pkt[off+2:])
+	off += 4
+	r.qEnd = off
+	if ar == 1 {
+		return parseOPT(pkt[off:], r)
+	}
+	return nil
+}
+
+// parseQName reads the question's name into r (its labels, and lowercased
+// into lowerBuf) and returns the offset after it.
+func parseQName(pkt, lowerBuf []byte, r *request) (int, error) {
 	off := headerLen
 	r.nlabel = 0
 	lower := lowerBuf[:0]
 	for {
 		if off >= len(pkt) {
-			return errFormErr
+			return 0, errFormErr
 		}
 		l := int(pkt[off])
 		if l == 0 {
@@ -112,10 +132,10 @@ func parseRequest(pkt []byte, lowerBuf []byte, r *request) error {
 			break
 		}
 		if l > 63 || r.nlabel >= maxLabels { // pointers are not allowed in a question
-			return errFormErr
+			return 0, errFormErr
 		}
 		if off+1+l > len(pkt) {
-			return errFormErr
+			return 0, errFormErr
 		}
 		r.labels[r.nlabel] = uint8(len(lower))
 		r.nlabel++
@@ -129,33 +149,29 @@ func parseRequest(pkt []byte, lowerBuf []byte, r *request) error {
 		off += 1 + l
 	}
 	if len(lower) > 255 {
-		return errFormErr
+		return 0, errFormErr
 	}
 	r.qname = pkt[headerLen:off]
 	r.lower = lower
-	if off+4 > len(pkt) {
+	return off, nil
+}
+
+// parseOPT reads the OPT record opt starts with: root name, type 41,
+// class = UDP size, TTL = ext-rcode|version|DO|Z.
+func parseOPT(opt []byte, r *request) error {
+	if len(opt) < 11 || opt[0] != 0 || binary.BigEndian.Uint16(opt[1:]) != typeOPT {
 		return errFormErr
 	}
-	r.qtype = binary.BigEndian.Uint16(pkt[off:])
-	r.qclass = binary.BigEndian.Uint16(pkt[off+2:])
-	off += 4
-	r.qEnd = off
-	if ar == 1 {
-		// OPT: root name, type 41, class = UDP size, TTL = ext-rcode|version|DO|Z.
-		if off+11 > len(pkt) || pkt[off] != 0 || binary.BigEndian.Uint16(pkt[off+1:]) != typeOPT {
-			return errFormErr
-		}
-		r.edns = true
-		size := binary.BigEndian.Uint16(pkt[off+3:])
-		r.udpSize = max(size, minUDPSize)
-		r.ednsVer = pkt[off+6]
-		r.do = pkt[off+7]&0x80 != 0
-		rdlen := int(binary.BigEndian.Uint16(pkt[off+9:]))
-		if off+11+rdlen > len(pkt) {
-			return errFormErr
-		}
-		r.ednsOpts = rdlen > 0
+	r.edns = true
+	size := binary.BigEndian.Uint16(opt[3:])
+	r.udpSize = max(size, minUDPSize)
+	r.ednsVer = opt[6]
+	r.do = opt[7]&0x80 != 0
+	rdlen := int(binary.BigEndian.Uint16(opt[9:]))
+	if 11+rdlen > len(opt) {
+		return errFormErr
 	}
+	r.ednsOpts = rdlen > 0
 	return nil
 }
 

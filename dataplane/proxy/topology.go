@@ -7,18 +7,28 @@ import "slices"
 // is ready; topology narrows the cluster set when it can.
 func categorize(sp *ServicePort, trafficDistribution string, node NodeInfo) {
 	if sp.usesClusterEndpoints() {
-		inTopology := topologyFilter(sp.Endpoints, trafficDistribution, node)
-		sp.ClusterEndpoints = filter(sp.Endpoints, func(e Endpoint) bool { return e.Ready && inTopology(e) })
-		if len(sp.ClusterEndpoints) == 0 {
-			sp.ClusterEndpoints = filter(sp.Endpoints, func(e Endpoint) bool {
-				return e.Serving && e.Terminating && inTopology(e)
-			})
-		}
-		sp.HasEndpoints = len(sp.ClusterEndpoints) > 0
+		categorizeCluster(sp, trafficDistribution, node)
 	}
-	if !sp.usesLocalEndpoints() {
-		return
+	if sp.usesLocalEndpoints() {
+		categorizeLocal(sp)
 	}
+}
+
+// categorizeCluster picks the endpoints any traffic may use.
+func categorizeCluster(sp *ServicePort, trafficDistribution string, node NodeInfo) {
+	inTopology := topologyFilter(sp.Endpoints, trafficDistribution, node)
+	sp.ClusterEndpoints = filter(sp.Endpoints, func(e Endpoint) bool { return e.Ready && inTopology(e) })
+	if len(sp.ClusterEndpoints) == 0 {
+		sp.ClusterEndpoints = filter(sp.Endpoints, func(e Endpoint) bool {
+			return e.Serving && e.Terminating && inTopology(e)
+		})
+	}
+	sp.HasEndpoints = len(sp.ClusterEndpoints) > 0
+}
+
+// categorizeLocal picks the endpoints on this node, for a Local traffic
+// policy.
+func categorizeLocal(sp *ServicePort) {
 	var localReady, localTerminating bool
 	for _, e := range sp.Endpoints {
 		if e.Ready || e.Serving && e.Terminating {
@@ -42,7 +52,18 @@ func categorize(sp *ServicePort, trafficDistribution string, node NodeInfo) {
 // so a state directory without a controller behaves the same. Topology is
 // ignored when it would leave no ready endpoint.
 func topologyFilter(eps []Endpoint, trafficDistribution string, node NodeInfo) func(Endpoint) bool {
-	all := func(Endpoint) bool { return true }
+	if f, hinted := hintFilter(eps, node); hinted {
+		return f
+	}
+	return distributionFilter(eps, trafficDistribution, node)
+}
+
+// anyEndpoint allows every endpoint.
+func anyEndpoint(Endpoint) bool { return true }
+
+// hintFilter applies the EndpointSlice hints; hinted is false when no ready
+// endpoint carries them.
+func hintFilter(eps []Endpoint, node NodeInfo) (f func(Endpoint) bool, hinted bool) {
 	allNodeHints, allZoneHints, anyReady := true, true, false
 	forNode, forZone := false, false
 	for _, e := range eps {
@@ -61,18 +82,20 @@ func topologyFilter(eps []Endpoint, trafficDistribution string, node NodeInfo) f
 			forZone = true
 		}
 	}
-	if !anyReady {
-		return all
+	switch {
+	case !anyReady:
+		return anyEndpoint, true
+	case allNodeHints && forNode:
+		return func(e Endpoint) bool { return slices.Contains(e.HintNodes, node.Name) }, true
+	case allZoneHints && forZone:
+		return func(e Endpoint) bool { return slices.Contains(e.HintZones, node.Zone) }, true
 	}
-	if allNodeHints && forNode {
-		return func(e Endpoint) bool { return slices.Contains(e.HintNodes, node.Name) }
-	}
-	if allZoneHints && forZone {
-		return func(e Endpoint) bool { return slices.Contains(e.HintZones, node.Zone) }
-	}
-	if allNodeHints || allZoneHints {
-		return all
-	}
+	return anyEndpoint, allNodeHints || allZoneHints
+}
+
+// distributionFilter applies trafficDistribution to the endpoints' node
+// and zone.
+func distributionFilter(eps []Endpoint, trafficDistribution string, node NodeInfo) func(Endpoint) bool {
 	sameNode := func(e Endpoint) bool { return e.Local }
 	sameZone := func(e Endpoint) bool { return node.Zone != "" && e.Zone == node.Zone }
 	hasReady := func(f func(Endpoint) bool) bool {
@@ -91,7 +114,7 @@ func topologyFilter(eps []Endpoint, trafficDistribution string, node NodeInfo) f
 			return sameZone
 		}
 	}
-	return all
+	return anyEndpoint
 }
 
 func filter(eps []Endpoint, keep func(Endpoint) bool) []Endpoint {

@@ -280,23 +280,14 @@ func (k *NetlinkKernel) DeleteFDB(f FDB) error {
 // until ctx ends; ns is the namespace to watch (netns.None() for the
 // caller's own).
 func Watch(ctx context.Context, ns netns.NsHandle, device string, changed chan<- struct{}) error {
-	routes := make(chan netlink.RouteUpdate, 64)
-	neighs := make(chan netlink.NeighUpdate, 64)
-	links := make(chan netlink.LinkUpdate, 16)
 	done := make(chan struct{})
 	defer close(done)
-	errFn := func(error) {
+	routes, neighs, links, err := subscribe(ns, done, func(error) {
 		// An overflowed socket loses events; a sync catches up on all of them.
 		notify(changed)
-	}
-	if err := netlink.RouteSubscribeWithOptions(routes, done, netlink.RouteSubscribeOptions{Namespace: &ns, ErrorCallback: errFn}); err != nil {
-		return fmt.Errorf("subscribe to routes: %w", err)
-	}
-	if err := netlink.NeighSubscribeWithOptions(neighs, done, netlink.NeighSubscribeOptions{Namespace: &ns, ErrorCallback: errFn}); err != nil {
-		return fmt.Errorf("subscribe to neighbours: %w", err)
-	}
-	if err := netlink.LinkSubscribeWithOptions(links, done, netlink.LinkSubscribeOptions{Namespace: &ns, ErrorCallback: errFn}); err != nil {
-		return fmt.Errorf("subscribe to links: %w", err)
+	})
+	if err != nil {
+		return err
 	}
 	// The device's index, to tell its neighbour events from the rest; the
 	// link subscription keeps it current as the device comes and goes.
@@ -342,6 +333,24 @@ func Watch(ctx context.Context, ns netns.NsHandle, device string, changed chan<-
 			}
 		}
 	}
+}
+
+// subscribe subscribes to the route, neighbour and link events of ns
+// until done closes.
+func subscribe(ns netns.NsHandle, done chan struct{}, errFn func(error)) (chan netlink.RouteUpdate, chan netlink.NeighUpdate, chan netlink.LinkUpdate, error) {
+	routes := make(chan netlink.RouteUpdate, 64)
+	neighs := make(chan netlink.NeighUpdate, 64)
+	links := make(chan netlink.LinkUpdate, 16)
+	if err := netlink.RouteSubscribeWithOptions(routes, done, netlink.RouteSubscribeOptions{Namespace: &ns, ErrorCallback: errFn}); err != nil {
+		return nil, nil, nil, fmt.Errorf("subscribe to routes: %w", err)
+	}
+	if err := netlink.NeighSubscribeWithOptions(neighs, done, netlink.NeighSubscribeOptions{Namespace: &ns, ErrorCallback: errFn}); err != nil {
+		return nil, nil, nil, fmt.Errorf("subscribe to neighbours: %w", err)
+	}
+	if err := netlink.LinkSubscribeWithOptions(links, done, netlink.LinkSubscribeOptions{Namespace: &ns, ErrorCallback: errFn}); err != nil {
+		return nil, nil, nil, fmt.Errorf("subscribe to links: %w", err)
+	}
+	return routes, neighs, links, nil
 }
 
 func notify(ch chan<- struct{}) {
