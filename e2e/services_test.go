@@ -750,6 +750,36 @@ endpoints:
 		t.Logf("%d requests during two proxyd restarts, none failed", ok.Load())
 	})
 
+	// A proxyd restarted while a state file is broken must not take the
+	// rest for the whole cluster and drop that file's Services.
+	t.Run("proxyd restarted while a Service's state file is broken keeps serving it", func(t *testing.T) {
+		basic := svcDef{name: "basic", clusterIP: "10.96.1.10", ports: svcTCPPort(80), endpoints: []svcEndpoint{svcReady(c.web1), svcReady(c.web2)}}
+		c.eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
+		if err := l.WriteState("svc-basic.yaml", basic.yaml(t)+"  broken: [\n"); err != nil {
+			t.Fatal(err)
+		}
+		defer c.apply(basic)
+		if err := c.proxyd[n3.Name].Stop(); err != nil {
+			t.Errorf("proxyd on node3: %v", err)
+		}
+		c.startProxyd(n3)
+		// Several of its sync periods (2 s): nothing is programmed, so
+		// nothing is removed.
+		deadline := time.Now().Add(3 * time.Second)
+		for time.Now().Before(deadline) {
+			if out, err := c.probeIn(c.c3.NSPath(), "tcp", "10.96.1.10:80", 2*time.Second); err != nil {
+				t.Fatalf("Service of the broken file after proxyd's restart: %q, %v", out, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if ok, body := healthz(n3); ok || !strings.Contains(body, "svc-basic.yaml") {
+			t.Errorf("/healthz with the state half read: ok %v, %q; want it to name the file", ok, body)
+		}
+		c.apply(basic)
+		waitUntil(t, 10*time.Second, func() bool { ok, _ := healthz(n3); return ok }, "proxyd healthy once the file is fixed")
+		c.eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
+	})
+
 	t.Run("a full resync repairs rules someone else deleted", func(t *testing.T) {
 		c.eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
 		if c.mode == "ebpf" {
