@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,10 +20,12 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	mdns "github.com/miekg/dns"
 
 	"github.com/podnet/podnet/dataplane/ipam"
 	"github.com/podnet/podnet/dataplane/link"
 	"github.com/podnet/podnet/dataplane/roottest"
+	"github.com/podnet/podnet/dataplane/testport"
 	"github.com/podnet/podnet/e2e/lab"
 )
 
@@ -382,4 +385,166 @@ func TestSoakCNIChurn(t *testing.T) {
 		fmt.Sprintf("%d plugin runs SIGKILLed, 1 proxyd restart, then GC", kills.Load()),
 		fmt.Sprintf("%d addresses handed out twice, %d leaked objects", len(twice), len(leaks)),
 		fmt.Sprintf("ADD median %v (%.0f pairs/s)", median.Round(time.Millisecond), float64(pairs)/took.Seconds()))
+}
+
+// rssKiB is a process's resident set in KiB, from /proc.
+func rssKiB(t *testing.T, pid int) int {
+	t.Helper()
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(status), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
+			n, _ := strconv.Atoi(f[1])
+			return n
+		}
+	}
+	t.Fatalf("no VmRSS for pid %d", pid)
+	return 0
+}
+
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(float64(len(s))*p))]
+}
+
+// TestSoakServiceChurn is scenario 2, through the state directory: Services
+// with EndpointSlices created, changed and deleted, half of their files
+// written in place (truncated, then written) and half replaced by rename,
+// while a client hammers a stable Service. Goal: no failed request on the
+// stable Service; figures: the 95th percentile from a file's write to its
+// Service being served by proxyd (from a pod) and resolvable from dnsd, and
+// proxyd's and dnsd's RSS before and after. (The API server variant of the
+// scenario is not here yet.)
+func TestSoakServiceChurn(t *testing.T) {
+	c := svcStart(t, "iptables")
+	l := c.lab
+	n3 := l.Node("node3")
+	dns := startDnsd(t, dnsdBinary(t), l.StateDir(), "--upstream", fmt.Sprintf("127.0.0.1:%d", testport.Free(t)))
+	c.apply(svcDef{name: "stable", clusterIP: "10.96.3.1", ports: svcTCPPort(80), endpoints: []svcEndpoint{svcReady(c.web1), svcReady(c.web2)}})
+	c.eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.3.1:80", "web1", "web2")
+	dns.waitReady(t)
+
+	services := soakSize(20, 1000)
+	spread := time.Duration(soakSize(2, 30)) * time.Second // creations, then changes, spread over this
+	time.Sleep(time.Second)
+	proxydBefore, dnsdBefore := rssKiB(t, c.proxyd[n3.Name].Pid()), rssKiB(t, dns.cmd.Process.Pid)
+
+	stable := &soakLoad{name: "stable"}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		stable.run(stop, 1000000, func() error {
+			_, err := c.probeIn(c.c3.NSPath(), "tcp", "10.96.3.1:80", 2*time.Second)
+			return err
+		})
+	})
+
+	vip := func(i int) string { return fmt.Sprintf("10.96.%d.%d", 4+i/250, i%250+1) }
+	def := func(i int, ep *lab.Pod) svcDef {
+		return svcDef{name: fmt.Sprintf("churn%d", i), clusterIP: vip(i), ports: svcTCPPort(80), endpoints: []svcEndpoint{svcReady(ep)}}
+	}
+	// write puts a Service's file in place (even i) or by rename (odd i).
+	write := func(i int, text string) error {
+		name := fmt.Sprintf("svc-churn%d.yaml", i)
+		if i%2 == 0 {
+			return os.WriteFile(filepath.Join(l.StateDir(), name), []byte(text), 0o644)
+		}
+		return l.WriteState(name, text)
+	}
+	var mu sync.Mutex
+	var served, resolved []time.Duration
+	var measure sync.WaitGroup
+	// Every Service's creation is timed until a pod reaches it through
+	// proxyd and dnsd resolves its name (10 s at most).
+	timeIt := func(i int, written time.Time) {
+		measure.Go(func() {
+			addr, name := vip(i)+":80", fmt.Sprintf("churn%d.default.svc.cluster.local.", i)
+			var proxyDone, dnsDone bool
+			for time.Since(written) < 10*time.Second && !(proxyDone && dnsDone) {
+				if !proxyDone {
+					if out, err := c.probeIn(c.c3.NSPath(), "tcp", addr, 300*time.Millisecond); err == nil && strings.HasPrefix(out, "web1") {
+						proxyDone = true
+						mu.Lock()
+						served = append(served, time.Since(written))
+						mu.Unlock()
+					}
+				}
+				if !dnsDone {
+					if m, err := dns.ask(t, "udp", name); err == nil && m.Rcode == mdns.RcodeSuccess && len(m.Answer) == 1 {
+						dnsDone = true
+						mu.Lock()
+						resolved = append(resolved, time.Since(written))
+						mu.Unlock()
+					}
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+	}
+	began := time.Now()
+	gap := spread / time.Duration(services)
+	for i := range services {
+		if err := write(i, def(i, c.web1).yaml(t)); err != nil {
+			t.Fatal(err)
+		}
+		if i%max(1, services/50) == 0 { // 50 timed samples at most
+			timeIt(i, time.Now())
+		}
+		time.Sleep(gap)
+	}
+	for i := range services {
+		if err := write(i, def(i, c.web2).yaml(t)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(gap)
+	}
+	for i := range services {
+		if err := os.Remove(filepath.Join(l.StateDir(), fmt.Sprintf("svc-churn%d.yaml", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	measure.Wait()
+	// Settled: the last Service is gone from proxyd and dnsd.
+	waitUntil(t, 10*time.Second, func() bool {
+		_, err := c.probeIn(c.c3.NSPath(), "tcp", vip(services-1)+":80", 300*time.Millisecond)
+		m, derr := dns.ask(t, "udp", fmt.Sprintf("churn%d.default.svc.cluster.local.", services-1))
+		return err != nil && derr == nil && m.Rcode == mdns.RcodeNameError
+	}, "the churned Services gone")
+	close(stop)
+	wg.Wait()
+	took := time.Since(began)
+	time.Sleep(2 * time.Second)
+	proxydAfter, dnsdAfter := rssKiB(t, c.proxyd[n3.Name].Pid()), rssKiB(t, dns.cmd.Process.Pid)
+
+	if stable.failed.Load() > 0 || stable.ok.Load() < 50 {
+		t.Errorf("stable Service during the churn: %d ok, %d failed (first: %s)", stable.ok.Load(), stable.failed.Load(), stable.firstFailure)
+	}
+	samples := min(services, (services+max(1, services/50)-1)/max(1, services/50))
+	if len(served) < samples || len(resolved) < samples {
+		t.Errorf("of %d timed Services, %d were served and %d resolved within 10 s", samples, len(served), len(resolved))
+	}
+	// RSS after the churn settles may not stay above the start by more
+	// than the Go runtime's slack.
+	for _, r := range []struct {
+		name          string
+		before, after int
+	}{{"proxyd", proxydBefore, proxydAfter}, {"dnsd", dnsdBefore, dnsdAfter}} {
+		if soakFull() && r.after > r.before*11/10+16*1024 {
+			t.Errorf("%s RSS %d MiB after the churn, %d MiB before", r.name, r.after/1024, r.before/1024)
+		}
+	}
+	soakRow(t, "2 Service churn (state directory)",
+		fmt.Sprintf("%d Services created, changed, deleted in %v (half written in place); stable Service hammered (%d requests)",
+			services, took.Round(time.Second), stable.ok.Load()+stable.failed.Load()),
+		"none beyond the churn",
+		fmt.Sprintf("%d failed on the stable Service", stable.failed.Load()),
+		fmt.Sprintf("write to served p95 %v, to resolvable p95 %v (%d samples); RSS proxyd %d→%d MiB, dnsd %d→%d MiB",
+			percentile(served, 0.95).Round(time.Millisecond), percentile(resolved, 0.95).Round(time.Millisecond), len(served),
+			proxydBefore/1024, proxydAfter/1024, dnsdBefore/1024, dnsdAfter/1024))
 }
