@@ -74,7 +74,7 @@ $(KUBE_NODE) &:
 	rmdir $(APISERVER_CACHE)/kube-node.tmp
 $(CONTAINERD_ROOT)/usr/bin/containerd:
 	rm -rf $(CONTAINERD_ROOT).tmp && mkdir -p $(CONTAINERD_ROOT).tmp/debs
-	cd $(CONTAINERD_ROOT).tmp/debs && apt-get download containerd runc
+	cd $(CONTAINERD_ROOT).tmp/debs && { apt-get download containerd runc || { apt-get update -q && apt-get download containerd runc; }; }
 	for d in $(CONTAINERD_ROOT).tmp/debs/*.deb; do dpkg-deb -x $$d $(CONTAINERD_ROOT).tmp; done
 	rm -rf $(CONTAINERD_ROOT) && mv $(CONTAINERD_ROOT).tmp $(CONTAINERD_ROOT)
 

@@ -117,13 +117,19 @@ func TestConformance(t *testing.T) {
 		t.Fatal(err)
 	}
 	report := filepath.Join(dir, "report")
-	ctx, cancel := context.WithTimeout(t.Context(), 120*time.Minute)
+	// The suite stops itself (and writes its report) before go test's
+	// deadline would kill it.
+	budget := 120 * time.Minute
+	if d, ok := t.Deadline(); ok {
+		budget = time.Until(d) - 3*time.Minute
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), budget+2*time.Minute)
 	defer cancel()
 	start := time.Now()
 	out, err := c.cp.Host.Exec(ctx, "env", "KUBE_TEST_REPO_LIST="+repoList, e2eTest,
-		"--kubeconfig="+c.adminKC, "--provider=local",
+		"--kubeconfig="+c.adminKC, "--provider=local", "--kubectl-path="+c.bins.Kubectl,
 		"--ginkgo.focus="+focus, "--ginkgo.skip=\\[Serial\\]|\\[Disruptive\\]",
-		"--ginkgo.timeout=110m", "--ginkgo.no-color", "--ginkgo.v=false",
+		"--ginkgo.timeout="+budget.Round(time.Second).String(), "--ginkgo.no-color", "--ginkgo.v=false",
 		"--report-dir="+report, "--allowed-not-ready-nodes=0", "--system-pods-startup-timeout=2m",
 		"--non-blocking-taints=node-role.kubernetes.io/control-plane",
 	)

@@ -170,7 +170,9 @@ func DebianLayer(ctx context.Context, cacheDir, suite string, packages []string)
 	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
 		return "", err
 	}
-	tmp := out + ".tmp.tar"
+	// Per process: two builds of the same layer at once each write their own
+	// and the second rename wins with identical content.
+	tmp := fmt.Sprintf("%s.%d.tmp.tar", out, os.Getpid())
 	defer os.Remove(tmp)
 	cmd := exec.CommandContext(ctx, "mmdebstrap", append(args, suite, tmp)...)
 	if b, err := cmd.CombinedOutput(); err != nil {
