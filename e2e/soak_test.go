@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -547,4 +548,222 @@ func TestSoakServiceChurn(t *testing.T) {
 		fmt.Sprintf("write to served p95 %v, to resolvable p95 %v (%d samples); RSS proxyd %d→%d MiB, dnsd %d→%d MiB",
 			percentile(served, 0.95).Round(time.Millisecond), percentile(resolved, 0.95).Round(time.Millisecond), len(served),
 			proxydBefore/1024, proxydAfter/1024, dnsdBefore/1024, dnsdAfter/1024))
+}
+
+// soakUpstream is dnsmasq on a loopback port, answering *.example.test,
+// that the dnsd soak kills and starts again.
+type soakUpstream struct {
+	t    *testing.T
+	port int
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func (u *soakUpstream) start() {
+	u.t.Helper()
+	u.cmd = exec.Command("dnsmasq", "--no-daemon", "--no-resolv", "--no-hosts", "--bind-interfaces", "--listen-address=127.0.0.1",
+		fmt.Sprintf("--port=%d", u.port), "--address=/example.test/192.0.2.1", "--user="+dnsUserName(), "--pid-file=")
+	u.cmd.Stderr = io.Discard
+	if err := u.cmd.Start(); err != nil {
+		u.t.Skipf("dnsmasq: %v (scripts/deps.sh installs dnsmasq-base)", err)
+	}
+	u.done = make(chan struct{})
+	go func() { u.cmd.Wait(); close(u.done) }()
+	c := &mdns.Client{Timeout: 100 * time.Millisecond}
+	q := new(mdns.Msg)
+	q.SetQuestion("ready.example.test.", mdns.TypeA)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if _, _, err := c.Exchange(q, fmt.Sprintf("127.0.0.1:%d", u.port)); err == nil {
+			return
+		}
+	}
+	u.t.Fatal("dnsmasq not answering")
+}
+
+func (u *soakUpstream) kill() {
+	u.cmd.Process.Kill()
+	<-u.done
+}
+
+// TestSoakDnsd is scenario 4: mixed queries at a fixed rate (cluster names,
+// misses, a cached forwarded name, fresh forwarded names) while a Service
+// churns in the state directory, the upstream is killed and started again
+// twice, and in the middle 100,000 garbage UDP packets and truncated TCP
+// messages arrive. Goal: cluster names and misses answered right
+// throughout, the cached name answered (stale while the upstream is down),
+// SERVFAIL only for fresh forwarded names while the upstream is down; RSS
+// at the end within 10 % of the start (checked at full size).
+func TestSoakDnsd(t *testing.T) {
+	state := t.TempDir()
+	if err := os.WriteFile(filepath.Join(state, "cluster.yaml"), []byte(dnsTestState), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	up := &soakUpstream{t: t, port: testport.Free(t)}
+	up.start()
+	t.Cleanup(func() { up.kill() })
+	d := startDnsd(t, dnsdBinary(t), state, "--upstream", fmt.Sprintf("127.0.0.1:%d", up.port),
+		"--forward-timeout", "200ms", "--forward-deadline", "1s")
+	d.waitReady(t)
+	server := fmt.Sprintf("127.0.0.1:%d", d.dnsPort)
+	// The cached name is asked once while the upstream is up.
+	if m, err := d.ask(t, "udp", "www.example.test."); err != nil || m.Rcode != mdns.RcodeSuccess {
+		t.Fatalf("priming the cache: %v, %v", m, err)
+	}
+	duration := time.Duration(soakSize(8, 600)) * time.Second
+	time.Sleep(500 * time.Millisecond)
+	rssStart := rssKiB(t, d.cmd.Process.Pid)
+
+	var upstreamDown atomic.Bool
+	var lastChange atomic.Int64 // unix nanos of the last upstream change
+	lastChange.Store(time.Now().UnixNano())
+	type kind struct {
+		name              string
+		q                 func(i int) string
+		ok, bad, servfail atomic.Int64
+		mu                sync.Mutex
+		first             string
+	}
+	kinds := []*kind{
+		{name: "cluster", q: func(int) string { return "kubernetes.default.svc.cluster.local." }},
+		{name: "miss", q: func(int) string { return "nope.default.svc.cluster.local." }},
+		{name: "cached forwarded", q: func(int) string { return "www.example.test." }},
+		{name: "fresh forwarded", q: func(i int) string { return fmt.Sprintf("u%d.example.test.", i) }},
+	}
+	judge := func(k *kind, m *mdns.Msg, err error, sent time.Time) {
+		var ok bool
+		switch {
+		case err != nil:
+		case k.name == "miss":
+			ok = m.Rcode == mdns.RcodeNameError
+		case k.name == "fresh forwarded" && m.Rcode == mdns.RcodeServerFailure:
+			k.servfail.Add(1)
+			// Only while the upstream is down, or within a second of a
+			// change (health checks and in-flight tries).
+			ok = upstreamDown.Load() || sent.Sub(time.Unix(0, lastChange.Load())) < time.Second
+		default:
+			ok = m.Rcode == mdns.RcodeSuccess && len(m.Answer) > 0
+		}
+		if ok {
+			k.ok.Add(1)
+			return
+		}
+		k.bad.Add(1)
+		k.mu.Lock()
+		if k.first == "" {
+			k.first = fmt.Sprintf("%v %v at %s", m, err, sent.Format("15:04:05.000"))
+		}
+		k.mu.Unlock()
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, k := range kinds {
+		wg.Go(func() {
+			c := &mdns.Client{Net: "udp", Timeout: 2 * time.Second}
+			tick := time.NewTicker(20 * time.Millisecond) // 50 queries/s of each kind
+			defer tick.Stop()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+				q := new(mdns.Msg)
+				q.SetQuestion(k.q(i), mdns.TypeA)
+				sent := time.Now()
+				m, _, err := c.Exchange(q, server)
+				if err != nil { // a stub resolver tries twice (resolv.conf attempts:2)
+					m, _, err = c.Exchange(q, server)
+				}
+				judge(k, m, err, sent)
+			}
+		})
+	}
+	// A Service churning in the state directory.
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			svc := fmt.Sprintf("apiVersion: v1\nkind: Service\nmetadata: {name: churn, namespace: default}\nspec: {clusterIP: 10.96.0.%d, ports: [{port: 80}]}\n", 100+i%100)
+			tmp := filepath.Join(state, ".churn.tmp")
+			if i%3 == 2 {
+				os.Remove(filepath.Join(state, "churn.yaml"))
+			} else if os.WriteFile(tmp, []byte(svc), 0o644) == nil {
+				os.Rename(tmp, filepath.Join(state, "churn.yaml"))
+			}
+		}
+	})
+	began := time.Now()
+	phase := duration / 8
+	garbage := soakSize(20000, 100000)
+	for step := range 8 {
+		time.Sleep(phase)
+		switch step {
+		case 0, 2: // the upstream dies, and comes back a phase later
+			up.kill()
+			upstreamDown.Store(true)
+			lastChange.Store(time.Now().UnixNano())
+		case 1, 3:
+			up.start()
+			upstreamDown.Store(false)
+			lastChange.Store(time.Now().UnixNano())
+		case 4:
+			soakGarbage(t, server, garbage)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	took := time.Since(began)
+	rssEnd := rssKiB(t, d.cmd.Process.Pid)
+
+	var total, bad int64
+	var parts []string
+	for _, k := range kinds {
+		total += k.ok.Load() + k.bad.Load()
+		bad += k.bad.Load()
+		parts = append(parts, fmt.Sprintf("%s %d", k.name, k.ok.Load()+k.bad.Load()))
+		if k.bad.Load() > 0 {
+			t.Errorf("%s names: %d answered right, %d wrong (first: %s)", k.name, k.ok.Load(), k.bad.Load(), k.first)
+		}
+	}
+	if soakFull() && rssEnd > rssStart*11/10 {
+		t.Errorf("dnsd RSS %d KiB at the end, %d KiB at the start: more than 10 %% growth", rssEnd, rssStart)
+	}
+	soakRow(t, "4 dnsd soak",
+		fmt.Sprintf("%s queries over %v (%.0f/s), a Service churning", strings.Join(parts, ", "), took.Round(time.Second), float64(total)/took.Seconds()),
+		fmt.Sprintf("upstream killed and restarted twice; %d garbage UDP packets and 200 truncated TCP messages", garbage),
+		fmt.Sprintf("%d of %d answers wrong (SERVFAIL for fresh forwarded names while the upstream was down: %d)", bad, total, kinds[3].servfail.Load()),
+		fmt.Sprintf("RSS %d MiB at the start, %d MiB at the end", rssStart/1024, rssEnd/1024))
+}
+
+// soakGarbage sends n random UDP packets and 200 TCP connections carrying a
+// length prefix and only part of the message to a DNS server.
+func soakGarbage(t *testing.T, server string, n int) {
+	t.Helper()
+	uc, err := net.Dial("udp", server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer uc.Close()
+	buf := make([]byte, 600)
+	for i := range n {
+		l := rand.IntN(len(buf))
+		for j := range l {
+			buf[j] = byte(rand.IntN(256))
+		}
+		uc.Write(buf[:l])
+		if i%20 == 19 {
+			time.Sleep(time.Millisecond) // at most 20,000 a second
+		}
+	}
+	for range 200 {
+		c, err := net.DialTimeout("tcp", server, time.Second)
+		if err != nil {
+			continue
+		}
+		c.Write([]byte{0x01, 0x00, 0xab, 0xcd, 0x01})
+		c.Close()
+	}
 }
