@@ -37,7 +37,7 @@ func (c *realCluster) conformanceImages(dir, agnhost, testapp string) []string {
 	}
 	// agnhost's Proxy tests serve TLS with the pair the upstream image ships.
 	for _, f := range []string{"localhost.crt", "localhost.key"} {
-		src := filepath.Join(moduleDir(c.t, "k8s.io/kubernetes"), "test/images/agnhost", f)
+		src := filepath.Join(moduleDir(c.t, "k8s.io/kubernetes"), "test/images/agnhost/porter", f)
 		data, err := os.ReadFile(src)
 		if err != nil {
 			c.t.Fatal(err)
