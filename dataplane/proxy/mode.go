@@ -147,8 +147,9 @@ type Env struct {
 	Logger  *slog.Logger
 }
 
-// RunService removes the other modes' state, builds the chosen mode's
-// Backend and syncs it with the Store until ctx ends.
+// RunService builds the chosen mode's Backend, syncs it with the Store
+// until ctx ends, and removes the other modes' state once its first sync
+// succeeded.
 func RunService(ctx context.Context, o ServiceOptions, env Env) error {
 	cfg := o.Config
 	if cfg.Logger == nil {
@@ -158,9 +159,6 @@ func RunService(ctx context.Context, o ServiceOptions, env Env) error {
 		cfg.Node = func() *cluster.Node { return env.Store.Node(cfg.NodeName) }
 	}
 	cfg = cfg.withDefaults()
-	if err := o.Modes.Cleanup(cfg, o.Mode.Name); err != nil {
-		return err
-	}
 	if o.Mode.New == nil {
 		return fmt.Errorf("proxy mode %q: no backend", o.Mode.Name)
 	}
@@ -169,6 +167,9 @@ func RunService(ctx context.Context, o ServiceOptions, env Env) error {
 		return fmt.Errorf("proxy mode %s: %w", o.Mode.Name, err)
 	}
 	if backend == nil {
+		if err := o.Modes.Cleanup(cfg, o.Mode.Name); err != nil {
+			return err
+		}
 		<-ctx.Done()
 		return nil
 	}
@@ -178,7 +179,7 @@ func RunService(ctx context.Context, o ServiceOptions, env Env) error {
 	return Run(ctx, Options{
 		Store:         env.Store,
 		NodeName:      cfg.NodeName,
-		Backend:       backend,
+		Backend:       &cleanupOthers{Backend: backend, modes: o.Modes, cfg: cfg, keep: o.Mode.Name},
 		Conntrack:     o.Conntrack,
 		SyncPeriod:    o.SyncPeriod,
 		MinSyncPeriod: o.MinSyncPeriod,
@@ -187,4 +188,31 @@ func RunService(ctx context.Context, o ServiceOptions, env Env) error {
 		HealthChecks:  &HealthChecks{},
 		Logger:        cfg.Logger,
 	})
+}
+
+// cleanupOthers removes the other modes' state after the first successful
+// sync, retrying after later syncs until that succeeds too. Two modes can
+// hold a node at once without harm (socket LB translates before a packet
+// exists and the tc programs send packets past netfilter, so iptables
+// mode's rules never see a translated packet; iptables mode's rules match
+// nothing socket LB left untranslated): switching modes this way leaves no
+// moment without Services.
+type cleanupOthers struct {
+	Backend
+	modes Modes
+	cfg   Config
+	keep  string
+	done  bool
+}
+
+func (c *cleanupOthers) Sync(ports map[cluster.Key][]*ServicePort, changed map[cluster.Key]bool, full bool) (SyncResult, error) {
+	res, err := c.Backend.Sync(ports, changed, full)
+	if err == nil && !c.done {
+		if cerr := c.modes.Cleanup(c.cfg, c.keep); cerr != nil {
+			c.cfg.Logger.Warn("remove the other proxy modes' state; retrying after the next sync", "err", cerr)
+		} else {
+			c.done = true
+		}
+	}
+	return res, err
 }

@@ -91,8 +91,9 @@ func TestModesCleanup(t *testing.T) {
 	}
 }
 
-// TestRunServiceSwitchesModes: starting mode a removes b's state first,
-// then builds a's backend, syncs it, and closes it at the end.
+// TestRunServiceSwitchesModes: starting mode a builds a's backend, syncs
+// it, removes b's state only then (so Services are served throughout the
+// switch), and closes a's backend at the end.
 func TestRunServiceSwitchesModes(t *testing.T) {
 	var log modeLog
 	fb := &fakeBackend{sig: make(chan struct{}, 1)}
@@ -113,7 +114,7 @@ func TestRunServiceSwitchesModes(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if got, want := log.get(), []string{"cleanup b", "new a", "close"}; !slices.Equal(got, want) {
+	if got, want := log.get(), []string{"new a", "cleanup b", "close"}; !slices.Equal(got, want) {
 		t.Errorf("steps %q, want %q", got, want)
 	}
 }
