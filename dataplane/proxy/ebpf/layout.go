@@ -332,10 +332,6 @@ func (d *diff) add(oldS map[svcKey]svcVal, oldB map[uint32]backend, newS map[svc
 	}
 }
 
-func (d *diff) empty() bool {
-	return len(d.putBackends)+len(d.putSlots)+len(d.putFrontends)+len(d.delFrontends)+len(d.delSlots)+len(d.delBackends)+len(d.putRanges)+len(d.delRanges)+len(d.putMaglev)+len(d.delMaglev) == 0
-}
-
 // apply writes d in the order that keeps every reader consistent. Source
 // ranges and Maglev tables go in before the frontends that use them (after
 // the backends they name) and out after.

@@ -13,13 +13,6 @@ import (
 	"github.com/podnet/podnet/dataplane/proxy"
 )
 
-// frontendView is what a reader of the maps finds behind one frontend.
-type frontendView struct {
-	flags, affinity uint32
-	svc             uint32
-	endpoints       []netip.AddrPort // in slot order
-}
-
 // view resolves the maps the way the programs read them and checks their
 // invariants: every slot up to the count exists and names a backend of
 // the frontend's service. It returns one line per frontend, sorted, with
