@@ -1,7 +1,9 @@
 // Package agent is proxyd's node agent: it reads the cluster state, gives
 // the node its pod network (the node config for the CNI plugin, routes to
 // every other node's pods, sysctls, masquerading) and runs the Service
-// proxy beside it, with /healthz and /metrics.
+// proxy beside it, with /healthz and /metrics. The proxy's mode comes
+// chosen and probed from main (proxy.Modes.Select); the agent knows no
+// backend, only package proxy.
 //
 // The node network is reconciled, never rebuilt: every sync computes the
 // routing plan from the Nodes and changes only what differs, triggered by

@@ -231,9 +231,15 @@ func wanted(name string) bool {
 // synced once everything was read whole, and returns when a file waiting to
 // settle is due (zero: none is).
 func (s *Source) scan(w *fsnotify.Watcher, dirty map[string]bool) (settleAt time.Time) {
-	seen := make(map[string]bool)
-	changed := false
-	var walkErrs []error
+	seen, changed, walkErrs := s.walk(w, dirty)
+	return s.apply(seen, changed, walkErrs)
+}
+
+// walk reads the files under the directory that are new, changed or dirty
+// (watching every directory on the way). It returns the files it saw,
+// whether any file's objects changed, and what could not be walked.
+func (s *Source) walk(w *fsnotify.Watcher, dirty map[string]bool) (seen map[string]bool, changed bool, walkErrs []error) {
+	seen = make(map[string]bool)
 	err := filepath.WalkDir(s.o.Dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if path == s.o.Dir {
@@ -276,6 +282,14 @@ func (s *Source) scan(w *fsnotify.Watcher, dirty map[string]bool) (settleAt time
 	if err != nil {
 		walkErrs = append(walkErrs, err)
 	}
+	return seen, changed, walkErrs
+}
+
+// apply forgets the files the walk did not see (unless it failed
+// somewhere), hands the union of all files' objects to the Store when
+// something changed, marks it synced once everything was read whole, and
+// returns when a file that shrank in place is next to be looked at.
+func (s *Source) apply(seen map[string]bool, changed bool, walkErrs []error) (settleAt time.Time) {
 	s.mu.Lock()
 	// A walk that failed somewhere did not see every file: none is taken
 	// for removed.

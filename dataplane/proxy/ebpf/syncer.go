@@ -219,13 +219,19 @@ func (s *Syncer) full(ports map[cluster.Key][]*proxy.ServicePort) error {
 	}
 	s.applied, s.byKey, s.owner = applied, byKey, owner
 	s.services, s.backends = len(wantS), len(wantB)
+	s.trackUDP(haveB, wantB)
+	return nil
+}
+
+// trackUDP counts the UDP backends a full sync left in the maps and notes
+// those the kernel held but nothing wants now (before a restart too).
+func (s *Syncer) trackUDP(haveB, wantB map[uint32]backend) {
 	refs := make(map[netip.AddrPort]int)
 	for _, b := range wantB {
 		if b.Proto == 17 {
 			refs[backendAddr(b)]++
 		}
 	}
-	// What the kernel held but nothing wants now (before a restart too).
 	for _, b := range haveB {
 		if ap := backendAddr(b); b.Proto == 17 && refs[ap] == 0 {
 			s.removedUDP = append(s.removedUDP, ap)
@@ -233,7 +239,6 @@ func (s *Syncer) full(ports map[cluster.Key][]*proxy.ServicePort) error {
 	}
 	s.removedUDP = slices.Compact(sortedAddrPorts(s.removedUDP))
 	s.udpRefs = refs
-	return nil
 }
 
 // adopt reads the ids of the entries in the maps.

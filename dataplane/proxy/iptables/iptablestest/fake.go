@@ -110,53 +110,8 @@ func (f *Fake) Restore(data []byte) error {
 			}
 			cur.chains[chain] = nil
 		default:
-			args := strings.Fields(line)
-			if len(args) < 2 {
-				return fail("bad line")
-			}
-			chain := args[1]
-			if _, ok := cur.chains[chain]; !ok {
-				return fail("chain %s does not exist", chain)
-			}
-			switch args[0] {
-			case "-A":
-				if err := checkRule(name, args[2:]); err != nil {
-					return fail("%v", err)
-				}
-				cur.chains[chain] = append(cur.chains[chain], strings.Join(args[2:], " "))
-			case "-I":
-				pos, rule := 1, args[2:]
-				if len(rule) > 0 {
-					if n, err := strconv.Atoi(rule[0]); err == nil {
-						pos, rule = n, rule[1:]
-					}
-				}
-				if pos < 1 || pos > len(cur.chains[chain])+1 {
-					return fail("index of insertion too big")
-				}
-				if err := checkRule(name, rule); err != nil {
-					return fail("%v", err)
-				}
-				cur.chains[chain] = slices.Insert(cur.chains[chain], pos-1, strings.Join(rule, " "))
-			case "-D":
-				k := slices.Index(cur.chains[chain], strings.Join(args[2:], " "))
-				if k < 0 {
-					return fail("rule does not exist")
-				}
-				cur.chains[chain] = slices.Delete(cur.chains[chain], k, k+1)
-			case "-F":
-				cur.chains[chain] = nil
-			case "-X":
-				if isBuiltin(name, chain) {
-					return fail("cannot delete built-in chain")
-				}
-				if len(cur.chains[chain]) > 0 {
-					return fail("chain %s is not empty", chain)
-				}
-				delete(cur.chains, chain)
-				cur.order = slices.DeleteFunc(cur.order, func(c string) bool { return c == chain })
-			default:
-				return fail("unsupported command")
+			if err := cur.command(name, strings.Fields(line)); err != nil {
+				return fail("%v", err)
 			}
 		}
 	}
@@ -164,6 +119,59 @@ func (f *Fake) Restore(data []byte) error {
 		return errors.New("missing COMMIT")
 	}
 	f.Restores++
+	return nil
+}
+
+// command applies one rule command (-A, -I, -D, -F, -X) of a restore to
+// table t, named name, refusing what iptables-restore refuses.
+func (t *table) command(name string, args []string) error {
+	if len(args) < 2 {
+		return errors.New("bad line")
+	}
+	chain := args[1]
+	if _, ok := t.chains[chain]; !ok {
+		return fmt.Errorf("chain %s does not exist", chain)
+	}
+	switch args[0] {
+	case "-A":
+		if err := checkRule(name, args[2:]); err != nil {
+			return err
+		}
+		t.chains[chain] = append(t.chains[chain], strings.Join(args[2:], " "))
+	case "-I":
+		pos, rule := 1, args[2:]
+		if len(rule) > 0 {
+			if n, err := strconv.Atoi(rule[0]); err == nil {
+				pos, rule = n, rule[1:]
+			}
+		}
+		if pos < 1 || pos > len(t.chains[chain])+1 {
+			return errors.New("index of insertion too big")
+		}
+		if err := checkRule(name, rule); err != nil {
+			return err
+		}
+		t.chains[chain] = slices.Insert(t.chains[chain], pos-1, strings.Join(rule, " "))
+	case "-D":
+		k := slices.Index(t.chains[chain], strings.Join(args[2:], " "))
+		if k < 0 {
+			return errors.New("rule does not exist")
+		}
+		t.chains[chain] = slices.Delete(t.chains[chain], k, k+1)
+	case "-F":
+		t.chains[chain] = nil
+	case "-X":
+		if isBuiltin(name, chain) {
+			return errors.New("cannot delete built-in chain")
+		}
+		if len(t.chains[chain]) > 0 {
+			return fmt.Errorf("chain %s is not empty", chain)
+		}
+		delete(t.chains, chain)
+		t.order = slices.DeleteFunc(t.order, func(c string) bool { return c == chain })
+	default:
+		return errors.New("unsupported command")
+	}
 	return nil
 }
 
