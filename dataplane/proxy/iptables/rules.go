@@ -412,8 +412,8 @@ const markFmt = "-j MARK --or-mark %#x"
 // parts.
 func (g *Generator) portRules(key cluster.Key, sp *proxy.ServicePort) *portRules {
 	h := portHash(sp.Name)
-	c := portCtx{key: key, sp: sp, proto: protoMatch(sp.Protocol),
-		svcChain: "PODSVC-S-" + h, localChain: "PODSVC-L-" + h, extChain: "PODSVC-E-" + h, fwChain: "PODSVC-F-" + h,
+	c := portCtx{key: key, sp: sp, proto: protoMatch(sp.Protocol), hash: h,
+		svcChain: "PODSVC-S-" + h, localChain: "PODSVC-L-" + h,
 		own: sp.External() || sp.InternalPolicyLocal}
 	pr := &portRules{chains: make(map[string][]string)}
 	if c.own {
@@ -436,9 +436,11 @@ type portCtx struct {
 	key   cluster.Key
 	sp    *proxy.ServicePort
 	proto string // protoMatch of the port's protocol
-	// The port's chains: all endpoints, local endpoints, external entry,
-	// load-balancer source ranges.
-	svcChain, localChain, extChain, fwChain string
+	hash  string // of the port's name, in its chains' names
+	// The port's chains: all endpoints, local endpoints, and (set by
+	// externalRules, only a Service reachable from outside has one) the
+	// external entry.
+	svcChain, localChain, extChain string
 	// own: the port has endpoint chains of its own (else the cluster IP's
 	// rules DNAT directly, saving a jump on the common path).
 	own bool
@@ -489,6 +491,7 @@ func (c portCtx) clusterIPRules(pr *portRules) {
 // chain when source ranges are set) and the NodePort rule.
 func (g *Generator) externalRules(c portCtx, pr *portRules) {
 	sp := c.sp
+	c.extChain = "PODSVC-E-" + c.hash
 	pr.chains[c.extChain] = g.externalChain(c)
 	for _, e := range sp.ExternalEndpoints() {
 		if e.Local {
@@ -552,8 +555,9 @@ func (c portCtx) firewallRules(pr *portRules) string {
 			fw = append(fw, fmt.Sprintf("-s %s -j %s", r.Masked(), c.extChain))
 		}
 	}
-	pr.chains[c.fwChain] = append(fw, fmt.Sprintf(markFmt, MarkDrop))
-	return c.fwChain
+	fwChain := "PODSVC-F-" + c.hash
+	pr.chains[fwChain] = append(fw, fmt.Sprintf(markFmt, MarkDrop))
+	return fwChain
 }
 
 // endpointRules appends the DNAT rules choosing one of eps evenly at random
