@@ -173,7 +173,39 @@ func startRealClusterWith(t *testing.T, nodes []lab.NodeSpec, extraImages func(*
 		}
 	}
 	c.installPodnet(ctx, podnetTar)
+	c.routePodCIDRs(ctx)
 	return c
+}
+
+// routePodCIDRs gives the control plane's namespace a route to every
+// node's podCIDR (through the router for nodes on other segments), as a
+// control plane on a node of the cluster has: the API server proxies to pods
+// (pods/proxy, which the conformance DNS tests read their results through).
+func (c *realCluster) routePodCIDRs(ctx context.Context) {
+	c.t.Helper()
+	seg := kubeAPIAddr.Masked()
+	var gw netip.Addr
+	for _, s := range c.l.Segments {
+		if s.Subnet == seg {
+			gw = s.Gateway
+		}
+	}
+	for _, ln := range c.l.Nodes {
+		node, err := c.admin.CoreV1().Nodes().Get(ctx, ln.Name, metav1.GetOptions{})
+		if err != nil || node.Spec.PodCIDR == "" {
+			c.t.Fatalf("podCIDR of %s: %q, %v", ln.Name, node.Spec.PodCIDR, err)
+		}
+		via := ln.IP.String()
+		if !seg.Contains(ln.IP) {
+			via = gw.String()
+			if out, err := exec.CommandContext(ctx, "ip", "-n", c.l.Router, "route", "replace", node.Spec.PodCIDR, "via", ln.IP.String()).CombinedOutput(); err != nil {
+				c.t.Fatalf("route %s in the router: %v %s", node.Spec.PodCIDR, err, out)
+			}
+		}
+		if out, err := exec.CommandContext(ctx, "ip", "-n", c.cp.Host.NS, "route", "replace", node.Spec.PodCIDR, "via", via).CombinedOutput(); err != nil {
+			c.t.Fatalf("route %s in the control plane: %v %s", node.Spec.PodCIDR, err, out)
+		}
+	}
 }
 
 // hostPaths are what a kubelet, containerd, kube-controller-manager or the
@@ -491,5 +523,10 @@ func TestRealNodeSmoke(t *testing.T) {
 	out, err = c.kubectl(ctx, "exec", "client", "--", "/testapp", "get", "http://web.default.svc.cluster.local/")
 	if err != nil || !strings.HasPrefix(out, "web-") {
 		t.Errorf("GET http://web.default.svc.cluster.local/ from a pod: %q, %v; want a web pod's answer", out, err)
+	}
+	// The API server reaches pods too (pods/proxy), as on a control plane node.
+	out, err = c.kubectl(ctx, "get", "--raw", "/api/v1/namespaces/default/services/web:80/proxy/")
+	if err != nil || !strings.HasPrefix(out, "web-") {
+		t.Errorf("the web Service through the API server's proxy: %q, %v", out, err)
 	}
 }
