@@ -449,11 +449,15 @@ func (l *Lab) Close() error {
 		for _, p := range procs {
 			p.signalled.Store(true)
 		}
+		// Not while InCgroup has this process in a node's cgroup: the
+		// kill would take the caller along.
+		cgroupMove.Lock()
 		for _, n := range l.hosts() {
 			if err := removeCgroup(n.Cgroup); err != nil {
 				errs = append(errs, err)
 			}
 		}
+		cgroupMove.Unlock()
 		for _, p := range procs {
 			p.kill()
 		}
