@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"github.com/podnet/podnet/dataplane/dns"
 	"io"
 	"net"
 	"net/http"
@@ -171,6 +173,30 @@ func TestDnsdProcess(t *testing.T) {
 		if v, ok := metricstest.Value(fams, want[0], want[1:]...); !ok || v == 0 {
 			t.Errorf("/metrics: %v = %v (found %v), want above 0", want, v, ok)
 		}
+	}
+
+	// dnsd status says what /metrics counts.
+	stOut, err := exec.Command(bin, "status", "-o", "json", "--metrics-address", fmt.Sprintf("127.0.0.1:%d", metricsPort)).Output()
+	if err != nil {
+		t.Fatalf("dnsd status: %v", err)
+	}
+	var st dns.Status
+	if err := json.Unmarshal(stOut, &st); err != nil {
+		t.Fatalf("dnsd status -o json: %v\n%s", err, stOut)
+	}
+	names, _ := metricstest.Value(fams, "podnet_dns_zone_names")
+	hits, _ := metricstest.Value(fams, "coredns_cache_hits_total", "type", "success")
+	if !st.Synced || len(st.Zones) == 0 || st.Zones[0].Name != "cluster.local." || float64(st.Zones[0].Records) != names {
+		t.Errorf("dnsd status zones %+v (synced %v), want cluster.local. with the %v names of /metrics", st.Zones, st.Synced, names)
+	}
+	if len(st.Upstreams) != 1 || st.Upstreams[0].Address != fmt.Sprintf("127.0.0.1:%d", upPort) || !st.Upstreams[0].Healthy {
+		t.Errorf("dnsd status upstreams %+v, want the dnsmasq at %d, healthy", st.Upstreams, upPort)
+	}
+	if st.Cache == nil || st.Cache.Hits < hits || st.Cache.Success == 0 {
+		t.Errorf("dnsd status cache %+v, want at least the %v hits of /metrics and an entry", st.Cache, hits)
+	}
+	if text, err := exec.Command(bin, "status", "--metrics-address", fmt.Sprintf("127.0.0.1:%d", metricsPort)).Output(); err != nil || !strings.Contains(string(text), "cluster.local.") || !strings.Contains(string(text), "healthy") {
+		t.Errorf("dnsd status: %v\n%s", err, text)
 	}
 
 	cmd.Process.Signal(syscall.SIGTERM)

@@ -20,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
@@ -263,6 +264,54 @@ func (k *kubeLab) reaches(addr, want string) bool {
 	return err == nil && name == want
 }
 
+// livenessProbe is the httpGet liveness probe of proxyd's DaemonSet.
+type livenessProbe struct {
+	path   string
+	port   int64
+	window time.Duration // how long the probe may fail before a restart
+}
+
+// proxydLivenessProbe reads proxyd's liveness probe from deploy/.
+func proxydLivenessProbe(t *testing.T) livenessProbe {
+	t.Helper()
+	objs, err := manifests()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		if o.GetKind() != "DaemonSet" {
+			continue
+		}
+		cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+		for _, c := range cs {
+			c, _ := c.(map[string]any)
+			if c["name"] != "proxyd" {
+				continue
+			}
+			lp, ok, _ := unstructured.NestedMap(c, "livenessProbe")
+			if !ok || lp["httpGet"] == nil {
+				t.Fatal("proxyd's DaemonSet has no liveness probe")
+			}
+			// Numbers decode as float64 (YAML through JSON).
+			num := func(def float64, fields ...string) int64 {
+				v, ok, _ := unstructured.NestedFieldNoCopy(lp, fields...)
+				if f, isNum := v.(float64); ok && isNum {
+					return int64(f)
+				}
+				if i, isInt := v.(int64); ok && isInt {
+					return i
+				}
+				return int64(def)
+			}
+			path, _, _ := unstructured.NestedString(lp, "httpGet", "path")
+			return livenessProbe{path: path, port: num(0, "httpGet", "port"),
+				window: time.Duration(num(10, "periodSeconds")*num(3, "failureThreshold")) * time.Second}
+		}
+	}
+	t.Fatal("no DaemonSet in deploy/ runs a container named proxyd")
+	return livenessProbe{}
+}
+
 // healthz asks proxyd's /healthz on the node.
 func (k *kubeLab) healthz(node string) (int, string) {
 	return httpGetIn(k.l.Node(node).NSPath(), "127.0.0.1:10256", "/healthz")
@@ -426,23 +475,52 @@ func TestKubeLab(t *testing.T) {
 				failMu.Unlock()
 			}
 		})
+		// The outage outlasts the DaemonSet's liveness window: a probe
+		// that failed while the API server is merely away would restart
+		// proxyd on every node.
+		probe := proxydLivenessProbe(t)
 		if err := k.srv.StopAPIServer(); err != nil {
 			t.Errorf("stop kube-apiserver: %v", err)
 		}
 		outage := time.Now()
-		// proxyd says its state is stale, and keeps serving it.
+		var probeFailures atomic.Int64
+		var probeMu sync.Mutex
+		var firstProbeFailure string
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(time.Second):
+				}
+				for _, n := range k.l.Nodes {
+					for _, path := range []string{probe.path, "/healthz", "/livez"} {
+						if code, body := httpGetIn(n.NSPath(), fmt.Sprintf("127.0.0.1:%d", probe.port), path); code != http.StatusOK {
+							probeFailures.Add(1)
+							probeMu.Lock()
+							if firstProbeFailure == "" {
+								firstProbeFailure = fmt.Sprintf("%s %s after %v: %d %s", n.Name, path, time.Since(outage).Round(time.Second), code, body)
+							}
+							probeMu.Unlock()
+						}
+					}
+				}
+			}
+		})
+		// proxyd says its state is stale (metrics), and keeps serving it.
 		var code int
 		var body string
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-			code, body = k.healthz("node1")
-			if code == http.StatusServiceUnavailable && strings.Contains(body, "stale") {
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			code, body = httpGetIn(k.l.Node("node1").NSPath(), "127.0.0.1:10249", "/metrics")
+			if code == http.StatusOK && strings.Contains(body, "\npodnet_cluster_state_stale 1\n") {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("node1 /healthz during the outage: %d %q, want 503 naming the stale cluster state", code, body)
+				_, line, _ := strings.Cut(body, "\npodnet_cluster_state_stale")
+				line, _, _ = strings.Cut(line, "\n")
+				t.Fatalf("node1 /metrics during the outage: %d, podnet_cluster_state_stale%s; want 1", code, line)
 			}
 		}
-		t.Logf("node1 /healthz during the outage: %d %s", code, strings.TrimSpace(body))
 		waitUntil(t, 5*time.Second, func() bool {
 			code, body = httpGetIn(k.dnsPod.NSPath(), "127.0.0.1:8181", "/ready")
 			return code == http.StatusServiceUnavailable && strings.Contains(body, "stale")
@@ -459,12 +537,17 @@ func TestKubeLab(t *testing.T) {
 			t.Fatalf("restart proxyd on node1 during the outage: %v", err)
 		}
 		k.proxyd["node1"] = p
-		time.Sleep(10*time.Second - time.Since(outage))
+		time.Sleep(probe.window + 5*time.Second - time.Since(outage))
 		startErr := k.srv.StartAPIServer(ctx)
 		close(stop)
 		wg.Wait()
 		if startErr != nil {
 			t.Fatalf("restart kube-apiserver: %v", startErr)
+		}
+		if n := probeFailures.Load(); n > 0 {
+			t.Errorf("%d health probes failed during a %v outage (liveness window %v), first: %s", n, probe.window+5*time.Second, probe.window, firstProbeFailure)
+		} else {
+			t.Logf("every proxyd's %s, /healthz and /livez answered 200 through a %v outage (liveness window %v)", probe.path, probe.window+5*time.Second, probe.window)
 		}
 		if n := failures.Load(); n > 0 {
 			t.Errorf("%d of %d probes failed during the outage, first: %s", n, probes.Load(), firstFailure)

@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/podnet/podnet/dataplane/agent"
 	"io"
 	"net"
 	"net/netip"
@@ -142,6 +144,8 @@ func rtHTTPGet(nsPath, addr, path string) (int, string, error) {
 	return code, body, nil
 }
 
+// waitHealthy waits until the node's proxyd is healthy and says, on its
+// status board, that every part of it is ready: the node network synced.
 func (c *rtCluster) waitHealthy(n *lab.Node) {
 	c.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -149,7 +153,18 @@ func (c *rtCluster) waitHealthy(n *lab.Node) {
 	for time.Now().Before(deadline) {
 		code, body, err := rtHTTPGet(n.NSPath(), rtHealthAddr, "/healthz")
 		if err == nil && code == 200 {
-			return
+			var st struct {
+				Health agent.HealthStatus `json:"health"`
+			}
+			_, sbody, serr := rtHTTPGet(n.NSPath(), "127.0.0.1:10249", "/status")
+			ready := serr == nil && json.Unmarshal([]byte(sbody), &st) == nil && len(st.Health.Components) > 0
+			for _, v := range st.Health.Components {
+				ready = ready && v == "ok"
+			}
+			if ready {
+				return
+			}
+			body = sbody
 		}
 		last = fmt.Sprintf("%d %q %v", code, body, err)
 		select {

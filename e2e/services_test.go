@@ -2,8 +2,11 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/podnet/podnet/dataplane/agent"
+	"github.com/podnet/podnet/dataplane/proxy"
 	"io"
 	"net"
 	"net/netip"
@@ -838,19 +841,27 @@ endpoints: [{addresses: [%s], conditions: {ready: true}}]
 			t.Fatalf("metrics: %d %v", code, err)
 		}
 		fams := metricstest.Parse(t, body)
-		for _, m := range [][]string{{"kubeproxy_sync_full_proxy_rules_duration_seconds"}, {"kubeproxy_sync_partial_proxy_rules_duration_seconds"},
+		for _, m := range [][]string{{"kubeproxy_sync_full_proxy_rules_duration_seconds"},
 			{"kubeproxy_sync_proxy_rules_iptables_total", "table", map[string]string{"iptables": "nat", "ebpf": "services"}[c.mode]}, {"podnet_proxy_service_ports"}, {"podnet_proxy_endpoints"},
 			{"kubeproxy_sync_proxy_rules_last_timestamp_seconds"}, {"kubeproxy_sync_proxy_rules_service_changes_total"}} {
 			if v, ok := metricstest.Value(fams, m[0], m[1:]...); !ok || v == 0 {
 				t.Errorf("metrics: %v = %v (found %v), want above 0", m, v, ok)
 			}
 		}
-		if _, ok := metricstest.Value(fams, "kubeproxy_sync_proxy_rules_iptables_restore_failures_total"); !ok {
-			t.Error("metrics lack kubeproxy_sync_proxy_rules_iptables_restore_failures_total")
+		// Present though maybe zero: the restarts above leave this
+		// proxyd's syncs so far full ones.
+		for _, name := range []string{"kubeproxy_sync_proxy_rules_iptables_restore_failures_total", "kubeproxy_sync_partial_proxy_rules_duration_seconds"} {
+			if _, ok := metricstest.Value(fams, name); !ok {
+				t.Errorf("metrics lack %s", name)
+			}
 		}
 		if code, body, err := svcHTTPGet(n3.NSPath(), "127.0.0.1:10256/healthz"); err != nil || code != 200 {
 			t.Errorf("healthz: %d %s %v", code, body, err)
 		}
+	})
+
+	t.Run("proxyd status shows what is programmed", func(t *testing.T) {
+		checkProxydStatus(t, l, n3, c.mode)
 	})
 
 	// --cleanup removes every rule and chain of the Service proxy.
@@ -967,5 +978,101 @@ func svcDeleteFrontend(t *testing.T, n *lab.Node, vip netip.AddrPort) {
 	k := bpf.SockSvcKey{Addr: netip.AddrFrom16(vip.Addr().As16()).As16(), Port: p<<8 | p>>8, Proto: 6}
 	if err := m.Delete(&k); err != nil {
 		t.Fatalf("delete the frontend of %s: %v", vip, err)
+	}
+}
+
+// checkProxydStatus runs `proxyd status` on node n and compares what it
+// says with the node's routes and, in iptables mode, its NAT rules.
+func checkProxydStatus(t *testing.T, l *lab.Lab, n *lab.Node, mode string) {
+	t.Helper()
+	ctx := t.Context()
+	out, err := n.Exec(ctx, filepath.Join(l.BinDir, "proxyd"), "status", "-o", "json")
+	if err != nil {
+		t.Fatalf("proxyd status -o json: %v", err)
+	}
+	var st struct {
+		Health       agent.HealthStatus `json:"health"`
+		Node         agent.NodeStatus   `json:"node"`
+		ServiceProxy proxy.Status       `json:"serviceProxy"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("proxyd status -o json: %v\n%s", err, out)
+	}
+	if st.ServiceProxy.Mode != mode || !st.Health.Healthy || st.Node.PodCIDR != n.PodCIDR.String() || st.ServiceProxy.LastSync.IsZero() {
+		t.Errorf("status: mode %q, healthy %v, podCIDR %q (want %v), last sync %v", st.ServiceProxy.Mode, st.Health.Healthy, st.Node.PodCIDR, n.PodCIDR, st.ServiceProxy.LastSync)
+	}
+	checkPeers(t, n, st.Node.Peers)
+	if mode != "iptables" {
+		// The ebpf mode's maps are not compared (yet): only that the
+		// Services are listed.
+		if len(st.ServiceProxy.Services) == 0 {
+			t.Error("status lists no Services")
+		}
+		return
+	}
+	// Every endpoint the status names is a DNAT target in the rules, and
+	// every DNAT target of the rules is in the status.
+	nat, err := n.Exec(ctx, "iptables-save", "-t", "nat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inRules := map[string]bool{}
+	for _, f := range strings.Fields(nat) {
+		if ap, err := netip.ParseAddrPort(f); err == nil {
+			inRules[ap.String()] = true
+		}
+	}
+	inStatus := map[string]bool{}
+	services := 0
+	for _, svc := range st.ServiceProxy.Services {
+		for _, p := range svc.Ports {
+			services++
+			for _, e := range p.Endpoints {
+				inStatus[e.Address] = true
+				if !inRules[e.Address] {
+					t.Errorf("status: %s/%s %s/%s → %s, which no rule DNATs to", svc.Namespace, svc.Name, p.Name, p.Protocol, e.Address)
+				}
+			}
+			for _, f := range p.Frontends {
+				host, port, _ := net.SplitHostPort(f)
+				if host != "" && !strings.Contains(nat, "-d "+host+"/32") || !strings.Contains(nat, "--dport "+port) {
+					t.Errorf("status: frontend %s of %s/%s, which no rule matches", f, svc.Namespace, svc.Name)
+				}
+			}
+		}
+	}
+	for a := range inRules {
+		if !inStatus[a] && strings.Contains(nat, "--to-destination "+a) {
+			t.Errorf("the rules DNAT to %s, which the status does not list", a)
+		}
+	}
+	if services == 0 {
+		t.Error("status lists no Service ports")
+	}
+	text, err := n.Exec(ctx, filepath.Join(l.BinDir, "proxyd"), "status")
+	if err != nil {
+		t.Fatalf("proxyd status: %v", err)
+	}
+	for _, want := range []string{"Mode:", "iptables", "Peers (", "Services (", st.ServiceProxy.Services[0].Name} {
+		if !strings.Contains(text, want) {
+			t.Errorf("proxyd status lacks %q:\n%s", want, text)
+		}
+	}
+	t.Logf("proxyd status on %s:\n%s", n.Name, text)
+}
+
+// checkPeers compares the peers of `proxyd status` with the node's routes.
+func checkPeers(t *testing.T, n *lab.Node, peers []agent.PeerStatus) {
+	t.Helper()
+	for _, p := range peers {
+		route, _ := n.Exec(t.Context(), "ip", "route", "show", p.PodCIDR)
+		_, via, _ := strings.Cut(p.Route, " via ")
+		gw, _, _ := strings.Cut(via, " ")
+		if gw == "" || !strings.Contains(route, "via "+gw) {
+			t.Errorf("status: peer %s route %q; the kernel has %q", p.Name, p.Route, route)
+		}
+	}
+	if len(peers) == 0 {
+		t.Error("status lists no peers")
 	}
 }

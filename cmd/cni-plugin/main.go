@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/podnet/podnet/dataplane/cni"
+	"github.com/podnet/podnet/dataplane/logging"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
 	"github.com/podnet/podnet/dataplane/version"
 )
@@ -34,6 +35,8 @@ func runCLI(args []string) int {
 	fs.StringVar(&o.NodeConfig, "node-config", "", "install: nodeConfig field of the conflist (plugin default "+nodeconfig.DefaultPath+")")
 	fs.StringVar(&o.DataDir, "data-dir", "", "install: dataDir field of the conflist (plugin default "+cni.DefaultDataDir+")")
 	fs.StringVar(&o.LogFile, "log-file", "", "install: logFile field of the conflist")
+	var logOpts logging.Options
+	logOpts.AddFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(os.Stderr, "podnet %s: the podnet CNI plugin.\n\n", version.String())
 		fmt.Fprintln(os.Stderr, "Exec'd by a container runtime with CNI_COMMAND set, it runs that CNI verb")
@@ -51,18 +54,26 @@ func runCLI(args []string) int {
 		fmt.Println("podnet", version.String())
 		return 0
 	}
+	log, err := logOpts.New(os.Stderr)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "podnet: %v\n", err)
+		return 2
+	}
 	switch fs.Arg(0) {
 	case "install":
+		if fs.Changed("log-format") {
+			o.LogFormat = logOpts.Format // the plugin logs as install does
+		}
 		changed, err := cni.Install(o)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "podnet install:", err)
+			log.Error("podnet install failed", "err", err)
 			return 1
 		}
 		for _, p := range changed {
-			fmt.Println("installed", p)
+			log.Info("installed", "path", p)
 		}
 		if len(changed) == 0 {
-			fmt.Println("already installed, nothing changed")
+			log.Info("already installed, nothing changed")
 		}
 		return 0
 	case "":

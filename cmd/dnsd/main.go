@@ -5,7 +5,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -19,6 +18,7 @@ import (
 	"github.com/podnet/podnet/dataplane/cluster/statedir"
 	"github.com/podnet/podnet/dataplane/dns"
 	"github.com/podnet/podnet/dataplane/dns/daemon"
+	"github.com/podnet/podnet/dataplane/logging"
 	"github.com/podnet/podnet/dataplane/version"
 )
 
@@ -29,11 +29,12 @@ func main() {
 // flags is dnsd's command line: the daemon's config, and the flags that
 // need parsing before they become part of it.
 type flags struct {
-	cfg                                daemon.Config
-	showVersion                        bool
-	ttl                                uint32
-	pods, dnsSvc, dnsIP, policy, level string
-	limits                             statedir.LimitFlags
+	cfg                         daemon.Config
+	showVersion                 bool
+	ttl                         uint32
+	pods, dnsSvc, dnsIP, policy string
+	logOpts                     logging.Options
+	limits                      statedir.LimitFlags
 }
 
 // flagSet registers every flag into f, with its default.
@@ -51,6 +52,7 @@ func (f *flags) flagSet() *pflag.FlagSet {
 	fs.StringVar(&f.dnsSvc, "dns-service", "kube-system/kube-dns", "NAMESPACE/NAME of the Service dnsd runs behind (ns.dns.<zone> answers)")
 	fs.StringVar(&f.dnsIP, "dns-service-ip", "10.96.0.10", "the kube-dns VIP; never used as an upstream")
 	fs.StringArrayVar(&cfg.Upstreams, "upstream", nil, "upstream resolver HOST:PORT (repeatable); default: the nameservers of --resolv-conf")
+	fs.StringVar(&cfg.ConfigFile, "config", "", "config file (upstreamNameservers, stubDomains, hosts; YAML or JSON, as in the kube-dns ConfigMap), reloaded when it changes")
 	fs.StringVar(&cfg.ResolvConf, "resolv-conf", "/etc/resolv.conf", "resolv.conf to take upstreams from when no --upstream is given")
 	fs.StringVar(&f.policy, "policy", "random", "upstream selection: random, round_robin or sequential")
 	fs.DurationVar(&cfg.Forward.TryTimeout, "forward-timeout", 0, "timeout of one upstream try (default 2s)")
@@ -69,12 +71,15 @@ func (f *flags) flagSet() *pflag.FlagSet {
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", ":9153", "address of /metrics (empty: off)")
 	fs.StringVar(&cfg.HealthAddress, "health-address", ":8080", "address of /health (empty: off)")
 	fs.StringVar(&cfg.ReadyAddress, "ready-address", ":8181", "address of /ready (empty: off)")
-	fs.StringVar(&f.level, "log-level", "info", "debug, info, warn or error")
+	f.logOpts.AddFlags(fs)
 	f.limits.Register(fs)
 	return fs
 }
 
 func run() int {
+	if len(os.Args) > 1 && os.Args[1] == "status" {
+		return runStatus(os.Args[2:], os.Stdout)
+	}
 	var f flags
 	if err := f.flagSet().Parse(os.Args[1:]); err != nil {
 		if err == pflag.ErrHelp {
@@ -87,12 +92,11 @@ func run() int {
 		fmt.Println("dnsd", version.String())
 		return 0
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(f.level)); err != nil {
-		fmt.Fprintln(os.Stderr, "dnsd: log-level:", err)
+	log, err := f.logOpts.New(os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dnsd:", err)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	cfg, err := f.config()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "dnsd:", err)

@@ -19,6 +19,7 @@ import (
 	"github.com/podnet/podnet/dataplane/cluster/kube"
 	"github.com/podnet/podnet/dataplane/cluster/statedir"
 	"github.com/podnet/podnet/dataplane/ipt"
+	"github.com/podnet/podnet/dataplane/logging"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
 	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/proxy/ebpf"
@@ -40,7 +41,7 @@ type flags struct {
 	masqueradeAll     bool
 	cleanup           bool
 	showVersion       bool
-	logLevel          string
+	logOpts           logging.Options
 	kubeconfig        string
 	bpf               proxy.BPFConfig
 	limits            statedir.LimitFlags
@@ -73,12 +74,15 @@ func (f *flags) flagSet() *pflag.FlagSet {
 	fs.StringVar(&f.bpf.PinDir, "bpf-pin-dir", ebpf.DefaultPinDir, "ebpf mode: where maps and links are pinned (a bpffs is mounted there if needed)")
 	fs.BoolVar(&f.cleanup, "cleanup", false, "remove everything proxyd installed and exit")
 	fs.BoolVar(&f.showVersion, "version", false, "print the version and exit")
-	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.logOpts.AddFlags(fs)
 	f.limits.Register(fs)
 	return fs
 }
 
 func run(args []string) int {
+	if len(args) > 0 && args[0] == "status" {
+		return runStatus(args[1:], os.Stdout)
+	}
 	var f flags
 	if err := f.flagSet().Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -91,13 +95,11 @@ func run(args []string) int {
 		fmt.Println("proxyd", version.String())
 		return 0
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
-		fmt.Fprintf(os.Stderr, "proxyd: --log-level: %v\n", err)
+	logger, err := f.logOpts.New(os.Stderr)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "proxyd: %v\n", err)
 		return 2
 	}
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	kube.RouteKlog(logger.With("component", "client-go"))
 
 	if f.cleanup {
 		err := errors.Join(agent.Cleanup(logger), modes.Cleanup(proxy.Config{Logger: logger, BPF: f.bpf}, ""))

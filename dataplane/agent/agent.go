@@ -23,7 +23,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"k8s.io/client-go/kubernetes"
@@ -41,6 +40,7 @@ import (
 	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/routing"
 	"github.com/podnet/podnet/dataplane/runner"
+	"github.com/podnet/podnet/dataplane/status"
 )
 
 // Options configure the agent. Defaults are the flags' defaults.
@@ -195,6 +195,11 @@ func Run(ctx context.Context, o Options) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	checker := health.NewChecker()
+	// /healthz follows the Service proxy only, as kube-proxy's does: the
+	// node network and the cluster state report through checker.
+	progress := health.NewProgress(2*o.SyncPeriod, reg)
+	board := &status.Board{}
+	board.Provide(StatusHealth, func() any { return healthStatus(progress, checker) })
 	checker.Set(componentState, errors.New("cluster state not loaded yet"))
 	checker.Set(componentNetwork, errors.New("node network not synced yet"))
 
@@ -217,13 +222,11 @@ func Run(ctx context.Context, o Options) error {
 	if client != nil {
 		n.routed = make(chan struct{})
 	}
+	board.Provide(StatusNode, func() any { return n.report(src.Stale) })
 
 	g := app.NewGroup(ctx)
 	// Listen before anything else so a port conflict fails at start.
-	if err := app.Serve(g, log,
-		app.Endpoint{Name: "healthz", Addr: o.HealthzAddr, Path: "/healthz", Handler: checker},
-		app.Endpoint{Name: "metrics", Addr: o.MetricsAddr, Path: "/metrics", Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})},
-	); err != nil {
+	if err := app.Serve(g, log, endpoints(o, reg, progress, board)...); err != nil {
 		return err
 	}
 	g.Go("cluster state", src.Run)
@@ -239,7 +242,7 @@ func Run(ctx context.Context, o Options) error {
 		sp.Config.IPTables = o.IPTables
 		sp.SyncPeriod, sp.MinSyncPeriod = o.SyncPeriod, o.MinSyncPeriod
 		g.Go("service proxy", func(ctx context.Context) error {
-			return proxy.RunService(ctx, sp, proxy.Env{Store: src.Store, Health: checker, Metrics: reg, Logger: log.With("component", "service-proxy")})
+			return proxy.RunService(ctx, sp, proxy.Env{Store: src.Store, Health: checker, Progress: progress, Status: board, Metrics: reg, Logger: log.With("component", "service-proxy")})
 		})
 	}
 	return g.Wait()
@@ -264,7 +267,7 @@ func newNodeNet(o Options, k Kernel, src app.Source, checker *health.Checker, re
 		sysctl:  k.Sysctl,
 		mod:     k.Modprobe,
 		watch:   k.Watch,
-		metrics: newMetrics(reg, src.FileErrors),
+		metrics: newMetrics(reg, src.FileErrors, src.Stale),
 	}
 }
 
@@ -346,6 +349,7 @@ type nodeNet struct {
 
 	lastPlan    string
 	lastProblem string
+	status      netStatus
 	// routed, when set, is closed after the first sync that put every
 	// route in place.
 	routed     chan struct{}
@@ -522,6 +526,7 @@ func (n *nodeNet) syncOnce() error {
 		}
 	}
 	changes, err := n.rec.Apply(plan)
+	n.status.record(plan, err)
 	for _, c := range changes {
 		n.log.Info("node network changed", "change", c)
 	}

@@ -85,7 +85,7 @@ func newTestNodeNet(t *testing.T, backend routing.Backend, k *routing.FakeKernel
 		ipt:     ipt,
 		sysctl:  fakeSysctl{"net/ipv4/ip_forward": "0", "net/bridge/bridge-nf-call-iptables": "0"},
 		mod:     func(string) error { return nil },
-		metrics: newMetrics(prometheus.NewRegistry(), nil),
+		metrics: newMetrics(prometheus.NewRegistry(), nil, func() error { return nil }),
 	}, store
 }
 

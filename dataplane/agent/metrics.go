@@ -13,8 +13,9 @@ type metrics struct {
 }
 
 // newMetrics registers the agent's metrics; fileErrors (the state
-// directory's unparsable files) is nil for the API source.
-func newMetrics(reg prometheus.Registerer, fileErrors func() int) *metrics {
+// directory's unparsable files) is nil for the API source; stale says why
+// the cluster state may be out of date (nil: it is current).
+func newMetrics(reg prometheus.Registerer, fileErrors func() int, stale func() error) *metrics {
 	m := &metrics{
 		syncs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "podnet_node_network_syncs_total", Help: "Node network reconciliations run.",
@@ -34,6 +35,14 @@ func newMetrics(reg prometheus.Registerer, fileErrors func() int) *metrics {
 		}, []string{"backend"}),
 	}
 	reg.MustRegister(m.syncs, m.syncErrors, m.syncDuration, m.changes, m.peers)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "podnet_cluster_state_stale", Help: "1 while the API server is away and the last known cluster state is served.",
+	}, func() float64 {
+		if stale() != nil {
+			return 1
+		}
+		return 0
+	}))
 	if fileErrors != nil {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "podnet_state_file_errors", Help: "State directory files that currently do not parse.",

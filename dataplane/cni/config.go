@@ -42,6 +42,8 @@ type Config struct {
 	DataDir string `json:"dataDir"`
 	// LogFile receives the plugin's log; empty logs warnings to stderr.
 	LogFile string `json:"logFile"`
+	// LogFormat is "text" (the default) or "json".
+	LogFormat string `json:"logFormat"`
 	// BootIDFile is read to detect reboots; tests point it elsewhere.
 	BootIDFile string `json:"bootIDFile"`
 
@@ -71,6 +73,7 @@ var fieldKinds = map[string]string{
 	"subnet":      "a CIDR string like \"10.244.1.0/24\"",
 	"dataDir":     "a string",
 	"logFile":     "a string",
+	"logFormat":   "\"text\" or \"json\"",
 	"bootIDFile":  "a string",
 }
 
@@ -91,7 +94,7 @@ func ParseConfig(data []byte) (*Config, error) {
 		target any
 	}{
 		{"bridge", &c.Bridge}, {"mtu", &c.MTU}, {"hairpinMode", &c.HairpinMode},
-		{"nodeConfig", &c.NodeConfig}, {"dataDir", &c.DataDir}, {"logFile", &c.LogFile},
+		{"nodeConfig", &c.NodeConfig}, {"dataDir", &c.DataDir}, {"logFile", &c.LogFile}, {"logFormat", &c.LogFormat},
 		{"bootIDFile", &c.BootIDFile},
 	}
 	for _, f := range targets {
@@ -165,6 +168,9 @@ func (c *Config) Validate() error {
 	}
 	if c.LogFile != "" && !filepath.IsAbs(c.LogFile) {
 		return fmt.Errorf("logFile: %q is not an absolute path", c.LogFile)
+	}
+	if c.LogFormat != "" && c.LogFormat != "text" && c.LogFormat != "json" {
+		return fmt.Errorf("logFormat: %q is not text or json", c.LogFormat)
 	}
 	return nil
 }

@@ -59,6 +59,7 @@ func TestConfigErrorsNameFieldAndValue(t *testing.T) {
 		{`"dataDir":"relative/dir"`, types.ErrInvalidNetworkConfig, []string{"dataDir", "relative/dir"}},
 		{`"nodeConfig":""`, types.ErrInvalidNetworkConfig, []string{"nodeConfig"}},
 		{`"logFile":"cni.log"`, types.ErrInvalidNetworkConfig, []string{"logFile", "cni.log"}},
+		{`"logFormat":"xml"`, types.ErrInvalidNetworkConfig, []string{"logFormat", "xml"}},
 		{`"cniVersion":5`, types.ErrDecodingFailure, []string{"decode"}},
 	} {
 		_, err := ParseConfig([]byte(`{"name":"podnet","type":"podnet",` + tc.field + `}`))

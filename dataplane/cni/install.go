@@ -48,6 +48,7 @@ type InstallOptions struct {
 	NodeConfig string
 	DataDir    string
 	LogFile    string
+	LogFormat  string
 }
 
 // Install copies the plugin binary to BinDir/podnet, the loopback plugin to
@@ -109,7 +110,7 @@ func Install(o InstallOptions) ([]string, error) {
 func Conflist(o InstallOptions) ([]byte, error) {
 	plugin := map[string]any{"type": "podnet"}
 	for k, v := range map[string]string{
-		"bridge": o.Bridge, "nodeConfig": o.NodeConfig, "dataDir": o.DataDir, "logFile": o.LogFile,
+		"bridge": o.Bridge, "nodeConfig": o.NodeConfig, "dataDir": o.DataDir, "logFile": o.LogFile, "logFormat": o.LogFormat,
 	} {
 		if v != "" {
 			plugin[k] = v

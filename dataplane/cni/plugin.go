@@ -139,7 +139,11 @@ func (c *Config) logger() (*slog.Logger, func()) {
 		stderr.Warn("cannot open log file", "err", err)
 		return stderr, func() {}
 	}
-	return slog.New(slog.NewTextHandler(f, nil)).With("pid", os.Getpid()), func() { f.Close() }
+	var h slog.Handler = slog.NewTextHandler(f, nil)
+	if c.LogFormat == "json" {
+		h = slog.NewJSONHandler(f, nil)
+	}
+	return slog.New(h).With("pid", os.Getpid()), func() { f.Close() }
 }
 
 func (c *Config) ipamOptions() ipam.Options {

@@ -328,3 +328,13 @@ func skipName(msg []byte, off int) (int, error) {
 		off += 1 + l
 	}
 }
+
+// Flush drops every entry.
+func (c *Cache) Flush() {
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		clear(sh.m)
+		sh.mu.Unlock()
+	}
+}

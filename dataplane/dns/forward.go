@@ -58,6 +58,13 @@ type ForwardOptions struct {
 	// the kube-dns VIP): an upstream among them would be a loop.
 	Forbidden []netip.AddrPort
 	Logger    *slog.Logger
+	// Stubs forward their domains to their own upstreams (the config
+	// file's stubDomains), with the options above; the most specific
+	// domain wins.
+	Stubs []Stub
+	// Hosts answer A and AAAA for fixed names (lowercase FQDNs) before
+	// any upstream is asked.
+	Hosts map[string][]netip.Addr
 }
 
 func (o *ForwardOptions) setDefaults() {
@@ -96,6 +103,13 @@ type Forwarder struct {
 	doneOnce sync.Once
 	metrics  *Metrics
 	forged   atomic.Uint64
+	stubs    []stubForwarder
+	hosts    map[string][]netip.Addr // by lowercase wire name
+}
+
+type stubForwarder struct {
+	domain []byte // lowercase wire name
+	fwd    *Forwarder
 }
 
 type upstream struct {
@@ -124,7 +138,69 @@ func NewForwarder(opts ForwardOptions) (*Forwarder, error) {
 	if len(f.ups) == 0 {
 		return nil, fmt.Errorf("forwarder: %w (%d configured, %d rejected: %v)", ErrNoUpstream, len(opts.Upstreams), len(f.rejected), errors.Join(f.rejected...))
 	}
+	for _, st := range opts.Stubs {
+		so := opts
+		so.Upstreams, so.Stubs, so.Hosts = st.Upstreams, nil, nil
+		sf, err := NewForwarder(so)
+		if err != nil {
+			return nil, fmt.Errorf("stub domain %s: %w", st.Domain, err)
+		}
+		f.stubs = append(f.stubs, stubForwarder{domain: wireName(st.Domain), fwd: sf})
+	}
+	if len(opts.Hosts) > 0 {
+		f.hosts = make(map[string][]netip.Addr, len(opts.Hosts))
+		for name, addrs := range opts.Hosts {
+			f.hosts[string(wireName(strings.ToLower(name)))] = addrs
+		}
+	}
 	return f, nil
+}
+
+// StubDomains lists the stub domains and their upstreams, most specific
+// first.
+func (f *Forwarder) StubDomains() []Stub {
+	var out []Stub
+	for _, s := range f.stubs {
+		out = append(out, Stub{Domain: presentName(s.domain), Upstreams: s.fwd.Upstreams()})
+	}
+	return out
+}
+
+// route returns the forwarder for a lowercase wire name: a stub domain's,
+// or f itself.
+func (f *Forwarder) route(lower []byte) *Forwarder {
+	for _, s := range f.stubs {
+		if inDomain(lower, s.domain) {
+			return s.fwd
+		}
+	}
+	return f
+}
+
+// inDomain reports whether the wire name n is domain or under it.
+func inDomain(n, domain []byte) bool {
+	if !bytes.HasSuffix(n, domain) {
+		return false
+	}
+	// The suffix must start at a label boundary.
+	for i := 0; i < len(n); i += int(n[i]) + 1 {
+		if i == len(n)-len(domain) {
+			return true
+		}
+		if n[i] == 0 {
+			break
+		}
+	}
+	return false
+}
+
+// host returns the configured addresses of a lowercase wire name.
+func (f *Forwarder) host(lower []byte) ([]netip.Addr, bool) {
+	if f.hosts == nil {
+		return nil, false
+	}
+	a, ok := f.hosts[string(lower)]
+	return a, ok
 }
 
 // Rejected lists the configured upstreams that were left out, and why.
@@ -139,11 +215,17 @@ func (f *Forwarder) Upstreams() []netip.AddrPort {
 	return out
 }
 
-// Healthy reports whether an upstream is in use (not down, not looping).
+// Healthy reports whether an upstream (of f or of a stub domain) is in use
+// (not down, not looping).
 func (f *Forwarder) Healthy(a netip.AddrPort) bool {
 	for _, u := range f.ups {
 		if u.addr == a {
 			return !u.down.Load() && !u.loop.Load()
+		}
+	}
+	for _, s := range f.stubs {
+		if s.fwd.Healthy(a) {
+			return true
 		}
 	}
 	return false
@@ -189,6 +271,9 @@ func localAddrs() map[netip.Addr]bool {
 // waits for ctx to end and stops the health checks.
 func (f *Forwarder) Run(ctx context.Context) {
 	defer f.doneOnce.Do(func() { close(f.done) })
+	for _, s := range f.stubs {
+		go s.fwd.Run(ctx)
+	}
 	for _, u := range f.ups {
 		go func() {
 			q := new(mdns.Msg)
@@ -202,6 +287,11 @@ func (f *Forwarder) Run(ctx context.Context) {
 // isProbe reports whether name is one of our loop probes, and marks its
 // upstream as looping.
 func (f *Forwarder) isProbe(name []byte) bool {
+	for _, s := range f.stubs {
+		if s.fwd.isProbe(name) {
+			return true
+		}
+	}
 	for _, u := range f.ups {
 		if bytes.Equal(name, u.probe) {
 			if !u.loop.Swap(true) {
@@ -253,6 +343,11 @@ func (f *Forwarder) order() []*upstream {
 // other answers). It fails with ErrNoUpstream when every upstream is down
 // or looping, and when none answered within the deadline.
 func (f *Forwarder) Exchange(ctx context.Context, q *mdns.Msg) (*mdns.Msg, error) {
+	if len(f.stubs) > 0 && len(q.Question) == 1 {
+		if sf := f.route(wireName(strings.ToLower(q.Question[0].Name))); sf != f {
+			return sf.Exchange(ctx, q)
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, f.opts.Deadline)
 	defer cancel()
 	ups := f.order()

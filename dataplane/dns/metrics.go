@@ -36,15 +36,17 @@ type Metrics struct {
 	cacheStale    *prometheus.CounterVec
 	cachePrefetch *prometheus.CounterVec
 
-	proxyDuration      *prometheus.HistogramVec
-	healthcheckFails   *prometheus.CounterVec
-	healthcheckBroken  prometheus.Counter
-	forwardRefused     prometheus.Counter
-	programming        *prometheus.HistogramVec
-	panics             prometheus.Counter
-	forged             prometheus.Counter
-	tcpRefused         prometheus.Counter
-	forwardRequests    *prometheus.CounterVec
+	proxyDuration     *prometheus.HistogramVec
+	healthcheckFails  *prometheus.CounterVec
+	healthcheckBroken prometheus.Counter
+	forwardRefused    prometheus.Counter
+	programming       *prometheus.HistogramVec
+	panics            prometheus.Counter
+	forged            prometheus.Counter
+	tcpRefused        prometheus.Counter
+	forwardRequests   *prometheus.CounterVec
+	// fwd is the forwarder in use (it changes when the config file does).
+	fwd                atomic.Pointer[Forwarder]
 	cacheHitsSuccess   atomic.Pointer[prometheus.Counter]
 	cacheHitsDenial    atomic.Pointer[prometheus.Counter]
 	cacheRequestsTotal atomic.Pointer[prometheus.Counter]
@@ -76,10 +78,11 @@ const (
 	pluginKubernetes
 	pluginCache
 	pluginForward
+	pluginHosts
 	numPlugins
 )
 
-var pluginNames = [numPlugins]string{"", "kubernetes", "cache", "forward"}
+var pluginNames = [numPlugins]string{"", "kubernetes", "cache", "forward", "hosts"}
 
 const maxRcode = 23 // the highest rcode CoreDNS's label names (BADCOOKIE)
 
@@ -195,18 +198,8 @@ func NewMetrics(reg prometheus.Registerer, zone *Zone, cache *Cache, fwd *Forwar
 		}
 	}
 	if fwd != nil {
-		fwd.metrics = m
-		for _, u := range fwd.Upstreams() {
-			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-				Name: "podnet_dns_upstream_healthy", Help: "1 when the upstream is in use, 0 when it is down or loops back to dnsd.",
-				ConstLabels: prometheus.Labels{"upstream": u.String()},
-			}, func() float64 {
-				if fwd.Healthy(u) {
-					return 1
-				}
-				return 0
-			}))
-		}
+		m.Use(fwd)
+		reg.MustRegister(upstreamHealth{m})
 	}
 	if zone != nil {
 		zone.metrics.Store(m)
@@ -215,6 +208,45 @@ func NewMetrics(reg prometheus.Registerer, zone *Zone, cache *Cache, fwd *Forwar
 		}, func() float64 { return float64(len(zone.snap.Load().names)) }))
 	}
 	return m
+}
+
+// Use makes f, and its stub domains' forwarders, record into m, and the
+// one whose upstreams podnet_dns_upstream_healthy reports.
+func (m *Metrics) Use(f *Forwarder) {
+	f.metrics = m
+	for _, s := range f.stubs {
+		s.fwd.metrics = m
+	}
+	m.fwd.Store(f)
+}
+
+var upstreamHealthDesc = prometheus.NewDesc("podnet_dns_upstream_healthy",
+	"1 when the upstream is in use, 0 when it is down or loops back to dnsd.", []string{"upstream", "domain"}, nil)
+
+// upstreamHealth reports the upstreams of the forwarder in use, and of its
+// stub domains.
+type upstreamHealth struct{ m *Metrics }
+
+func (upstreamHealth) Describe(ch chan<- *prometheus.Desc) { ch <- upstreamHealthDesc }
+
+func (u upstreamHealth) Collect(ch chan<- prometheus.Metric) {
+	f := u.m.fwd.Load()
+	if f == nil {
+		return
+	}
+	emit := func(f *Forwarder, domain string) {
+		for _, a := range f.Upstreams() {
+			v := 0.0
+			if f.Healthy(a) {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(upstreamHealthDesc, prometheus.GaugeValue, v, a.String(), domain)
+		}
+	}
+	emit(f, ".")
+	for _, s := range f.stubs {
+		emit(s.fwd, presentName(s.domain))
+	}
 }
 
 // counter returns the counter cached in p, creating it from vec with

@@ -3,6 +3,7 @@ package dns
 import (
 	"context"
 	"fmt"
+	"net/netip"
 
 	mdns "github.com/miekg/dns"
 )
@@ -32,7 +33,7 @@ func upstreamQuery(pkt []byte, r *request) (*mdns.Msg, error) {
 // forward answers a name outside the cluster: from the cache, else (when
 // block) from an upstream.
 func (s *Server) forward(ctx context.Context, pkt []byte, r *request, sc *scratch, block bool) ([]byte, bool) {
-	f := s.opts.Forwarder
+	f := s.forwarder()
 	if f == nil {
 		return errorReply(sc.resp, r, rcodeRefused), false
 	}
@@ -41,6 +42,10 @@ func (s *Server) forward(ctx context.Context, pkt []byte, r *request, sc *scratc
 	}
 	if r.qtype == typeAXFR || r.qtype == typeIXFR {
 		return errorReply(sc.resp, r, rcodeRefused), false
+	}
+	if addrs, ok := f.host(r.lower); ok {
+		sc.q.plugin = pluginHosts
+		return hostsReply(sc.resp, r, addrs), false
 	}
 	e, resp, hit := s.fromCache(ctx, pkt, r, sc)
 	if hit {
@@ -79,7 +84,7 @@ func (s *Server) fromCache(ctx context.Context, pkt []byte, r *request, sc *scra
 // exchange asks the upstreams and caches their answer; when none answers,
 // a usable stale entry e is served instead.
 func (s *Server) exchange(ctx context.Context, pkt []byte, r *request, sc *scratch, e *cacheEntry) []byte {
-	f, c := s.opts.Forwarder, s.opts.Cache
+	f, c := s.forwarder(), s.opts.Cache
 	sc.q.plugin = pluginForward
 	if c != nil && s.opts.Metrics != nil {
 		s.opts.Metrics.cacheMiss()
@@ -116,7 +121,7 @@ func (s *Server) exchange(ctx context.Context, pkt []byte, r *request, sc *scrat
 
 // prefetch refreshes a popular entry in the background.
 func (s *Server) prefetch(ctx context.Context, pkt []byte, r *request, key []byte, e *cacheEntry) {
-	f := s.opts.Forwarder
+	f := s.forwarder()
 	if !f.acquire() {
 		e.fetching.Store(false)
 		return
@@ -139,6 +144,31 @@ func (s *Server) prefetch(ctx context.Context, pkt []byte, r *request, key []byt
 			s.opts.Metrics.prefetched()
 		}
 	}()
+}
+
+// hostsTTL is the TTL of the config file's host records (CoreDNS's hosts
+// plugin's default).
+const hostsTTL = 3600
+
+// hostsReply answers r from the config file's addresses of its name: those
+// of the asked family, none (NODATA) for other types.
+func hostsReply(buf []byte, r *request, addrs []netip.Addr) []byte {
+	m := new(mdns.Msg)
+	m.Response, m.Authoritative, m.RecursionAvailable = true, true, true
+	name := presentName(r.lower)
+	m.Question = []mdns.Question{{Name: name, Qtype: r.qtype, Qclass: r.qclass}}
+	hdr := func(t uint16) mdns.RR_Header {
+		return mdns.RR_Header{Name: name, Rrtype: t, Class: mdns.ClassINET, Ttl: hostsTTL}
+	}
+	for _, a := range addrs {
+		switch {
+		case r.qtype == mdns.TypeA && a.Is4():
+			m.Answer = append(m.Answer, &mdns.A{Hdr: hdr(mdns.TypeA), A: a.AsSlice()})
+		case r.qtype == mdns.TypeAAAA && a.Is6():
+			m.Answer = append(m.Answer, &mdns.AAAA{Hdr: hdr(mdns.TypeAAAA), AAAA: a.AsSlice()})
+		}
+	}
+	return msgReply(buf, r, m)
 }
 
 // msgReply packs an upstream answer as the reply to r.

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -52,6 +53,8 @@ type ServerOptions struct {
 //     there is no forwarder.
 type Server struct {
 	opts ServerOptions
+	// fwd is the forwarder in use: opts.Forwarder until SetForwarder.
+	fwd atomic.Pointer[Forwarder]
 
 	pool sync.Pool // *scratch
 	// tcpConns holds a token per open TCP connection.
@@ -86,9 +89,19 @@ func NewServer(opts ServerOptions) *Server {
 		opts.TCPMaxConns = DefaultTCPMaxConns
 	}
 	s := &Server{opts: opts, tcpConns: make(chan struct{}, opts.TCPMaxConns)}
+	s.fwd.Store(opts.Forwarder)
 	s.pool.New = func() any { return &scratch{resp: make([]byte, 0, 4096), key: make([]byte, 0, 300)} }
 	return s
 }
+
+// forwarder returns the forwarder in use, nil when names outside the
+// cluster are refused.
+func (s *Server) forwarder() *Forwarder { return s.fwd.Load() }
+
+// SetForwarder replaces the forwarder for the queries that arrive from now
+// on; queries already with the old one finish with it (stop it once they
+// have: its Deadline after this call).
+func (s *Server) SetForwarder(f *Forwarder) { s.fwd.Store(f) }
 
 // Listening carries the bound addresses, for callers that asked for port 0.
 type Listening struct {
@@ -301,7 +314,7 @@ func (s *sourceAddr) reply(oobn int) []byte {
 // serveLater answers a query that needs an upstream on its own goroutine,
 // or REFUSED at once when too many are in flight.
 func (s *Server) serveLater(ctx context.Context, c *net.UDPConn, pkt []byte, to netip.AddrPort, oob []byte, sc *scratch) []byte {
-	if s.opts.Forwarder != nil && !s.opts.Forwarder.roomFor() {
+	if f := s.forwarder(); f != nil && !f.roomFor() {
 		return s.refuse(pkt, sc)
 	}
 	q := append([]byte(nil), pkt...)
@@ -372,7 +385,7 @@ func (s *Server) serve(ctx context.Context, pkt []byte, sc *scratch, tcp, block 
 		resp = errorReply(sc.resp, r, rcodeNotImp)
 	case r.edns && r.ednsVer != 0:
 		resp = errorReply(sc.resp, r, rcodeBadVers)
-	case s.opts.Forwarder != nil && s.opts.Forwarder.isProbe(r.lower):
+	case s.forwarder() != nil && s.forwarder().isProbe(r.lower):
 		resp = errorReply(sc.resp, r, rcodeServFail)
 	default:
 		var n *node

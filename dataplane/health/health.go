@@ -28,6 +28,17 @@ func (c *Checker) Set(component string, err error) {
 	c.state[component] = err
 }
 
+// States returns every component's state (nil: healthy).
+func (c *Checker) States() map[string]error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]error, len(c.state))
+	for name, err := range c.state {
+		out[name] = err
+	}
+	return out
+}
+
 // Err returns an error naming every unhealthy component, or nil.
 func (c *Checker) Err() error {
 	c.mu.Lock()

@@ -12,7 +12,9 @@ import (
 // Metrics are the Service proxy's Prometheus metrics. Where kube-proxy has
 // a metric for the same thing, it has kube-proxy's name, type, labels and
 // buckets (pkg/proxy/metrics), so dashboards and alerts written for
-// kube-proxy work unchanged; podnet's extras are named podnet_proxy_*.
+// kube-proxy work unchanged; podnet's extras are named podnet_proxy_*. The
+// probe counters kubeproxy_proxy_healthz_total and _livez_total are
+// health.Progress's.
 type Metrics struct {
 	SyncDuration        prometheus.Histogram // kubeproxy_sync_proxy_rules_duration_seconds
 	SyncFullDuration    prometheus.Histogram
@@ -30,10 +32,8 @@ type Metrics struct {
 	PartialRestoreFailures prometheus.Counter
 	Rules                  *prometheus.GaugeVec // label table
 	NoLocalEndpoints       *prometheus.GaugeVec // label traffic_policy: internal, external
-	Healthz                *prometheus.CounterVec
-	Livez                  *prometheus.CounterVec
-	Services               prometheus.Gauge // podnet_proxy_service_ports
-	Endpoints              prometheus.Gauge // podnet_proxy_endpoints
+	Services               prometheus.Gauge     // podnet_proxy_service_ports
+	Endpoints              prometheus.Gauge     // podnet_proxy_endpoints
 
 	changes changeLog
 }
@@ -105,14 +105,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Subsystem: sub, Name: "sync_proxy_rules_no_local_endpoints_total",
 			Help: "Number of services with a Local traffic policy and no endpoints",
 		}, []string{"traffic_policy"}),
-		Healthz: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Subsystem: sub, Name: "proxy_healthz_total",
-			Help: "Cumulative proxy healthz HTTP status",
-		}, []string{"code"}),
-		Livez: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Subsystem: sub, Name: "proxy_livez_total",
-			Help: "Cumulative proxy livez HTTP status",
-		}, []string{"code"}),
 		Services: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "podnet", Subsystem: "proxy", Name: "service_ports",
 			Help: "Service ports programmed.",
@@ -126,7 +118,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.SyncDuration, m.SyncFullDuration, m.SyncPartialDuration, m.LastSync, m.LastQueued,
 			m.NetworkProgramming, m.EndpointsPending, m.EndpointsTotal, m.ServicesPending, m.ServicesTotal,
-			m.RestoreFailures, m.PartialRestoreFailures, m.Rules, m.NoLocalEndpoints, m.Healthz, m.Livez,
+			m.RestoreFailures, m.PartialRestoreFailures, m.Rules, m.NoLocalEndpoints,
 			m.Services, m.Endpoints)
 	}
 	return m
@@ -251,4 +243,13 @@ func (m *Metrics) failed(full bool) {
 	if !full {
 		m.PartialRestoreFailures.Inc()
 	}
+}
+
+// pending returns the Services with Service and with EndpointSlice changes
+// not yet taken into a sync.
+func (m *Metrics) pending() (services, endpoints int) {
+	c := &m.changes
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.services), len(c.slices)
 }

@@ -32,8 +32,6 @@ var kubeProxyMetrics = []metricstest.Metric{
 	{Name: "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total", Type: dto.MetricType_COUNTER},
 	{Name: "kubeproxy_sync_proxy_rules_iptables_total", Type: dto.MetricType_GAUGE, Labels: []string{"table"}},
 	{Name: "kubeproxy_sync_proxy_rules_no_local_endpoints_total", Type: dto.MetricType_GAUGE, Labels: []string{"traffic_policy"}},
-	{Name: "kubeproxy_proxy_healthz_total", Type: dto.MetricType_COUNTER, Labels: []string{"code"}},
-	{Name: "kubeproxy_proxy_livez_total", Type: dto.MetricType_COUNTER, Labels: []string{"code"}},
 }
 
 func TestMetricsAsKubeProxy(t *testing.T) {
@@ -52,8 +50,6 @@ func TestMetricsAsKubeProxy(t *testing.T) {
 	b := &fakeBackend{sig: make(chan struct{}, 1)}
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
-	m.Healthz.WithLabelValues("200")
-	m.Livez.WithLabelValues("200")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() {

@@ -15,6 +15,7 @@ import (
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/health"
 	"github.com/podnet/podnet/dataplane/ipt"
+	"github.com/podnet/podnet/dataplane/status"
 )
 
 // Mode is one way of programming Services into the node's kernel
@@ -141,8 +142,13 @@ type ServiceOptions struct {
 
 // Env is what the daemon shares with its Service proxy.
 type Env struct {
-	Store   *cluster.Store
-	Health  *health.Checker
+	Store  *cluster.Store
+	Health *health.Checker
+	// Progress, when set, hears of every change waiting to be programmed
+	// and of every successful sync (the daemon's /healthz).
+	Progress *health.Progress
+	// Status, when set, gets the proxy's section.
+	Status  *status.Board
 	Metrics prometheus.Registerer
 	Logger  *slog.Logger
 }
@@ -167,6 +173,9 @@ func RunService(ctx context.Context, o ServiceOptions, env Env) error {
 		return fmt.Errorf("proxy mode %s: %w", o.Mode.Name, err)
 	}
 	if backend == nil {
+		if env.Status != nil {
+			env.Status.Provide(StatusSection, func() any { return Status{Mode: o.Mode.Name} })
+		}
 		if err := o.Modes.Cleanup(cfg, o.Mode.Name); err != nil {
 			return err
 		}
@@ -184,6 +193,9 @@ func RunService(ctx context.Context, o ServiceOptions, env Env) error {
 		SyncPeriod:    o.SyncPeriod,
 		MinSyncPeriod: o.MinSyncPeriod,
 		Health:        env.Health,
+		Progress:      env.Progress,
+		Status:        env.Status,
+		Mode:          o.Mode.Name,
 		Metrics:       NewMetrics(env.Metrics),
 		HealthChecks:  &HealthChecks{},
 		Logger:        cfg.Logger,

@@ -12,6 +12,7 @@ import (
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/health"
 	"github.com/podnet/podnet/dataplane/runner"
+	"github.com/podnet/podnet/dataplane/status"
 )
 
 // Backend programs ServicePorts into the kernel.
@@ -53,10 +54,15 @@ type Options struct {
 	Conntrack     Conntrack // nil: no conntrack cleanup
 	SyncPeriod    time.Duration
 	MinSyncPeriod time.Duration
-	Health        *health.Checker // nil: not reported
-	Metrics       *Metrics        // nil: not recorded
-	HealthChecks  *HealthChecks   // nil: no healthCheckNodePort servers
-	Logger        *slog.Logger
+	Health        *health.Checker  // nil: not reported
+	Progress      *health.Progress // nil: not reported
+	// Status, when set, gets the proxy's section (StatusSection), with
+	// Mode as its mode.
+	Status       *status.Board
+	Mode         string
+	Metrics      *Metrics      // nil: not recorded
+	HealthChecks *HealthChecks // nil: no healthCheckNodePort servers
+	Logger       *slog.Logger
 }
 
 // Run syncs the Backend with the Store until ctx ends: changes arriving
@@ -68,6 +74,10 @@ func Run(ctx context.Context, o Options) error {
 		return errors.New("run service proxy: Store and Backend are required")
 	}
 	s := newSyncer(o)
+	if o.Status != nil {
+		s.status.mode = o.Mode
+		o.Status.Provide(StatusSection, func() any { return s.status.status(s.o.Metrics) })
+	}
 	defer func() {
 		if s.o.HealthChecks != nil {
 			s.o.HealthChecks.Close()
@@ -93,6 +103,7 @@ waitSynced:
 	s.o.Logger.Info("service proxy starting", "node", o.NodeName, "syncPeriod", s.o.SyncPeriod, "minSyncPeriod", s.o.MinSyncPeriod)
 
 	r := runner.New(s.syncOnce, runner.Options{MinInterval: s.o.MinSyncPeriod, MaxInterval: s.o.SyncPeriod, RetryInterval: s.o.MinSyncPeriod})
+	s.queued()
 	r.Trigger()
 	done := make(chan struct{})
 	go func() { r.Run(ctx); close(done) }()
@@ -104,6 +115,7 @@ waitSynced:
 		case <-healthTicker.C:
 			s.report(s.lastError())
 		case <-s.tracker.Changed():
+			s.queued()
 			r.Trigger()
 		}
 	}
@@ -125,6 +137,8 @@ type syncer struct {
 	// conntrack cleanup once a later sync succeeds.
 	applied map[cluster.Key][]*ServicePort
 	pending map[cluster.Key]bool
+
+	status statusLog
 
 	mu      sync.Mutex // guards what report reads
 	lastOK  time.Time
@@ -164,11 +178,13 @@ func newSyncer(o Options) *syncer {
 // last full one, after a failure), else only the Services that changed.
 // The error makes the runner retry.
 func (s *syncer) syncOnce() error {
+	taken := time.Now()
 	dirty, all := s.tracker.Take()
 	s.o.Metrics.taken()
 	full := s.forceFull || all || s.now().Sub(s.lastFull) >= s.o.SyncPeriod
 	changed := s.state.Update(s.o.Store, s.o.NodeName, dirty, full)
 	if !full && len(changed) == 0 {
+		s.updated(taken) // nothing to program is programmed
 		return nil
 	}
 	for k := range changed {
@@ -185,6 +201,7 @@ func (s *syncer) syncOnce() error {
 		s.lastErr = err
 		s.mu.Unlock()
 		s.o.Metrics.failed(full)
+		s.status.failed(err)
 		s.o.Logger.Error("service proxy sync failed; retrying with a full sync", "kind", kind, "err", err)
 		s.forceFull = true
 		s.report(err)
@@ -192,9 +209,11 @@ func (s *syncer) syncOnce() error {
 	}
 	took := s.now().Sub(began)
 	s.o.Metrics.synced(full, took, res, s.state.Ports)
+	s.status.synced(s.state.Ports, full, took)
 	s.o.Logger.Debug("service proxy synced", "kind", kind, "changed", len(changed), "took", took)
 	s.mu.Lock()
 	s.lastOK, s.lastErr = s.now(), nil
+	s.updated(taken)
 	s.mu.Unlock()
 	s.report(nil)
 	if full {
@@ -215,6 +234,20 @@ func (s *syncer) afterSync() {
 		if err := s.o.HealthChecks.Sync(s.state.Ports); err != nil {
 			s.o.Logger.Warn("health check node ports", "err", err)
 		}
+	}
+}
+
+// updated tells Progress that every change up to taken is programmed.
+func (s *syncer) updated(taken time.Time) {
+	if s.o.Progress != nil {
+		s.o.Progress.Updated(taken)
+	}
+}
+
+// queued tells Progress that a sync is waiting.
+func (s *syncer) queued() {
+	if s.o.Progress != nil {
+		s.o.Progress.Queued()
 	}
 }
 

@@ -177,3 +177,40 @@ func TestRunUnhealthyWhileStateNeverSyncs(t *testing.T) {
 		t.Errorf("synced %d times before the state was complete", len(b.calls))
 	}
 }
+
+func TestRunProgressUnhealthyOnlyWhileChangesWait(t *testing.T) {
+	st := cluster.NewStore()
+	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, svcObjs(0))
+	st.MarkSynced()
+	b := &fakeBackend{sig: make(chan struct{}, 1)}
+	p := health.NewProgress(300*time.Millisecond, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	go Run(ctx, Options{Store: st, Backend: b, SyncPeriod: time.Hour, MinSyncPeriod: 20 * time.Millisecond, Progress: p})
+	b.wait(t, 1)
+	time.Sleep(500 * time.Millisecond)
+	if s := p.State(); !s.Healthy {
+		t.Fatalf("idle after a successful sync: %+v, want healthy", s)
+	}
+	// A change that cannot be programmed makes it unhealthy in time.
+	b.mu.Lock()
+	b.fail = 1 << 30
+	b.mu.Unlock()
+	for _, o := range svcObjs(1) {
+		st.Upsert(o)
+	}
+	waitFor(t, func() bool { return !p.State().Healthy }, "unhealthy while a change waits")
+	b.mu.Lock()
+	b.fail = 0
+	b.mu.Unlock()
+	waitFor(t, func() bool { return p.State().Healthy }, "healthy once the change is programmed")
+}
+
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 5 s for: %s", what)
+		}
+	}
+}

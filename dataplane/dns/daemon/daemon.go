@@ -26,7 +26,11 @@ import (
 	"github.com/podnet/podnet/dataplane/cluster/convert"
 	"github.com/podnet/podnet/dataplane/cluster/kube"
 	"github.com/podnet/podnet/dataplane/dns"
+	"github.com/podnet/podnet/dataplane/status"
 )
+
+// StatusSection is dnsd's section of its status board.
+const StatusSection = "dns"
 
 // Config is everything dnsd is configured with (its flags).
 type Config struct {
@@ -51,6 +55,10 @@ type Config struct {
 	Kubeconfig string
 	// StateLimits are what StateDir's Services are checked against.
 	StateLimits convert.Limits
+
+	// ConfigFile, when set, is the config file (dns.FileConfig), reloaded
+	// when it changes.
+	ConfigFile string
 
 	MetricsAddress, HealthAddress, ReadyAddress string
 }
@@ -103,11 +111,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	store := src.Store
 	zone := dns.NewZone(store, cfg.Zone)
 
-	fwd, err := newForwarder(cfg, log)
+	file, applied, err := readConfigFile(cfg.ConfigFile)
 	if err != nil {
 		return err
 	}
-	log.Info("forwarding", "upstreams", fmt.Sprint(fwd.Upstreams()))
+	fwd, err := newForwarder(cfg, file, log)
+	if err != nil {
+		return err
+	}
 	var cache *dns.Cache
 	if !cfg.NoCache {
 		cache = dns.NewCache(cfg.Cache)
@@ -119,11 +130,20 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	srv := dns.NewServer(dns.ServerOptions{Listen: cfg.Listen, Zone: zone, Forwarder: fwd, Cache: cache, Metrics: metrics,
 		TCPMaxConns: cfg.TCPMaxConns, TCPIdleTimeout: cfg.TCPIdleTimeout})
 
+	board := &status.Board{}
+	board.Provide(StatusSection, func() any {
+		st := dns.Report(zone, fwd, cache, metrics)
+		if err := src.Stale(); err != nil {
+			st.Stale = err.Error()
+		}
+		return st
+	})
 	g := app.NewGroup(ctx)
 	ready := &readiness{up: make(chan struct{}), zone: zone, stale: src.Stale}
 	// Listen before anything else so a port conflict fails at start.
 	if err := app.Serve(g, log,
 		app.Endpoint{Name: "metrics", Addr: cfg.MetricsAddress, Path: "/metrics", Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})},
+		app.Endpoint{Name: "metrics", Addr: cfg.MetricsAddress, Path: status.Path, Handler: board},
 		app.Endpoint{Name: "health", Addr: cfg.HealthAddress, Path: "/health", Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "OK") })},
 		app.Endpoint{Name: "ready", Addr: cfg.ReadyAddress, Path: "/ready", Handler: ready},
 	); err != nil {
@@ -133,7 +153,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	serving := make(chan dns.Listening, 1)
 	g.Go("cluster state", src.Run)
 	g.Go("zone", func(ctx context.Context) error { zone.Run(ctx); return nil })
-	g.Go("forwarder", func(ctx context.Context) error { fwd.Run(ctx); return nil })
+	g.Go("forwarder", func(ctx context.Context) error {
+		return forwarding(ctx, cfg, fwd, applied, srv, metrics, cache, log)
+	})
 	g.Go("dns server", func(ctx context.Context) error { return srv.Run(ctx, serving) })
 	g.Go("free load garbage", func(ctx context.Context) error { freeLoadGarbage(ctx, zone); return nil })
 	g.Go("listening", func(ctx context.Context) error {
@@ -213,50 +235,4 @@ func newSource(cfg Config, log *slog.Logger) (app.Source, error) {
 		kinds = append(kinds, cluster.KindPod)
 	}
 	return app.NewSource(app.SourceOptions{Kube: kc, Kinds: kinds, Logger: log})
-}
-
-// newForwarder is the forwarder to cfg's upstreams (else resolv.conf's),
-// never to dnsd itself: not to its listen addresses, not to the kube-dns
-// VIP.
-func newForwarder(cfg Config, log *slog.Logger) (*dns.Forwarder, error) {
-	var ups []netip.AddrPort
-	for _, u := range cfg.Upstreams {
-		ap, _ := parseUpstream(u)
-		ups = append(ups, ap)
-	}
-	if len(ups) == 0 {
-		var err error
-		if ups, err = dns.ReadResolvConf(cfg.ResolvConf); err != nil {
-			return nil, err
-		}
-	}
-	fo := cfg.Forward
-	fo.Upstreams = ups
-	fo.Logger = log.With("part", "forward")
-	for _, l := range cfg.Listen {
-		if strings.HasPrefix(l, ":") { // ":53" listens on every address
-			l = "0.0.0.0" + l
-		}
-		if ap, err := netip.ParseAddrPort(l); err == nil {
-			fo.Forbidden = append(fo.Forbidden, ap)
-			if ap.Addr().IsUnspecified() {
-				fo.Forbidden = append(fo.Forbidden, netip.AddrPortFrom(netip.IPv6Unspecified(), ap.Port()))
-			}
-		}
-	}
-	if cfg.DNSServiceIP.IsValid() {
-		fo.Forbidden = append(fo.Forbidden, netip.AddrPortFrom(cfg.DNSServiceIP, 53))
-	}
-	fwd, err := dns.NewForwarder(fo)
-	for _, r := range rejectedOf(fwd) {
-		log.Error("upstream rejected", "err", r)
-	}
-	return fwd, err
-}
-
-func rejectedOf(f *dns.Forwarder) []error {
-	if f == nil {
-		return nil
-	}
-	return f.Rejected()
 }

@@ -1,0 +1,175 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/podnet/podnet/dataplane/agent"
+	"github.com/podnet/podnet/dataplane/proxy"
+	"github.com/podnet/podnet/dataplane/status"
+)
+
+// statusReport is what the running proxyd's /status holds.
+type statusReport struct {
+	Health       agent.HealthStatus `json:"health"`
+	Node         agent.NodeStatus   `json:"node"`
+	ServiceProxy proxy.Status       `json:"serviceProxy"`
+}
+
+// runStatus is `proxyd status`: it asks the proxyd running on this node
+// (its metrics port) what it has programmed and prints it.
+func runStatus(args []string, stdout io.Writer) int {
+	fs := pflag.NewFlagSet("proxyd status", pflag.ContinueOnError)
+	addr := fs.String("metrics-bind-address", "127.0.0.1:10249", "the metrics address of the proxyd to ask")
+	output := fs.StringP("output", "o", "text", "text or json")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintf(os.Stderr, "proxyd status: %v\n", err)
+		return 2
+	}
+	if *output != "text" && *output != "json" {
+		fmt.Fprintf(os.Stderr, "proxyd status: -o %q: want text or json\n", *output)
+		return 2
+	}
+	var r statusReport
+	if err := status.Fetch(*addr, &r); err != nil {
+		fmt.Fprintf(os.Stderr, "proxyd status: %v\n", err)
+		return 1
+	}
+	if *output == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(r)
+		return 0
+	}
+	printStatus(stdout, r, time.Now())
+	return 0
+}
+
+func printStatus(out io.Writer, r statusReport, now time.Time) {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	ago := func(t time.Time) string {
+		if t.IsZero() {
+			return "never"
+		}
+		return fmt.Sprintf("%s (%s ago)", t.Format(time.RFC3339), now.Sub(t).Round(time.Second))
+	}
+	health := "ok"
+	if !r.Health.Healthy {
+		health = "UNHEALTHY: a change has waited " + r.Health.Pending
+	} else if r.Health.Pending != "" {
+		health = "ok, a change waiting for " + r.Health.Pending
+	}
+	fmt.Fprintf(w, "Mode:\t%s\n", r.ServiceProxy.Mode)
+	fmt.Fprintf(w, "Health:\t%s\n", health)
+	names := make([]string, 0, len(r.Health.Components))
+	for n := range r.Health.Components {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %s:\t%s\n", n, r.Health.Components[n])
+	}
+	fmt.Fprintf(w, "Node:\t%s\n", r.Node.Name)
+	fmt.Fprintf(w, "  podCIDR:\t%s\n", orNone(r.Node.PodCIDR))
+	fmt.Fprintf(w, "  cluster CIDR:\t%s\n", r.Node.ClusterCIDR)
+	fmt.Fprintf(w, "  backend:\t%s\n", r.Node.Backend)
+	fmt.Fprintf(w, "  cluster state:\t%s\n", r.Node.ClusterState)
+	fmt.Fprintf(w, "  last route sync:\t%s\n", ago(r.Node.LastSync))
+	if r.Node.LastError != "" {
+		fmt.Fprintf(w, "  last route error:\t%s\n", r.Node.LastError)
+	}
+	sp := r.ServiceProxy
+	fmt.Fprintf(w, "Service proxy:\t\n")
+	kind := "partial"
+	if sp.LastSyncFull {
+		kind = "full"
+	}
+	if sp.LastSync.IsZero() {
+		fmt.Fprintf(w, "  last sync:\tnever\n")
+	} else {
+		fmt.Fprintf(w, "  last sync:\t%s, %s, took %s\n", ago(sp.LastSync), kind, sp.LastSyncDuration)
+	}
+	if sp.LastError != "" {
+		fmt.Fprintf(w, "  last error:\t%s\n", sp.LastError)
+	}
+	fmt.Fprintf(w, "  pending changes:\t%d Services, %d with endpoint changes\n", sp.PendingServiceChanges, sp.PendingEndpointChanges)
+	w.Flush()
+
+	fmt.Fprintf(out, "\nPeers (%d):\n", len(r.Node.Peers))
+	w = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "  NODE\tNODE IP\tPOD CIDR\tBACKEND\tROUTE")
+	for _, p := range r.Node.Peers {
+		fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\n", p.Name, p.NodeIP, p.PodCIDR, p.Backend, p.Route)
+	}
+	for _, s := range r.Node.Skipped {
+		fmt.Fprintf(w, "  (not routed: %s)\n", s)
+	}
+	w.Flush()
+
+	fmt.Fprintf(out, "\nServices (%d):\n", len(sp.Services))
+	w = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "  SERVICE\tPORT\tFRONTENDS\tENDPOINTS")
+	for _, s := range sp.Services {
+		for _, p := range s.Ports {
+			port := p.Protocol
+			if p.Name != "" {
+				port = p.Name + "/" + p.Protocol
+			}
+			fmt.Fprintf(w, "  %s/%s\t%s\t%s\t%s\n", s.Namespace, s.Name, port, strings.Join(p.Frontends, " "), endpoints(p))
+		}
+	}
+	w.Flush()
+}
+
+func endpoints(p proxy.PortStatus) string {
+	if p.NoEndpoints {
+		return "none (rejected)"
+	}
+	var out []string
+	for _, e := range p.Endpoints {
+		s := e.Address
+		var tags []string
+		if p.ExternalPolicyLocal || p.InternalPolicyLocal {
+			if e.Local {
+				tags = append(tags, "local")
+			}
+			if !e.Cluster {
+				tags = append(tags, "local only")
+			}
+		}
+		if e.Terminating {
+			tags = append(tags, "terminating")
+		}
+		if len(tags) > 0 {
+			s += " (" + strings.Join(tags, ", ") + ")"
+		}
+		out = append(out, s)
+	}
+	if len(out) == 0 {
+		return "none on this node"
+	}
+	local := slices.ContainsFunc(p.Endpoints, func(e proxy.EndpointStatus) bool { return e.Local })
+	if p.ExternalPolicyLocal && !local {
+		out = append(out, "(external traffic: no local endpoint, dropped)")
+	}
+	return strings.Join(out, " ")
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none yet"
+	}
+	return s
+}

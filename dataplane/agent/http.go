@@ -1,0 +1,37 @@
+package agent
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/podnet/podnet/dataplane/app"
+	"github.com/podnet/podnet/dataplane/health"
+	"github.com/podnet/podnet/dataplane/status"
+)
+
+// endpoints are proxyd's HTTP endpoints, as kube-proxy's: on the health
+// port (10256) /healthz for load balancers and /livez for the liveness
+// probe; on the metrics port (10249) /metrics, /healthz and /proxyMode, and
+// podnet's /status.
+func endpoints(o Options, reg *prometheus.Registry, p *health.Progress, board *status.Board) []app.Endpoint {
+	mode := "none"
+	if o.ServiceProxy != nil {
+		mode = o.ServiceProxy.Mode.Name
+	}
+	proxyMode := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		fmt.Fprint(w, mode)
+	})
+	return []app.Endpoint{
+		{Name: "healthz", Addr: o.HealthzAddr, Path: "/healthz", Handler: p.Healthz()},
+		{Name: "healthz", Addr: o.HealthzAddr, Path: "/livez", Handler: p.Livez()},
+		{Name: "metrics", Addr: o.MetricsAddr, Path: "/metrics", Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})},
+		{Name: "metrics", Addr: o.MetricsAddr, Path: "/healthz", Handler: p.Healthz()},
+		{Name: "metrics", Addr: o.MetricsAddr, Path: "/proxyMode", Handler: proxyMode},
+		{Name: "metrics", Addr: o.MetricsAddr, Path: status.Path, Handler: board},
+	}
+}

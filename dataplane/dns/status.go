@@ -1,0 +1,88 @@
+package dns
+
+import (
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// Status is what dnsd reports of itself for `dnsd status`.
+type Status struct {
+	// Synced: the zone holds a complete cluster state.
+	Synced bool `json:"synced"`
+	// Stale says why the cluster state may be out of date (the API server
+	// is away; the last state is answered from).
+	Stale     string           `json:"stale,omitempty"`
+	Zones     []ZoneStatus     `json:"zones"`
+	Upstreams []UpstreamStatus `json:"upstreams"`
+	Cache     *CacheStatus     `json:"cache,omitempty"`
+}
+
+// ZoneStatus is one zone dnsd is authoritative for, and its record count.
+type ZoneStatus struct {
+	Name string `json:"name"`
+	// Names in the cluster zone; PTR records in the reverse zones.
+	Records int `json:"records"`
+}
+
+// UpstreamStatus is one upstream resolver.
+type UpstreamStatus struct {
+	Address string `json:"address"`
+	Healthy bool   `json:"healthy"`
+	Looping bool   `json:"looping,omitempty"`
+}
+
+// CacheStatus are the cache's figures since dnsd started.
+type CacheStatus struct {
+	Success     int     `json:"success"`
+	Denial      int     `json:"denial"`
+	Hits        float64 `json:"hits"`
+	Misses      float64 `json:"misses"`
+	ServedStale float64 `json:"servedStale"`
+	Prefetches  float64 `json:"prefetches"`
+}
+
+// Report describes the zone, the upstreams and the cache; fwd, cache and
+// m may be nil.
+func Report(z *Zone, fwd *Forwarder, cache *Cache, m *Metrics) Status {
+	snap := z.snap.Load()
+	st := Status{Synced: snap.synced}
+	domain := strings.Trim(z.opts.Domain, ".") + "."
+	st.Zones = append(st.Zones, ZoneStatus{Name: domain, Records: len(snap.names)})
+	var v4, v6 int
+	for a := range snap.ptr {
+		if a.Is4() {
+			v4++
+		} else {
+			v6++
+		}
+	}
+	st.Zones = append(st.Zones, ZoneStatus{Name: "in-addr.arpa.", Records: v4}, ZoneStatus{Name: "ip6.arpa.", Records: v6})
+	if fwd != nil {
+		for _, u := range fwd.Upstreams() {
+			st.Upstreams = append(st.Upstreams, UpstreamStatus{Address: u.String(), Healthy: fwd.Healthy(u), Looping: fwd.Looping(u)})
+		}
+	}
+	if cache != nil {
+		cs := &CacheStatus{}
+		cs.Success, cs.Denial = cache.Counts()
+		if m != nil {
+			cs.Hits = value(m.cacheHits.WithLabelValues(serverLabel, "success", zoneRoot, noView)) +
+				value(m.cacheHits.WithLabelValues(serverLabel, "denial", zoneRoot, noView))
+			cs.Misses = value(m.cacheMisses.WithLabelValues(serverLabel, zoneRoot, noView))
+			cs.ServedStale = value(m.cacheStale.WithLabelValues(serverLabel, zoneRoot, noView))
+			cs.Prefetches = value(m.cachePrefetch.WithLabelValues(serverLabel, zoneRoot, noView))
+		}
+		st.Cache = cs
+	}
+	return st
+}
+
+func value(c prometheus.Counter) float64 {
+	var d dto.Metric
+	if c.Write(&d) != nil || d.Counter == nil {
+		return 0
+	}
+	return d.Counter.GetValue()
+}
