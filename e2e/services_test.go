@@ -775,11 +775,17 @@ endpoints:
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		if ok, body := healthz(n3); ok || !strings.Contains(body, "svc-basic.yaml") {
-			t.Errorf("/healthz with the state half read: ok %v, %q; want it to name the file", ok, body)
+		// /healthz stays 200, as kube-proxy's while it starts (a load
+		// balancer or the liveness probe failing it would only add an
+		// outage); proxyd status names the file.
+		if ok, body := healthz(n3); !ok {
+			t.Errorf("/healthz with the state half read: %q; want 200", body)
+		}
+		if st := proxydHealth(t, l, n3); !strings.Contains(st.Components["cluster-state"], "svc-basic.yaml") {
+			t.Errorf("proxyd status with the state half read: %v; want the cluster state naming the file", st.Components)
 		}
 		c.apply(basic)
-		waitUntil(t, 10*time.Second, func() bool { ok, _ := healthz(n3); return ok }, "proxyd healthy once the file is fixed")
+		waitUntil(t, 10*time.Second, func() bool { return proxydHealth(t, l, n3).Components["cluster-state"] == "ok" }, "cluster state loaded once the file is fixed")
 		c.eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
 	})
 
@@ -1075,4 +1081,20 @@ func checkPeers(t *testing.T, n *lab.Node, peers []agent.PeerStatus) {
 	if len(peers) == 0 {
 		t.Error("status lists no peers")
 	}
+}
+
+// proxydHealth is the health part of `proxyd status -o json` on node n.
+func proxydHealth(t *testing.T, l *lab.Lab, n *lab.Node) agent.HealthStatus {
+	t.Helper()
+	out, err := n.Exec(t.Context(), filepath.Join(l.BinDir, "proxyd"), "status", "-o", "json")
+	if err != nil {
+		t.Fatalf("proxyd status -o json: %v", err)
+	}
+	var st struct {
+		Health agent.HealthStatus `json:"health"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("proxyd status -o json: %v\n%s", err, out)
+	}
+	return st.Health
 }
