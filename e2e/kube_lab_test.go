@@ -521,11 +521,15 @@ func TestKubeLab(t *testing.T) {
 				t.Fatalf("node1 /metrics during the outage: %d, podnet_cluster_state_stale%s; want 1", code, line)
 			}
 		}
+		// dnsd stays ready (every dnsd unready at once would empty the
+		// kube-dns Service) and says in its status that the state is stale.
 		waitUntil(t, 5*time.Second, func() bool {
-			code, body = httpGetIn(k.dnsPod.NSPath(), "127.0.0.1:8181", "/ready")
-			return code == http.StatusServiceUnavailable && strings.Contains(body, "stale")
-		}, "dnsd /ready reporting stale cluster state")
-		t.Logf("dnsd /ready during the outage: %d %s", code, strings.TrimSpace(body))
+			code, body = httpGetIn(k.dnsPod.NSPath(), "127.0.0.1:9153", "/status")
+			return code == http.StatusOK && strings.Contains(body, `"stale"`)
+		}, "dnsd status reporting stale cluster state")
+		if code, body := httpGetIn(k.dnsPod.NSPath(), "127.0.0.1:8181", "/ready"); code != http.StatusOK {
+			t.Errorf("dnsd /ready during the outage: %d %s, want 200", code, strings.TrimSpace(body))
+		}
 		// A proxyd restarted while the API server is away has no state to
 		// sync from: it must leave the node's routes and rules alone (the
 		// probes from node1's pod go on meanwhile).

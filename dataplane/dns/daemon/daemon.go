@@ -190,8 +190,11 @@ func (r *readiness) err() error {
 		}
 		return errors.New("cluster state not synced yet")
 	}
-	// Still answering from the last known state, but say so.
-	return r.stale()
+	// Once synced, ready for good, as CoreDNS's kubernetes plugin: while
+	// the API server is away the last known state is answered, and every
+	// dnsd turning unready at once would empty the kube-dns Service. dnsd
+	// status says the state is stale.
+	return nil
 }
 
 func (r *readiness) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
