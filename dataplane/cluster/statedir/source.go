@@ -22,7 +22,6 @@
 package statedir
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -88,7 +87,7 @@ type fileState struct {
 	refused []error          // objects of the last parse that were refused
 	// data is the content objs came from; parsed is false until the file
 	// was once read and parsed whole.
-	data   []byte
+	data   keptBytes
 	parsed bool
 	// shrunkSince is when the file was first seen shrunk in place to the
 	// size and mtime above: not believed before Settle has passed.
@@ -395,7 +394,7 @@ func (s *Source) load(path string, info fs.FileInfo, prev *fileState) bool {
 	if prev != nil && prev.err != nil {
 		s.o.Logger.Info("state file reads whole again", "path", path)
 	}
-	f.data, f.parsed = data, true
+	f.data, f.parsed = keep(data), true
 	f.objs = s.keepRefused(path, parsed, prev)
 	f.refused = make([]error, len(parsed.Refused))
 	for i, r := range parsed.Refused {
@@ -410,13 +409,13 @@ func (s *Source) load(path string, info fs.FileInfo, prev *fileState) bool {
 // stayed so for Settle: a writer that truncates and then writes is caught
 // between the two. f records since when.
 func (s *Source) shrunkInPlace(path string, f, prev *fileState, data []byte) bool {
-	if prev == nil || !prev.parsed || f.ino != prev.ino || len(data) >= len(prev.data) || !bytes.HasPrefix(prev.data, data) {
+	if prev == nil || !prev.parsed || f.ino != prev.ino || len(data) >= prev.data.n || !prev.data.hasPrefix(data) {
 		return false
 	}
 	since := prev.shrunkSince
 	if since.IsZero() || prev.size != f.size || !prev.modTime.Equal(f.modTime) {
 		since = s.now()
-		s.o.Logger.Info("state file shrank in place; believed if it stays so", "path", path, "bytes", len(data), "was", len(prev.data), "settle", s.o.Settle)
+		s.o.Logger.Info("state file shrank in place; believed if it stays so", "path", path, "bytes", len(data), "was", prev.data.n, "settle", s.o.Settle)
 	}
 	if s.now().Sub(since) >= s.o.Settle {
 		return false
