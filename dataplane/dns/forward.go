@@ -340,8 +340,9 @@ func (f *Forwarder) order() []*upstream {
 // upstreams in policy order, again and again (up to three rounds) while the
 // deadline allows, so one lost datagram does not fail the query. SERVFAIL
 // and REFUSED answers move on to the next upstream (and are returned if no
-// other answers). It fails with ErrNoUpstream when every upstream is down
-// or looping, and when none answered within the deadline.
+// other answers). Upstreams marked down are tried only when all are. It
+// fails with ErrNoUpstream when every upstream loops back to dnsd, and when
+// none answered within the deadline.
 func (f *Forwarder) Exchange(ctx context.Context, q *mdns.Msg) (*mdns.Msg, error) {
 	if len(f.stubs) > 0 && len(q.Question) == 1 {
 		if sf := f.route(wireName(strings.ToLower(q.Question[0].Name))); sf != f {
@@ -352,10 +353,20 @@ func (f *Forwarder) Exchange(ctx context.Context, q *mdns.Msg) (*mdns.Msg, error
 	defer cancel()
 	ups := f.order()
 	if len(ups) == 0 {
+		// Every upstream is marked down: as CoreDNS's forward, take the
+		// health checks for broken and try them anyway, so an upstream
+		// that is back answers at once rather than after the next check.
 		if f.metrics != nil {
 			f.metrics.healthcheckBroken.Inc()
 		}
-		return nil, ErrNoUpstream
+		for _, u := range f.ups {
+			if !u.loop.Load() {
+				ups = append(ups, u)
+			}
+		}
+		if len(ups) == 0 {
+			return nil, ErrNoUpstream
+		}
 	}
 	deadline, _ := ctx.Deadline()
 	var (

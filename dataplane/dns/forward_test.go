@@ -617,3 +617,32 @@ func TestListeners(t *testing.T) {
 }
 
 var _ = cluster.KindService
+
+// TestUpstreamBackIsAskedBeforeItsHealthCheck: with every upstream marked
+// down, queries still try them (as CoreDNS does), so an upstream that is
+// back answers the next query, not only after the next health check. Before,
+// dnsd answered SERVFAIL until the check found it.
+func TestUpstreamBackIsAskedBeforeItsHealthCheck(t *testing.T) {
+	var answering atomic.Bool
+	up := startGoUpstream(t, func(w mdns.ResponseWriter, r *mdns.Msg, _ bool) {
+		if answering.Load() {
+			answerA(w, r, 60, "192.0.2.10")
+		}
+	})
+	fs := newForwardingServer(t, ForwardOptions{
+		Upstreams: []netip.AddrPort{up.addr}, TryTimeout: 100 * time.Millisecond, Deadline: 300 * time.Millisecond,
+		HealthInterval: time.Hour,
+	}, CacheOptions{})
+	for i := range 3 { // MaxFails tries fail: marked down
+		if m := query(t, fs.srv, fmt.Sprintf("dead%d.test.", i), mdns.TypeA, false); m.Rcode != mdns.RcodeServerFailure {
+			t.Fatalf("silent upstream: %v", m)
+		}
+	}
+	if !fs.fwd.ups[0].down.Load() {
+		t.Fatal("the silent upstream is not marked down")
+	}
+	answering.Store(true)
+	if m := query(t, fs.srv, "back.test.", mdns.TypeA, false); m.Rcode != mdns.RcodeSuccess || len(m.Answer) != 1 {
+		t.Errorf("upstream back, still marked down: %v; want its answer", m)
+	}
+}
