@@ -10,7 +10,7 @@ export CGO_ENABLED ?= 0
 # How long make test fuzzes dnsd's query path (seed corpus always runs).
 FUZZTIME ?= 20s
 
-BINARIES := bin/podnet bin/loopback bin/proxyd bin/dnsd bin/podnet-lab
+BINARIES := bin/podnet bin/loopback bin/portmap bin/proxyd bin/dnsd bin/podnet-lab
 
 .PHONY: all build deps test demo demo-down bench soak lint generate clean apiserver image kube-node conformance
 
@@ -25,6 +25,9 @@ bin/podnet: FORCE
 # It is a tool in go.mod, so `go mod tidy` keeps what it needs in go.sum.
 bin/loopback: FORCE
 	$(GO) build $(GOFLAGS_BUILD) -o $@ github.com/containernetworking/plugins/plugins/main/loopback
+# The CNI reference portmap plugin, chained after podnet for hostPorts.
+bin/portmap: FORCE
+	$(GO) build $(GOFLAGS_BUILD) -o $@ github.com/containernetworking/plugins/plugins/meta/portmap
 bin/proxyd: FORCE
 	$(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/proxyd
 bin/dnsd: FORCE
@@ -107,7 +110,7 @@ conformance: deps build apiserver image kube-node $(E2E_TEST) $(AGNHOST)
 # $(APISERVER_CACHE)), the binaries from bin/.
 IMAGE_TAG ?= ghcr.io/podnet/podnet:$(VERSION)
 IMAGE := bin/podnet-image.tar
-image: bin/podnet bin/loopback bin/proxyd bin/dnsd
+image: bin/podnet bin/loopback bin/portmap bin/proxyd bin/dnsd
 	$(GO) run ./e2e/cmd/mkimage --dockerfile Dockerfile --tag $(IMAGE_TAG) --out $(IMAGE) --cache-dir $(APISERVER_CACHE)
 
 # Unit tests (no root needed) and root tests of single packages, then the

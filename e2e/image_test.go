@@ -120,7 +120,7 @@ func TestImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cf.Config.User != spec.User || !slices.Equal(cf.Config.Entrypoint, spec.Entrypoint) {
+	if cf.Config.User != spec.User || !slices.Equal(cf.Config.Entrypoint, spec.Entrypoint) || !slices.Equal(cf.Config.Cmd, spec.Cmd) {
 		t.Errorf("config user %q entrypoint %v; the Dockerfile says %q %v", cf.Config.User, cf.Config.Entrypoint, spec.User, spec.Entrypoint)
 	}
 

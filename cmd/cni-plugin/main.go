@@ -6,6 +6,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/spf13/pflag"
@@ -30,7 +31,7 @@ func runCLI(args []string) int {
 	var o cni.InstallOptions
 	fs.StringVar(&o.BinDir, "cni-bin-dir", "/opt/cni/bin", "install: directory to copy the plugin binary to")
 	fs.StringVar(&o.ConfDir, "cni-conf-dir", "/etc/cni/net.d", "install: directory to write "+cni.ConflistName+" to")
-	fs.StringVar(&o.Loopback, "loopback", "", "install: the "+cni.LoopbackName+" plugin to install when --cni-bin-dir has none (default: "+cni.LoopbackName+" beside this binary)")
+	fs.StringVar(&o.ReferencePluginDir, "reference-plugins-dir", "", "install: where the CNI reference plugins "+strings.Join(cni.ReferencePlugins, " and ")+" are, installed when --cni-bin-dir lacks them (default: beside this binary)")
 	fs.StringVar(&o.Bridge, "bridge", "", "install: bridge field of the conflist (plugin default "+cni.DefaultBridge+")")
 	fs.StringVar(&o.NodeConfig, "node-config", "", "install: nodeConfig field of the conflist (plugin default "+nodeconfig.DefaultPath+")")
 	fs.StringVar(&o.DataDir, "data-dir", "", "install: dataDir field of the conflist (plugin default "+cni.DefaultDataDir+")")
@@ -40,7 +41,7 @@ func runCLI(args []string) int {
 	fs.Usage = func() {
 		fmt.Fprintf(os.Stderr, "podnet %s: the podnet CNI plugin.\n\n", version.String())
 		fmt.Fprintln(os.Stderr, "Exec'd by a container runtime with CNI_COMMAND set, it runs that CNI verb")
-		fmt.Fprintf(os.Stderr, "(CNI versions %v).\n\nUsage:\n  podnet install [flags]   copy the plugin (and loopback) and write its conflist\n  podnet --version\n\nFlags:\n", cni.VersionInfo.SupportedVersions())
+		fmt.Fprintf(os.Stderr, "(CNI versions %v).\n\nUsage:\n  podnet install [flags]   copy the plugin (and loopback, portmap) and write its conflist\n  podnet --version\n\nFlags:\n", cni.VersionInfo.SupportedVersions())
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

@@ -136,11 +136,13 @@ func TestPluginBinaryCLI(t *testing.T) {
 	if _, err := os.Stat(dir + "/net.d/" + ConflistName); err != nil {
 		t.Error(err)
 	}
-	// The installed loopback is the reference plugin, ready to be exec'd.
-	cmd := exec.Command(dir + "/bin/" + LoopbackName)
-	cmd.Env = []string{"CNI_COMMAND=VERSION"}
-	cmd.Stdin = strings.NewReader(`{"cniVersion":"0.4.0"}`)
-	if out, err := cmd.Output(); err != nil || !strings.Contains(string(out), `"supportedVersions"`) {
-		t.Errorf("installed loopback answers VERSION with %q, %v", out, err)
+	// The installed reference plugins are real ones, ready to be exec'd.
+	for _, name := range ReferencePlugins {
+		cmd := exec.Command(dir + "/bin/" + name)
+		cmd.Env = []string{"CNI_COMMAND=VERSION"}
+		cmd.Stdin = strings.NewReader(`{"cniVersion":"0.4.0"}`)
+		if out, err := cmd.Output(); err != nil || !strings.Contains(string(out), `"supportedVersions"`) {
+			t.Errorf("installed %s answers VERSION with %q, %v", name, out, err)
+		}
 	}
 }

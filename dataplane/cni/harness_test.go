@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -45,13 +46,16 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// loopbackPackage is the reference loopback plugin the Makefile builds into
-// bin/ and `podnet install` installs beside podnet.
-const loopbackPackage = "github.com/containernetworking/plugins/plugins/main/loopback"
+// referencePackages are the reference plugins the Makefile builds into bin/
+// and `podnet install` installs beside podnet.
+var referencePackages = map[string]string{
+	LoopbackName: "github.com/containernetworking/plugins/plugins/main/loopback",
+	PortmapName:  "github.com/containernetworking/plugins/plugins/meta/portmap",
+}
 
-// pluginDir returns a directory holding the podnet binary and the loopback
-// plugin: $PODNET_BIN (the Makefile's bin/) if it has podnet, else fresh
-// `go build`s of cmd/cni-plugin and loopback.
+// pluginDir returns a directory holding the podnet binary and the reference
+// plugins: $PODNET_BIN (the Makefile's bin/) if it has podnet, else fresh
+// `go build`s of cmd/cni-plugin and referencePackages.
 func pluginDir(t testing.TB) string {
 	t.Helper()
 	if d := os.Getenv("PODNET_BIN"); d != "" {
@@ -69,10 +73,9 @@ func pluginDir(t testing.TB) string {
 			return
 		}
 		buildDir = filepath.Join(tmpRoot, "bin")
-		for name, pkg := range map[string]string{
-			"podnet":     "github.com/podnet/podnet/cmd/cni-plugin",
-			LoopbackName: loopbackPackage,
-		} {
+		pkgs := map[string]string{"podnet": "github.com/podnet/podnet/cmd/cni-plugin"}
+		maps.Copy(pkgs, referencePackages)
+		for name, pkg := range pkgs {
 			out, err := exec.Command("go", "build", "-o", filepath.Join(buildDir, name), pkg).CombinedOutput()
 			if err != nil {
 				buildErr = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)

@@ -21,6 +21,15 @@ const ConflistName = "10-podnet.conflist"
 // the conflist says, and fails the sandbox when it is missing.
 const LoopbackName = "loopback"
 
+// PortmapName is the CNI reference plugin chained after podnet in the
+// conflist: it maps a pod's hostPorts (the runtime passes them as the
+// portMappings capability), which podnet itself does not.
+const PortmapName = "portmap"
+
+// ReferencePlugins are the CNI reference plugins Install puts beside podnet
+// when the node has none of its own.
+var ReferencePlugins = []string{LoopbackName, PortmapName}
+
 // ConflistVersion is the cniVersion of the installed conflist: the version a
 // runtime uses when it does not read cniVersions. libcni 1.1 (containerd 1.6
 // and 1.7) rejects the result of any version above 1.0.0, and runtimes on
@@ -37,11 +46,11 @@ var ConflistVersions = []string{"0.3.1", ConflistVersion, "1.0.0", "1.1.0"}
 type InstallOptions struct {
 	// Self is the binary to copy; os.Executable() if empty.
 	Self string
-	// Loopback is the loopback plugin binary to install when BinDir has
-	// none; LoopbackName beside Self if empty.
-	Loopback string
-	BinDir   string
-	ConfDir  string
+	// ReferencePluginDir holds the ReferencePlugins to install where BinDir
+	// has none; the directory of Self if empty.
+	ReferencePluginDir string
+	BinDir             string
+	ConfDir            string
 	// Plugin fields written into the conflist entry; empty ones are left
 	// out so the plugin's defaults apply.
 	Bridge     string
@@ -51,9 +60,9 @@ type InstallOptions struct {
 	LogFormat  string
 }
 
-// Install copies the plugin binary to BinDir/podnet, the loopback plugin to
-// BinDir/loopback unless the node already has one (its own CNI plugins stay
-// as they are), and writes ConfDir/10-podnet.conflist, each atomically
+// Install copies the plugin binary to BinDir/podnet, each of the
+// ReferencePlugins the node does not have yet (its own CNI plugins stay as
+// they are), and writes ConfDir/10-podnet.conflist, each atomically
 // (write, fsync, rename) and only when the content differs, so running it on
 // every pod start is harmless. It returns the paths it changed.
 func Install(o InstallOptions) ([]string, error) {
@@ -78,19 +87,22 @@ func Install(o InstallOptions) ([]string, error) {
 		perm os.FileMode
 	}
 	files := []file{{filepath.Join(o.BinDir, "podnet"), bin, 0o755}}
-	loopback := filepath.Join(o.BinDir, LoopbackName)
-	if _, err := os.Stat(loopback); errors.Is(err, fs.ErrNotExist) {
-		src := o.Loopback
-		if src == "" {
-			src = filepath.Join(filepath.Dir(self), LoopbackName)
+	srcDir := o.ReferencePluginDir
+	if srcDir == "" {
+		srcDir = filepath.Dir(self)
+	}
+	for _, name := range ReferencePlugins {
+		dst := filepath.Join(o.BinDir, name)
+		if _, err := os.Stat(dst); err == nil {
+			continue
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("look for %s: %w", dst, err)
 		}
-		data, err := os.ReadFile(src)
+		data, err := os.ReadFile(filepath.Join(srcDir, name))
 		if err != nil {
-			return nil, fmt.Errorf("read the loopback plugin to install (%s has none; container runtimes need it): %w", o.BinDir, err)
+			return nil, fmt.Errorf("read the %s plugin to install (%s has none): %w", name, o.BinDir, err)
 		}
-		files = append(files, file{loopback, data, 0o755})
-	} else if err != nil {
-		return nil, fmt.Errorf("look for %s: %w", loopback, err)
+		files = append(files, file{dst, data, 0o755})
 	}
 	files = append(files, file{filepath.Join(o.ConfDir, ConflistName), conf, 0o644})
 	var changed []string
@@ -120,7 +132,7 @@ func Conflist(o InstallOptions) ([]byte, error) {
 		"cniVersion":  ConflistVersion,
 		"cniVersions": ConflistVersions,
 		"name":        "podnet",
-		"plugins":     []any{plugin},
+		"plugins":     []any{plugin, map[string]any{"type": PortmapName, "capabilities": map[string]bool{"portMappings": true}}},
 	}
 	data, err := json.MarshalIndent(list, "", "  ")
 	if err != nil {

@@ -18,19 +18,23 @@ func TestInstallIsAtomicAndIdempotent(t *testing.T) {
 	if err := os.WriteFile(self, []byte("binary v1"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, LoopbackName), []byte("loopback v1"), 0o755); err != nil {
-		t.Fatal(err)
+	for _, name := range ReferencePlugins {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(name+" v1"), 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	o := InstallOptions{Self: self, BinDir: filepath.Join(dir, "bin"), ConfDir: filepath.Join(dir, "net.d"), NodeConfig: "/run/x/node.json"}
 	changed, err := Install(o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(changed) != 3 {
-		t.Errorf("first install changed %v, want the binary, loopback and the conflist", changed)
+	if len(changed) != 4 {
+		t.Errorf("first install changed %v, want the binary, loopback, portmap and the conflist", changed)
 	}
-	if lo, err := os.ReadFile(filepath.Join(o.BinDir, LoopbackName)); err != nil || string(lo) != "loopback v1" {
-		t.Errorf("installed loopback %q, %v; want the one beside the binary", lo, err)
+	for _, name := range ReferencePlugins {
+		if got, err := os.ReadFile(filepath.Join(o.BinDir, name)); err != nil || string(got) != name+" v1" {
+			t.Errorf("installed %s %q, %v; want the one beside the binary", name, got, err)
+		}
 	}
 	bin, err := os.ReadFile(filepath.Join(o.BinDir, "podnet"))
 	if err != nil || !bytes.Equal(bin, []byte("binary v1")) {
@@ -44,8 +48,12 @@ func TestInstallIsAtomicAndIdempotent(t *testing.T) {
 		t.Fatal(err)
 	}
 	// libcni 1.3 reads cniVersions and picks the highest it speaks.
-	if list.CNIVersion != "1.1.0" || list.Name != "podnet" || len(list.Plugins) != 1 || list.Plugins[0].Network.Type != "podnet" {
+	if list.CNIVersion != "1.1.0" || list.Name != "podnet" || len(list.Plugins) != 2 || list.Plugins[0].Network.Type != "podnet" {
 		t.Errorf("conflist %+v", list)
+	}
+	// hostPorts: portmap chained after podnet, asking the runtime for them.
+	if len(list.Plugins) == 2 && (list.Plugins[1].Network.Type != PortmapName || !list.Plugins[1].Network.Capabilities["portMappings"]) {
+		t.Errorf("second plugin %+v, want portmap with the portMappings capability", list.Plugins[1].Network)
 	}
 	var plugin map[string]any
 	json.Unmarshal(list.Plugins[0].Bytes, &plugin)
@@ -119,10 +127,11 @@ func TestConflistVersions(t *testing.T) {
 	}
 }
 
-// TestInstallKeepsTheNodesLoopback: a loopback already in the bin dir (the
-// node's own CNI plugins) is left alone, and no loopback to copy is then no
-// error; with neither, install fails and says so before writing anything.
-func TestInstallKeepsTheNodesLoopback(t *testing.T) {
+// TestInstallKeepsTheNodesReferencePlugins: a loopback or portmap already in
+// the bin dir (the node's own CNI plugins) is left alone, and none to copy is
+// then no error; with neither, install fails and says so before writing
+// anything.
+func TestInstallKeepsTheNodesReferencePlugins(t *testing.T) {
 	dir := t.TempDir()
 	self := filepath.Join(dir, "self")
 	if err := os.WriteFile(self, []byte("binary"), 0o755); err != nil {
@@ -145,11 +154,14 @@ func TestInstallKeepsTheNodesLoopback(t *testing.T) {
 	if err := os.WriteFile(nodes, []byte("the node's loopback"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	other := filepath.Join(dir, "other-loopback")
-	if err := os.WriteFile(other, []byte("podnet's loopback"), 0o755); err != nil {
+	// podnet's own: only portmap, which the node lacks, is taken from here.
+	o.ReferencePluginDir = filepath.Join(dir, "podnet-plugins")
+	if err := os.MkdirAll(o.ReferencePluginDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	o.Loopback = other
+	if err := os.WriteFile(filepath.Join(o.ReferencePluginDir, PortmapName), []byte("podnet's portmap"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	changed, err := Install(o)
 	if err != nil {
 		t.Fatal(err)
@@ -159,5 +171,8 @@ func TestInstallKeepsTheNodesLoopback(t *testing.T) {
 	}
 	if got, _ := os.ReadFile(nodes); string(got) != "the node's loopback" {
 		t.Errorf("loopback now %q", got)
+	}
+	if got, _ := os.ReadFile(filepath.Join(o.BinDir, PortmapName)); string(got) != "podnet's portmap" {
+		t.Errorf("portmap %q, want podnet's", got)
 	}
 }

@@ -81,6 +81,7 @@ func Build(ctx context.Context, o BuildOptions) error {
 	cf = cf.DeepCopy()
 	cf.Architecture, cf.OS = "amd64", "linux"
 	cf.Config.Entrypoint = o.Spec.Entrypoint
+	cf.Config.Cmd = o.Spec.Cmd
 	cf.Config.User = o.Spec.User
 	cf.Config.WorkingDir = "/"
 	cf.Config.Env = append([]string{debianDefaultPath}, o.Spec.Env...)

@@ -23,8 +23,9 @@ type Spec struct {
 	Packages []string
 	Files    []File
 	User     string
-	// Entrypoint in exec form.
+	// Entrypoint and Cmd (its default arguments) in exec form.
 	Entrypoint []string
+	Cmd        []string
 	Env        []string
 }
 
@@ -89,6 +90,10 @@ func ParseDockerfile(text string) (Spec, error) {
 		case "ENTRYPOINT":
 			if err = json.Unmarshal([]byte(in.args), &spec.Entrypoint); err != nil {
 				err = fmt.Errorf("ENTRYPOINT must be in exec form (a JSON list): %w", err)
+			}
+		case "CMD":
+			if err = json.Unmarshal([]byte(in.args), &spec.Cmd); err != nil {
+				err = fmt.Errorf("CMD must be in exec form (a JSON list): %w", err)
 			}
 		default:
 			err = fmt.Errorf("make image does not support %s in the final stage", in.op)

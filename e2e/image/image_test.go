@@ -37,7 +37,7 @@ func TestDockerfileSpec(t *testing.T) {
 			t.Errorf("packages %v lack %s", spec.Packages, p)
 		}
 	}
-	for _, b := range []string{"podnet", "loopback", "proxyd", "dnsd"} {
+	for _, b := range []string{"podnet", "loopback", "portmap", "proxyd", "dnsd"} {
 		want := File{Src: "bin/" + b, Dst: "/usr/local/bin/" + b, Mode: 0o755}
 		if !slices.Contains(spec.Files, want) {
 			t.Errorf("files %v lack %v", spec.Files, want)
@@ -77,6 +77,7 @@ RUN apt-get update \
 COPY --from=build /src/bin/a /src/bin/b /usr/local/bin/
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/a", "--flag"]
+CMD ["serve"]
 `
 	spec, err := ParseDockerfile(dockerfile)
 	if err != nil {
@@ -99,8 +100,8 @@ ENTRYPOINT ["/usr/local/bin/a", "--flag"]
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cf.Config.User != "65532:65532" || !slices.Equal(cf.Config.Entrypoint, []string{"/usr/local/bin/a", "--flag"}) {
-		t.Errorf("config user %q entrypoint %v", cf.Config.User, cf.Config.Entrypoint)
+	if cf.Config.User != "65532:65532" || !slices.Equal(cf.Config.Entrypoint, []string{"/usr/local/bin/a", "--flag"}) || !slices.Equal(cf.Config.Cmd, []string{"serve"}) {
+		t.Errorf("config user %q entrypoint %v cmd %v", cf.Config.User, cf.Config.Entrypoint, cf.Config.Cmd)
 	}
 	layers, err := img.Layers()
 	if err != nil || len(layers) != 2 {
