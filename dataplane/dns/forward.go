@@ -336,6 +336,26 @@ func (f *Forwarder) order() []*upstream {
 	return out
 }
 
+// candidates are the upstreams to try, in policy order. When every one is
+// marked down, as CoreDNS's forward, it takes the health checks for broken
+// and returns them all anyway (but those that loop), so an upstream that
+// is back answers at once rather than after the next check.
+func (f *Forwarder) candidates() []*upstream {
+	ups := f.order()
+	if len(ups) > 0 {
+		return ups
+	}
+	if f.metrics != nil {
+		f.metrics.healthcheckBroken.Inc()
+	}
+	for _, u := range f.ups {
+		if !u.loop.Load() {
+			ups = append(ups, u)
+		}
+	}
+	return ups
+}
+
 // Exchange forwards q and returns the first good answer, trying the
 // upstreams in policy order, again and again (up to three rounds) while the
 // deadline allows, so one lost datagram does not fail the query. SERVFAIL
@@ -351,22 +371,9 @@ func (f *Forwarder) Exchange(ctx context.Context, q *mdns.Msg) (*mdns.Msg, error
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.opts.Deadline)
 	defer cancel()
-	ups := f.order()
+	ups := f.candidates()
 	if len(ups) == 0 {
-		// Every upstream is marked down: as CoreDNS's forward, take the
-		// health checks for broken and try them anyway, so an upstream
-		// that is back answers at once rather than after the next check.
-		if f.metrics != nil {
-			f.metrics.healthcheckBroken.Inc()
-		}
-		for _, u := range f.ups {
-			if !u.loop.Load() {
-				ups = append(ups, u)
-			}
-		}
-		if len(ups) == 0 {
-			return nil, ErrNoUpstream
-		}
+		return nil, ErrNoUpstream
 	}
 	deadline, _ := ctx.Deadline()
 	var (

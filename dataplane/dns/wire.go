@@ -83,6 +83,7 @@ func (r *request) opcode() int { return int(r.flags>>11) & 0xF }
 // BenchmarkParse (one more call and bounds check per part).
 //
 //gocyclo:ignore
+//funclen:ignore
 func parseRequest(pkt []byte, lowerBuf []byte, r *request) error {
 	if len(pkt) < headerLen {
 		return errMalformed
