@@ -46,7 +46,7 @@ if [ "$rc" -ne 0 ]; then
 	cat "$out" >&2
 	exit "$rc"
 fi
-grep -E '^(\||$)' "$out"
+grep -E '^(\||$|[0-9]+ interleaved rounds)' "$out"
 
 # A real proxyd's memory at 10,000 Services × 10 endpoints, both modes, on a
 # lab node (needs the binaries: make build).

@@ -143,10 +143,24 @@ func BenchmarkServicesAtScale(b *testing.B) {
 			res.Rules["services"], res.Rules["backends"], float64(mem)/(1<<20))
 	}
 
-	// Connect latency through socket LB against the pod address itself,
-	// from a client process in the cgroup (loopback inside one namespace:
-	// what is measured is the connect path, hooks included); the Service
-	// asked is the last of the set.
+	connectLatencyRounds(b)
+}
+
+// connectLatencyRounds measures connect latency through socket LB against
+// the pod address itself, from a client process in the cgroup (loopback
+// inside one namespace: what is measured is the connect path, hooks
+// included), at 10 and at 10,000 Services; the Service asked is the last
+// of the set. The four variants run in interleaved rounds (the order of
+// the sizes and of ClusterIP and pod IP flips each round) so the load of a
+// shared machine hits them alike; it prints the median over rounds of each
+// round's p50 and p99, and the median of the per-round ratios, which pair
+// variants measured seconds apart.
+func connectLatencyRounds(b *testing.B) {
+	rounds := 5
+	if r, err := strconv.Atoi(os.Getenv("PODNET_BENCH_CONNECT_ROUNDS")); err == nil && r > 0 {
+		rounds = r
+	}
+	const eps, connects = 10, 2000
 	e := newSockEnv(b)
 	dp, err := Open(e.pinDir, e.cgroup)
 	if err != nil {
@@ -154,23 +168,77 @@ func BenchmarkServicesAtScale(b *testing.B) {
 	}
 	defer dp.Close()
 	sy := NewSyncer(dp.Maps, nil)
-	fmt.Printf("\n| mode | Services | to | connect p50 | connect p99 |\n|---|---|---|---|---|\n")
-	for _, n := range []int{10, 10000} {
-		if _, err := sy.Sync(benchPorts(n, eps), nil, true); err != nil {
-			b.Fatal(err)
+	type variant struct {
+		services int
+		cluster  bool
+	}
+	lat := map[variant][][2]time.Duration{} // per round: p50, p99
+	for r := range rounds {
+		sizes := []int{10, 10000}
+		if r%2 == 1 {
+			slices.Reverse(sizes)
 		}
-		vip := benchVIP(n-1) + ":80"
-		for _, to := range []string{vip, "10.244.1.2:8080"} {
-			e.client(true, "lat "+to+" 200") // warm up
-			f := strings.Fields(e.client(true, "lat "+to+" 2000")[0])
-			if len(f) != 3 || f[0] != "ok" {
-				b.Fatalf("latency client: %v", f)
+		for _, n := range sizes {
+			if _, err := sy.Sync(benchPorts(n, eps), nil, true); err != nil {
+				b.Fatal(err)
 			}
-			what := "ClusterIP"
-			if to != vip {
-				what = "pod IP directly"
+			vip, pod := benchVIP(n-1)+":80", "10.244.1.2:8080"
+			order := []string{vip, pod}
+			if r%2 == 1 {
+				slices.Reverse(order)
 			}
-			fmt.Printf("| ebpf | %d | %s | %s | %s |\n", n, what, f[1], f[2])
+			var ops []string
+			for _, to := range order {
+				ops = append(ops, "lat "+to+" 200", fmt.Sprintf("lat %s %d", to, connects)) // warm-up, then the measured run
+			}
+			out := e.client(true, ops...)
+			for i, to := range order {
+				f := strings.Fields(out[2*i+1])
+				if len(f) != 3 || f[0] != "ok" {
+					b.Fatalf("latency client: %v", out)
+				}
+				p50, err1 := time.ParseDuration(f[1])
+				p99, err2 := time.ParseDuration(f[2])
+				if err1 != nil || err2 != nil {
+					b.Fatalf("latency client: %v", f)
+				}
+				v := variant{n, to == vip}
+				lat[v] = append(lat[v], [2]time.Duration{p50, p99})
+			}
 		}
 	}
+	at := func(v variant, q int) []time.Duration {
+		var d []time.Duration
+		for _, l := range lat[v] {
+			d = append(d, l[q])
+		}
+		return d
+	}
+	us := func(d time.Duration) string { return fmt.Sprintf("%.1f µs", float64(d.Nanoseconds())/1000) }
+	fmt.Printf("\n%d interleaved rounds of %d connects (after 200 warm-up) per variant\n\n", rounds, connects)
+	fmt.Printf("| mode | Services | to | connect p50 | connect p99 | p50 of each round |\n|---|---|---|---|---|---|\n")
+	for _, v := range []variant{{10, true}, {10, false}, {10000, true}, {10000, false}} {
+		what := "ClusterIP"
+		if !v.cluster {
+			what = "pod IP directly"
+		}
+		var each []string
+		for _, d := range at(v, 0) {
+			each = append(each, fmt.Sprintf("%.0f", float64(d.Nanoseconds())/1000))
+		}
+		fmt.Printf("| ebpf | %d | %s | %s | %s | %s |\n", v.services, what, us(medianOf(at(v, 0))), us(medianOf(at(v, 1))), strings.Join(each, " "))
+	}
+	ratio := func(num, den variant, q int) string {
+		a, c := at(num, q), at(den, q)
+		var rs []float64
+		for i := range a {
+			rs = append(rs, float64(a[i])/float64(c[i]))
+		}
+		slices.Sort(rs)
+		return fmt.Sprintf("%.3f× (rounds %.2f–%.2f)", rs[len(rs)/2], rs[0], rs[len(rs)-1])
+	}
+	fmt.Printf("\n| ratio (median of the rounds' ratios) | p50 | p99 | target |\n|---|---|---|---|\n")
+	fmt.Printf("| ClusterIP at 10,000 / ClusterIP at 10 | %s | %s | ≤ 1.05× |\n", ratio(variant{10000, true}, variant{10, true}, 0), ratio(variant{10000, true}, variant{10, true}, 1))
+	fmt.Printf("| ClusterIP at 10,000 / pod IP at 10,000 | %s | %s | ≤ 1.1× |\n", ratio(variant{10000, true}, variant{10000, false}, 0), ratio(variant{10000, true}, variant{10000, false}, 1))
+	fmt.Printf("| pod IP at 10,000 / pod IP at 10 (the noise floor) | %s | %s | — |\n", ratio(variant{10000, false}, variant{10, false}, 0), ratio(variant{10000, false}, variant{10, false}, 1))
 }

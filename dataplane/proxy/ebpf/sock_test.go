@@ -192,7 +192,7 @@ func connectLatency(nsPath, addr string, n int) string {
 		return "err " + err.Error()
 	}
 	slices.Sort(d)
-	return fmt.Sprintf("ok %dµs %dµs", d[len(d)/2].Microseconds(), d[len(d)*99/100].Microseconds())
+	return fmt.Sprintf("ok %s %s", d[len(d)/2], d[len(d)*99/100])
 }
 
 func clientOnce(kind, addr string) (string, error) {
