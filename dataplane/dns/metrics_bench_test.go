@@ -1,0 +1,39 @@
+package dns
+
+import (
+	"context"
+	"testing"
+
+	mdns "github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// BenchmarkServeMetrics is the cost of CoreDNS-style counting on the query
+// path: the same cluster A query without and with Metrics, side by side
+// (one query in eight also reads the clock for the latency histogram).
+func BenchmarkServeMetrics(b *testing.B) {
+	z := NewZone(testState(), ZoneOptions{ShortNames: true})
+	z.Flush()
+	q := new(mdns.Msg)
+	q.SetQuestion("svc1.testns.svc.cluster.local.", mdns.TypeA)
+	pkt, _ := q.Pack()
+	for _, c := range []struct {
+		name string
+		m    *Metrics
+	}{
+		{"off", nil},
+		{"on", NewMetrics(prometheus.NewRegistry(), z, nil, nil)},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			s := NewServer(ServerOptions{Zone: z, Metrics: c.m})
+			sc := s.pool.Get().(*scratch)
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if resp, _ := s.serve(ctx, pkt, sc, false, false); resp == nil {
+					b.Fatal("no answer")
+				}
+			}
+		})
+	}
+}
