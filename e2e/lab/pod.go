@@ -50,7 +50,10 @@ func (n *Node) NetworkConfList() []byte {
 			"nodeConfig": n.NodeConfigPath(),
 			"dataDir":    filepath.Join(n.Dir, "ipam"),
 			"logFile":    filepath.Join(n.Dir, "cni.log"),
-		}},
+		},
+			// as `podnet install` chains it, for hostPorts
+			map[string]any{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}},
+		},
 	}
 	data, _ := json.Marshal(conf) // maps of strings always encode
 	return data
@@ -64,10 +67,19 @@ func (n *Node) cni(stderr *syncBuffer) *libcni.CNIConfig {
 	return libcni.NewCNIConfigWithCacheDir([]string{n.lab.BinDir}, filepath.Join(n.Dir, "cni-cache"), exec)
 }
 
+// PortMapping is a pod's hostPort, as a runtime passes it to the plugins
+// with the portMappings capability.
+type PortMapping struct {
+	HostPort      int    `json:"hostPort"`
+	ContainerPort int    `json:"containerPort"`
+	Protocol      string `json:"protocol"` // "tcp" or "udp"
+}
+
 // AddPod creates the namespace of pod name and attaches it to the node by
 // calling the CNI plugin with ADD, from inside the node's namespace, the way
-// a container runtime does. The pod's interface is eth0.
-func (n *Node) AddPod(ctx context.Context, name string) (*Pod, error) {
+// a container runtime does. The pod's interface is eth0; ports are its
+// hostPorts.
+func (n *Node) AddPod(ctx context.Context, name string, ports ...PortMapping) (*Pod, error) {
 	if err := validName("pod name", name); err != nil {
 		return nil, err
 	}
@@ -85,6 +97,9 @@ func (n *Node) AddPod(ctx context.Context, name string) (*Pod, error) {
 			{"K8S_POD_NAME", name},
 			{"K8S_POD_INFRA_CONTAINER_ID", p.ContainerID},
 		},
+	}
+	if len(ports) > 0 {
+		p.rt.CapabilityArgs = map[string]any{"portMappings": ports}
 	}
 	l.mu.Lock()
 	if l.closed {
