@@ -172,27 +172,36 @@ func result(answer []byte, err error) string {
 	return "ok " + strings.TrimSpace(string(answer))
 }
 
-// connectLatency connects n times to addr and reports "ok P50 P99".
-func connectLatency(nsPath, addr string, n int) string {
-	var d []time.Duration
+// connectLatency connects n times to each of addrs (comma-separated),
+// alternating between them connect by connect so that the machine's noise
+// hits them alike, and reports "ok P50 P99" for each, one line per address.
+func connectLatency(nsPath, addrs string, n int) string {
+	to := strings.Split(addrs, ",")
+	d := make([][]time.Duration, len(to))
 	err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
 		for range n {
-			start := time.Now()
-			c, err := net.DialTimeout("tcp4", addr, 2*time.Second)
-			if err != nil {
-				return err
+			for i, addr := range to {
+				start := time.Now()
+				c, err := net.DialTimeout("tcp4", addr, 2*time.Second)
+				if err != nil {
+					return err
+				}
+				d[i] = append(d[i], time.Since(start))
+				c.(*net.TCPConn).SetLinger(0)
+				c.Close()
 			}
-			d = append(d, time.Since(start))
-			c.(*net.TCPConn).SetLinger(0)
-			c.Close()
 		}
 		return nil
 	})
 	if err != nil {
 		return "err " + err.Error()
 	}
-	slices.Sort(d)
-	return fmt.Sprintf("ok %s %s", d[len(d)/2], d[len(d)*99/100])
+	var lines []string
+	for _, x := range d {
+		slices.Sort(x)
+		lines = append(lines, fmt.Sprintf("ok %s %s", x[len(x)/2], x[len(x)*99/100]))
+	}
+	return strings.Join(lines, "\n")
 }
 
 func clientOnce(kind, addr string) (string, error) {
