@@ -29,12 +29,9 @@ func startDnsmasq(t *testing.T, domain, addr string) int {
 	return port
 }
 
-// TestDnsdConfigFile: dnsd takes upstreams, stub domains and host records
-// from its config file, and applies a changed file while it answers, with
-// no query lost.
-func TestDnsdConfigFile(t *testing.T) {
-	bin := dnsdBinary(t)
-	dir := t.TempDir()
+// dnsStateDir writes dnsTestState into dir/state and returns that directory.
+func dnsStateDir(t *testing.T, dir string) string {
+	t.Helper()
 	state := filepath.Join(dir, "state")
 	if err := os.MkdirAll(state, 0o755); err != nil {
 		t.Fatal(err)
@@ -42,6 +39,16 @@ func TestDnsdConfigFile(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(state, "cluster.yaml"), []byte(dnsTestState), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return state
+}
+
+// TestDnsdConfigFile: dnsd takes upstreams, stub domains and host records
+// from its config file, and applies a changed file while it answers, with
+// no query lost.
+func TestDnsdConfigFile(t *testing.T) {
+	bin := dnsdBinary(t)
+	dir := t.TempDir()
+	state := dnsStateDir(t, dir)
 	flagUp := startDnsmasq(t, "example.test", "192.0.2.1")              // --upstream
 	fileUp := startDnsmasq(t, "example.test/corp.example", "192.0.2.2") // upstreamNameservers
 	stubUp := startDnsmasq(t, "corp.example", "10.1.0.1")               // stubDomains

@@ -83,22 +83,8 @@ items:
 // running, metrics, and a clean exit on SIGTERM.
 func TestDnsdProcess(t *testing.T) {
 	bin := dnsdBinary(t)
-	dir := t.TempDir()
-	state := filepath.Join(dir, "state")
-	if err := os.MkdirAll(state, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(state, "cluster.yaml"), []byte(dnsTestState), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	upPort := dnsLoopbackPort(t)
-	dm := exec.Command("dnsmasq", "--no-daemon", "--no-resolv", "--no-hosts", "--bind-interfaces", "--listen-address=127.0.0.1",
-		fmt.Sprintf("--port=%d", upPort), "--address=/example.test/192.0.2.1", "--user="+dnsUserName(), "--pid-file=")
-	dm.Stderr = io.Discard
-	if err := dm.Start(); err != nil {
-		t.Skipf("dnsmasq: %v (scripts/deps.sh installs dnsmasq-base)", err)
-	}
-	t.Cleanup(func() { dm.Process.Kill(); dm.Wait() })
+	state := dnsStateDir(t, t.TempDir())
+	upPort := startDnsmasq(t, "example.test", "192.0.2.1")
 
 	d := startDnsd(t, bin, state, "--upstream", fmt.Sprintf("127.0.0.1:%d", upPort))
 	d.waitReady(t)

@@ -1,14 +1,9 @@
 package main
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"os"
 	"text/tabwriter"
-
-	"github.com/spf13/pflag"
 
 	"github.com/podnet/podnet/dataplane/dns"
 	"github.com/podnet/podnet/dataplane/dns/daemon"
@@ -18,30 +13,17 @@ import (
 // runStatus is `dnsd status`: it asks a running dnsd (its metrics port) for
 // its zones, upstreams and cache, and prints them.
 func runStatus(args []string, stdout io.Writer) int {
-	fs := pflag.NewFlagSet("dnsd status", pflag.ContinueOnError)
-	addr := fs.String("metrics-address", "127.0.0.1:9153", "the metrics address of the dnsd to ask")
-	output := fs.StringP("output", "o", "text", "text or json")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintf(os.Stderr, "dnsd status: %v\n", err)
-		return 2
-	}
-	if *output != "text" && *output != "json" {
-		fmt.Fprintf(os.Stderr, "dnsd status: -o %q: want text or json\n", *output)
-		return 2
+	c, code, ok := status.ParseCommand("dnsd status", "metrics-address", "127.0.0.1:9153", args)
+	if !ok {
+		return code
 	}
 	var r map[string]dns.Status
-	if err := status.Fetch(*addr, &r); err != nil {
-		fmt.Fprintf(os.Stderr, "dnsd status: %v\n", err)
+	if !c.Fetch(&r) {
 		return 1
 	}
 	st := r[daemon.StatusSection]
-	if *output == "json" {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		enc.Encode(st)
+	if c.JSON {
+		status.PrintJSON(stdout, st)
 		return 0
 	}
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)

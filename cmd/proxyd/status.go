@@ -1,17 +1,12 @@
 package main
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
-
-	"github.com/spf13/pflag"
 
 	"github.com/podnet/podnet/dataplane/agent"
 	"github.com/podnet/podnet/dataplane/proxy"
@@ -28,29 +23,16 @@ type statusReport struct {
 // runStatus is `proxyd status`: it asks the proxyd running on this node
 // (its metrics port) what it has programmed and prints it.
 func runStatus(args []string, stdout io.Writer) int {
-	fs := pflag.NewFlagSet("proxyd status", pflag.ContinueOnError)
-	addr := fs.String("metrics-bind-address", "127.0.0.1:10249", "the metrics address of the proxyd to ask")
-	output := fs.StringP("output", "o", "text", "text or json")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintf(os.Stderr, "proxyd status: %v\n", err)
-		return 2
-	}
-	if *output != "text" && *output != "json" {
-		fmt.Fprintf(os.Stderr, "proxyd status: -o %q: want text or json\n", *output)
-		return 2
+	c, code, ok := status.ParseCommand("proxyd status", "metrics-bind-address", "127.0.0.1:10249", args)
+	if !ok {
+		return code
 	}
 	var r statusReport
-	if err := status.Fetch(*addr, &r); err != nil {
-		fmt.Fprintf(os.Stderr, "proxyd status: %v\n", err)
+	if !c.Fetch(&r) {
 		return 1
 	}
-	if *output == "json" {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		enc.Encode(r)
+	if c.JSON {
+		status.PrintJSON(stdout, r)
 		return 0
 	}
 	printStatus(stdout, r, time.Now())

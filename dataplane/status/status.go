@@ -6,12 +6,16 @@ package status
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/spf13/pflag"
 )
 
 // Path is where a daemon serves its Board.
@@ -79,4 +83,51 @@ func Fetch(addr string, out any) error {
 		return fmt.Errorf("decode the status of %s: %w", addr, err)
 	}
 	return nil
+}
+
+// Command is what a `status` subcommand's flags ask for.
+type Command struct {
+	Name string // "proxyd status", for messages
+	Addr string // the daemon's metrics address
+	JSON bool   // -o json
+}
+
+// ParseCommand parses a status subcommand's flags: addrFlag (the daemon's
+// metrics address, defaultAddr if not given) and -o text|json. With ok
+// false the command is over and exits with code (usage printed or refused).
+func ParseCommand(name, addrFlag, defaultAddr string, args []string) (c Command, code int, ok bool) {
+	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
+	c.Name = name
+	fs.StringVar(&c.Addr, addrFlag, defaultAddr, "the metrics address of the daemon to ask")
+	output := fs.StringP("output", "o", "text", "text or json")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return c, 0, false
+		}
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return c, 2, false
+	}
+	if *output != "text" && *output != "json" {
+		fmt.Fprintf(os.Stderr, "%s: -o %q: want text or json\n", name, *output)
+		return c, 2, false
+	}
+	c.JSON = *output == "json"
+	return c, 0, true
+}
+
+// Fetch asks the daemon for its board into out; false (reported) when it
+// could not.
+func (c Command) Fetch(out any) bool {
+	if err := Fetch(c.Addr, out); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", c.Name, err)
+		return false
+	}
+	return true
+}
+
+// PrintJSON writes v indented, for -o json.
+func PrintJSON(w io.Writer, v any) {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
 }
