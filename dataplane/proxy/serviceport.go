@@ -42,11 +42,10 @@ type Endpoint struct {
 	Serving     bool
 	Terminating bool
 	// Local is true when the endpoint runs on this node.
-	Local     bool
-	NodeName  string
-	Zone      string
-	HintZones []string
-	HintNodes []string
+	Local    bool
+	NodeName string
+	Zone     string
+	Hints    *cluster.Hints // shared with the EndpointSlice's endpoint
 }
 
 // AddrPort is the endpoint's address and port.
@@ -238,7 +237,7 @@ func collectEndpoints(p cluster.ServicePort, eps []*cluster.EndpointSlice, node 
 				Addr: e.Addresses[0], Port: port,
 				Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating,
 				Local: node.local(e.Addresses[0], e.NodeName), NodeName: e.NodeName, Zone: e.Zone,
-				HintZones: e.HintZones, HintNodes: e.HintNodes,
+				Hints: e.Hints,
 			}
 			if old, ok := byAddr[n.AddrPort()]; ok && (old.Ready || !n.Ready && old.Serving) {
 				continue

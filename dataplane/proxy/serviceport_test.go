@@ -22,8 +22,12 @@ func build(t *testing.T, svc *cluster.Service, node NodeInfo, eps ...tep) *Servi
 	es := &cluster.EndpointSlice{Namespace: "ns", Name: "s-1", ServiceName: svc.Name, AddressType: "IPv4",
 		Ports: []cluster.EndpointPort{{Name: "http", Protocol: cluster.TCP, Port: 8080}}}
 	for _, e := range eps {
-		es.Endpoints = append(es.Endpoints, cluster.Endpoint{Addresses: []netip.Addr{addr(e.ip)}, NodeName: e.node, Zone: e.zone,
-			Ready: e.ready, Serving: e.serving, Terminating: e.terminating, HintZones: e.hintZones, HintNodes: e.hintNodes})
+		ce := cluster.Endpoint{Addresses: []netip.Addr{addr(e.ip)}, NodeName: e.node, Zone: e.zone,
+			Ready: e.ready, Serving: e.serving, Terminating: e.terminating}
+		if e.hintZones != nil || e.hintNodes != nil {
+			ce.Hints = &cluster.Hints{Zones: e.hintZones, Nodes: e.hintNodes}
+		}
+		es.Endpoints = append(es.Endpoints, ce)
 	}
 	sps := BuildServicePorts(svc, []*cluster.EndpointSlice{es}, node)
 	if len(sps) != 1 {

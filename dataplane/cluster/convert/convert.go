@@ -218,12 +218,13 @@ func FromV1EndpointSlice(e *discoveryv1.EndpointSlice) (*cluster.EndpointSlice, 
 		if ep.Conditions.Terminating != nil {
 			c.Terminating = *ep.Conditions.Terminating
 		}
-		if ep.Hints != nil {
+		if ep.Hints != nil && (len(ep.Hints.ForZones) > 0 || len(ep.Hints.ForNodes) > 0) {
+			c.Hints = &cluster.Hints{}
 			for _, z := range ep.Hints.ForZones {
-				c.HintZones = append(c.HintZones, z.Name)
+				c.Hints.Zones = append(c.Hints.Zones, z.Name)
 			}
 			for _, n := range ep.Hints.ForNodes {
-				c.HintNodes = append(c.HintNodes, n.Name)
+				c.Hints.Nodes = append(c.Hints.Nodes, n.Name)
 			}
 		}
 		if ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" {

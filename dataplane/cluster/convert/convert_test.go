@@ -125,7 +125,7 @@ func TestFromV1EndpointSlice(t *testing.T) {
 		Ports:       []cluster.EndpointPort{{Name: "http", Protocol: cluster.TCP, Port: 8080}, {Protocol: cluster.UDP, Port: 53}},
 		Endpoints: []cluster.Endpoint{
 			{Addresses: []netip.Addr{netip.MustParseAddr("10.244.1.5")}, Ready: true, Serving: true, Hostname: "web-0", NodeName: "node1", Zone: "z1",
-				HintZones: []string{"z1"}, HintNodes: []string{"node1"}, TargetPod: "web-0"},
+				Hints: &cluster.Hints{Zones: []string{"z1"}, Nodes: []string{"node1"}}, TargetPod: "web-0"},
 			{Addresses: []netip.Addr{netip.MustParseAddr("10.244.2.5")}},
 			{Addresses: []netip.Addr{netip.MustParseAddr("10.244.3.5")}, Serving: true, Terminating: true},
 			{Addresses: []netip.Addr{netip.MustParseAddr("10.244.4.5")}, Ready: true, Serving: true},
