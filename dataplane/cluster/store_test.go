@@ -100,6 +100,11 @@ func TestStoreIndexesSlicesByService(t *testing.T) {
 	if got := names(api); !slices.Equal(got, []string{"web-2"}) {
 		t.Fatalf("slices of api after relabel: %v", got)
 	}
+	// A changed slice replaces its old self.
+	s.Upsert(&EndpointSlice{Namespace: "default", Name: "web-1", ServiceName: "web", AddressType: "IPv4"})
+	if got := s.EndpointSlicesFor(web); len(got) != 1 || got[0].AddressType != "IPv4" {
+		t.Fatalf("slices of web after an update: %+v", got)
+	}
 	s.Delete(KindEndpointSlice, Key{Namespace: "default", Name: "web-1"})
 	if got := names(web); len(got) != 0 {
 		t.Fatalf("deleted slice still indexed: %v", got)
