@@ -207,6 +207,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	followNodeLeaving(src.Store, o.NodeName, progress)
 	var client kubernetes.Interface
 	if o.Kube != nil {
 		if client, err = kubernetes.NewForConfig(o.Kube); err != nil {

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/podnet/podnet/dataplane/app"
+	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/health"
 	"github.com/podnet/podnet/dataplane/status"
 )
@@ -34,4 +35,17 @@ func endpoints(o Options, reg *prometheus.Registry, p *health.Progress, board *s
 		{Name: "metrics", Addr: o.MetricsAddr, Path: "/proxyMode", Handler: proxyMode},
 		{Name: "metrics", Addr: o.MetricsAddr, Path: status.Path, Handler: board},
 	}
+}
+
+// followNodeLeaving makes /healthz fail while this node is being deleted or
+// drained (its Node says so), as kube-proxy's does, so load balancers move
+// away; /livez is not affected.
+func followNodeLeaving(store *cluster.Store, nodeName string, p *health.Progress) {
+	store.Subscribe(func(ev cluster.Event) {
+		if ev.Kind != cluster.KindNode || ev.Key.Name != nodeName {
+			return
+		}
+		n, _ := ev.New.(*cluster.Node)
+		p.SetNodeLeaving(n == nil || n.Leaving) // deleted: leaving for good
+	})
 }

@@ -9,6 +9,10 @@ const (
 	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
 )
 
+// TaintToBeDeleted is the taint the cluster autoscaler puts on a node it is
+// about to remove.
+const TaintToBeDeleted = "ToBeDeletedByClusterAutoscaler"
+
 // AnnotationTriggerTime is the EndpointSlice annotation the endpoint slice
 // controller sets to the time of the change that caused an update.
 const AnnotationTriggerTime = "endpoints.kubernetes.io/last-change-trigger-time"

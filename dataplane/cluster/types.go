@@ -80,6 +80,11 @@ type Node struct {
 	ExternalIPs []netip.Addr   // status.addresses of type ExternalIP
 	Zone        string         // label topology.kubernetes.io/zone
 	Labels      map[string]string
+	// Leaving is true while the node is being deleted (deletionTimestamp
+	// set) or drained by the cluster autoscaler (taint
+	// ToBeDeletedByClusterAutoscaler): load balancers should stop sending
+	// it traffic, as kube-proxy's /healthz tells them.
+	Leaving bool
 }
 
 func (n *Node) Kind() Kind { return KindNode }

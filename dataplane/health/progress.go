@@ -25,6 +25,9 @@ type Progress struct {
 	// zero when none waits. lastQueued is the newest one.
 	oldestQueued, lastQueued time.Time
 	lastUpdated              time.Time
+	// leaving: the node is being deleted or drained; /healthz fails so
+	// load balancers move away, /livez does not.
+	leaving bool
 
 	healthz, livez *prometheus.CounterVec
 }
@@ -76,6 +79,13 @@ func (p *Progress) Updated(taken time.Time) {
 	p.oldestQueued = time.Time{}
 }
 
+// SetNodeLeaving records whether this node is being deleted or drained.
+func (p *Progress) SetNodeLeaving(leaving bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.leaving = leaving
+}
+
 // State is what /healthz answers.
 type State struct {
 	Healthy bool
@@ -84,13 +94,15 @@ type State struct {
 	LastUpdated time.Time
 	Pending     time.Duration
 	Now         time.Time
+	// NodeEligible is false while the node is being deleted or drained.
+	NodeEligible bool
 }
 
 // State returns the current health.
 func (p *Progress) State() State {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := State{Healthy: true, LastUpdated: p.lastUpdated, Now: p.now()}
+	s := State{Healthy: true, LastUpdated: p.lastUpdated, Now: p.now(), NodeEligible: !p.leaving}
 	if !p.oldestQueued.IsZero() {
 		s.Pending = s.Now.Sub(p.oldestQueued)
 		s.Healthy = s.Pending <= p.timeout
@@ -101,17 +113,17 @@ func (p *Progress) State() State {
 // Healthz serves /healthz as kube-proxy does: 200 or 503 with
 // {"lastUpdated": …, "currentTime": …, "nodeEligible": true}; a healthy
 // answer reports lastUpdated as now, as kube-proxy does for older clients.
-func (p *Progress) Healthz() http.Handler { return p.handler(p.healthz) }
+func (p *Progress) Healthz() http.Handler { return p.handler(p.healthz, true) }
 
 // Livez serves /livez: the same verdict, without the node's eligibility
 // for load balancer traffic.
-func (p *Progress) Livez() http.Handler { return p.handler(p.livez) }
+func (p *Progress) Livez() http.Handler { return p.handler(p.livez, false) }
 
-func (p *Progress) handler(count *prometheus.CounterVec) http.Handler {
+func (p *Progress) handler(count *prometheus.CounterVec, eligibility bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		s := p.State()
 		code := http.StatusOK
-		if !s.Healthy {
+		if !s.Healthy || eligibility && !s.NodeEligible {
 			code = http.StatusServiceUnavailable
 		} else {
 			s.LastUpdated = s.Now
@@ -124,6 +136,6 @@ func (p *Progress) handler(count *prometheus.CounterVec) http.Handler {
 			LastUpdated  string `json:"lastUpdated"`
 			CurrentTime  string `json:"currentTime"`
 			NodeEligible bool   `json:"nodeEligible"`
-		}{s.LastUpdated.Round(0).String(), s.Now.Round(0).String(), true})
+		}{s.LastUpdated.Round(0).String(), s.Now.Round(0).String(), s.NodeEligible})
 	})
 }

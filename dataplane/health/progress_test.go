@@ -68,3 +68,20 @@ func TestProgressAsKubeProxy(t *testing.T) {
 		}
 	}
 }
+
+func TestProgressNodeLeaving(t *testing.T) {
+	p := NewProgress(time.Minute, nil)
+	code := func(h http.Handler) int {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		return rec.Code
+	}
+	p.SetNodeLeaving(true)
+	if code(p.Healthz()) != 503 || code(p.Livez()) != 200 {
+		t.Errorf("node leaving: /healthz %d, /livez %d; want 503 (load balancers move away) and 200 (no restart)", code(p.Healthz()), code(p.Livez()))
+	}
+	p.SetNodeLeaving(false)
+	if code(p.Healthz()) != 200 {
+		t.Errorf("node back: /healthz %d, want 200", code(p.Healthz()))
+	}
+}

@@ -66,7 +66,12 @@ func protocol(p v1.Protocol) cluster.Protocol {
 
 // FromV1Node reduces a v1.Node.
 func FromV1Node(n *v1.Node) (*cluster.Node, error) {
-	out := &cluster.Node{Name: n.Name, Zone: n.Labels[cluster.LabelZone]}
+	out := &cluster.Node{Name: n.Name, Zone: n.Labels[cluster.LabelZone], Leaving: n.DeletionTimestamp != nil}
+	for _, t := range n.Spec.Taints {
+		if t.Key == cluster.TaintToBeDeleted {
+			out.Leaving = true
+		}
+	}
 	if len(n.Labels) > 0 {
 		out.Labels = make(map[string]string, len(n.Labels))
 		for k, v := range n.Labels {

@@ -162,6 +162,14 @@ func TestFromV1NodeAndPod(t *testing.T) {
 	if !reflect.DeepEqual(n, wantNode) {
 		t.Errorf("node: got %+v, want %+v", n, wantNode)
 	}
+	for _, leaving := range []*v1.Node{
+		{ObjectMeta: metav1.ObjectMeta{Name: "d", DeletionTimestamp: &metav1.Time{}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "t"}, Spec: v1.NodeSpec{Taints: []v1.Taint{{Key: cluster.TaintToBeDeleted, Effect: v1.TaintEffectNoSchedule}}}},
+	} {
+		if n, err := FromV1Node(leaving); err != nil || !n.Leaving {
+			t.Errorf("node %s: Leaving %v (%v), want true", leaving.Name, n.Leaving, err)
+		}
+	}
 	p, err := FromV1Pod(&v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "p"},
 		Spec:       v1.PodSpec{Hostname: "h", Subdomain: "s", NodeName: "node1"},
