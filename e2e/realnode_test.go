@@ -412,7 +412,15 @@ func (c *realCluster) waitFor(timeout time.Duration, what string, cond func(cont
 	defer cancel()
 	pods, _ := c.kubectl(ctx, "get", "pods", "-A", "-o", "wide")
 	events, _ := c.kubectl(ctx, "get", "events", "-A")
-	c.t.Fatalf("%s: not after %v (%s)\n%s\n%s", what, timeout, why, pods, events)
+	// podnet's own pods say why they are not up, also from before a restart.
+	var logs strings.Builder
+	for _, q := range [][]string{{"kube-system", "app.kubernetes.io/name=podnet-dns"}, {"podnet-system", "app.kubernetes.io/name=podnet-node"}} {
+		for _, prev := range []string{"--previous=false", "--previous=true"} {
+			out, _ := c.kubectl(ctx, "-n", q[0], "logs", "-l", q[1], "--all-containers", "--prefix", "--tail=15", prev)
+			fmt.Fprintf(&logs, "=== logs %s %s\n%s\n", q[1], prev, out)
+		}
+	}
+	c.t.Fatalf("%s: not after %v (%s)\n%s\n%s\n%s", what, timeout, why, pods, events, logs.String())
 }
 
 // applyYAML applies objects through kubectl.
