@@ -678,7 +678,10 @@ endpoints:
 		// un-NATed SYN_SENT entries (120 s); a later connection from the
 		// same source port would match one and go nowhere, unless proxyd
 		// deletes them when the Service's rules appear.
-		const vip, first, ports = "10.96.1.31:80", 41000, 20
+		// The source ports lie below the ephemeral range (32768-60999), so
+		// no other connection of the client's namespace, live or in
+		// TIME_WAIT, can hold one when the test binds it.
+		const vip, first, ports = "10.96.1.31:80", 21000, 20
 		dial := func(port int, timeout time.Duration) error {
 			return c.inClient(c.c3.NSPath(), func() error {
 				d := net.Dialer{LocalAddr: &net.TCPAddr{Port: port}, Timeout: timeout}
