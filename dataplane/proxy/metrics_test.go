@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -76,13 +77,12 @@ func TestMetricsAsKubeProxy(t *testing.T) {
 	st.Upsert(es)
 	b.wait(t, 3)
 
-	got := metricstest.Scrape(t, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	metricstest.Check(t, got, kubeProxyMetrics, "podnet_proxy_")
-	for _, c := range []struct {
+	type want struct {
 		name   string
 		labels []string
 		want   float64
-	}{
+	}
+	wants := []want{
 		{"kubeproxy_sync_proxy_rules_duration_seconds", nil, 2},
 		{"kubeproxy_sync_full_proxy_rules_duration_seconds", nil, 2},
 		{"kubeproxy_sync_partial_proxy_rules_duration_seconds", nil, 0},
@@ -96,11 +96,27 @@ func TestMetricsAsKubeProxy(t *testing.T) {
 		{"kubeproxy_sync_proxy_rules_no_local_endpoints_total", []string{"traffic_policy", "external"}, 1},
 		{"kubeproxy_sync_proxy_rules_no_local_endpoints_total", []string{"traffic_policy", "internal"}, 0},
 		{"podnet_proxy_service_ports", nil, 2},
-	} {
-		if v, ok := metricstest.Value(got, c.name, c.labels...); !ok || v != c.want {
-			t.Errorf("%s%v = %v (found %v), want %v", c.name, c.labels, v, ok, c.want)
+	}
+	// The backend returns before the syncer records the sync, so scrape
+	// until the third sync shows (or the deadline passes).
+	var got metricstest.Families
+	var wrong []string
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		got = metricstest.Scrape(t, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		wrong = wrong[:0]
+		for _, c := range wants {
+			if v, ok := metricstest.Value(got, c.name, c.labels...); !ok || v != c.want {
+				wrong = append(wrong, fmt.Sprintf("%s%v = %v (found %v), want %v", c.name, c.labels, v, ok, c.want))
+			}
+		}
+		if len(wrong) == 0 || time.Now().After(deadline) {
+			break
 		}
 	}
+	for _, w := range wrong {
+		t.Error(w)
+	}
+	metricstest.Check(t, got, kubeProxyMetrics, "podnet_proxy_")
 	// The programming latency is measured from the trigger time.
 	f := got["kubeproxy_network_programming_duration_seconds"].Metric[0].Histogram
 	if s := f.GetSampleSum(); s < 2 || s > 60 {
