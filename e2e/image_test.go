@@ -78,19 +78,6 @@ func dockerfileSpec() (image.Spec, error) {
 	return image.ParseDockerfile(string(text))
 }
 
-// binDir is $PODNET_BIN, the directory make build fills.
-func binDir(t *testing.T) string {
-	t.Helper()
-	bin := os.Getenv("PODNET_BIN")
-	if bin == "" {
-		t.Fatal("$PODNET_BIN is unset: run with make")
-	}
-	if filepath.Base(bin) == "podnet" {
-		bin = filepath.Dir(bin)
-	}
-	return bin
-}
-
 // cleanups run after every test of the binary (TestMain).
 var cleanups []func()
 

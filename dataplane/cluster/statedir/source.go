@@ -424,13 +424,6 @@ func (s *Source) shrunkInPlace(path string, f, prev *fileState, data []byte) boo
 	return true
 }
 
-func (f *fileState) refusedOrNil() []error {
-	if f == nil {
-		return nil
-	}
-	return f.refused
-}
-
 // keepRefused returns the file's objects with, for each refused one, the
 // version the file last held of it, as the API server keeps the stored
 // object when it refuses an update. A refusal is logged once.
