@@ -110,7 +110,7 @@ func TestNetworkConfList(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := string(l.Nodes[1].NetworkConfList())
-	want := `{"cniVersion":"1.1.0","name":"podnet","plugins":[{"dataDir":"/w/nodes/node2/ipam","logFile":"/w/nodes/node2/cni.log","nodeConfig":"/w/nodes/node2/node.json","type":"podnet"}]}`
+	want := `{"cniVersion":"1.1.0","name":"podnet","plugins":[{"dataDir":"/w/nodes/node2/ipam","logFile":"/w/nodes/node2/cni.log","nodeConfig":"/w/nodes/node2/node.json","type":"podnet"},{"capabilities":{"portMappings":true},"type":"portmap"}]}`
 	if got != want {
 		t.Errorf("conflist =\n%s\nwant\n%s", got, want)
 	}
