@@ -781,8 +781,8 @@ endpoints:
 		// /healthz stays 200, as kube-proxy's while it starts (a load
 		// balancer or the liveness probe failing it would only add an
 		// outage); proxyd status names the file.
-		if ok, body := healthz(n3); !ok {
-			t.Errorf("/healthz with the state half read: %q; want 200", body)
+		if ok, body := healthz(n3); !ok || !strings.Contains(body, "svc-basic.yaml") {
+			t.Errorf("/healthz with the state half read: %q; want 200 naming the file", body)
 		}
 		if st := proxydHealth(t, l, n3); !strings.Contains(st.Components["cluster-state"], "svc-basic.yaml") {
 			t.Errorf("proxyd status with the state half read: %v; want the cluster state naming the file", st.Components)

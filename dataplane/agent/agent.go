@@ -196,8 +196,10 @@ func Run(ctx context.Context, o Options) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	checker := health.NewChecker()
 	// /healthz follows the Service proxy only, as kube-proxy's does: the
-	// node network and the cluster state report through checker.
+	// node network and the cluster state report through checker, which
+	// /healthz names in its body without failing on it.
 	progress := health.NewProgress(2*o.SyncPeriod, reg)
+	progress.Note(checker)
 	board := &status.Board{}
 	board.Provide(StatusHealth, func() any { return healthStatus(progress, checker) })
 	checker.Set(componentState, errors.New("cluster state not loaded yet"))

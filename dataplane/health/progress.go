@@ -30,6 +30,9 @@ type Progress struct {
 	leaving bool
 
 	healthz, livez *prometheus.CounterVec
+	// notes says what else is wrong without failing the probe (the
+	// cluster state half read, the node network not synced); nil: nothing.
+	notes *Checker
 }
 
 // NewProgress returns a healthy Progress whose changes may wait up to
@@ -79,6 +82,15 @@ func (p *Progress) Updated(taken time.Time) {
 	p.oldestQueued = time.Time{}
 }
 
+// Note makes /healthz and /livez name c's unhealthy components in a
+// "notes" field beside kube-proxy's, without changing their verdict: an
+// operator reading the probe learns why the node serves its last state.
+func (p *Progress) Note(c *Checker) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.notes = c
+}
+
 // SetNodeLeaving records whether this node is being deleted or drained.
 func (p *Progress) SetNodeLeaving(leaving bool) {
 	p.mu.Lock()
@@ -96,6 +108,8 @@ type State struct {
 	Now         time.Time
 	// NodeEligible is false while the node is being deleted or drained.
 	NodeEligible bool
+	// Notes names the noted Checker's unhealthy components (nil: none).
+	Notes map[string]string
 }
 
 // State returns the current health.
@@ -103,6 +117,17 @@ func (p *Progress) State() State {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s := State{Healthy: true, LastUpdated: p.lastUpdated, Now: p.now(), NodeEligible: !p.leaving}
+	if p.notes != nil {
+		for name, err := range p.notes.States() {
+			if err == nil {
+				continue
+			}
+			if s.Notes == nil {
+				s.Notes = make(map[string]string)
+			}
+			s.Notes[name] = err.Error()
+		}
+	}
 	if !p.oldestQueued.IsZero() {
 		s.Pending = s.Now.Sub(p.oldestQueued)
 		s.Healthy = s.Pending <= p.timeout
@@ -133,9 +158,10 @@ func (p *Progress) handler(count *prometheus.CounterVec, eligibility bool) http.
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		w.WriteHeader(code)
 		json.NewEncoder(w).Encode(struct {
-			LastUpdated  string `json:"lastUpdated"`
-			CurrentTime  string `json:"currentTime"`
-			NodeEligible bool   `json:"nodeEligible"`
-		}{s.LastUpdated.Round(0).String(), s.Now.Round(0).String(), s.NodeEligible})
+			LastUpdated  string            `json:"lastUpdated"`
+			CurrentTime  string            `json:"currentTime"`
+			NodeEligible bool              `json:"nodeEligible"`
+			Notes        map[string]string `json:"notes,omitempty"`
+		}{s.LastUpdated.Round(0).String(), s.Now.Round(0).String(), s.NodeEligible, s.Notes})
 	})
 }

@@ -2,8 +2,10 @@ package health
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,5 +85,31 @@ func TestProgressNodeLeaving(t *testing.T) {
 	p.SetNodeLeaving(false)
 	if code(p.Healthz()) != 200 {
 		t.Errorf("node back: /healthz %d, want 200", code(p.Healthz()))
+	}
+}
+
+func TestProgressNotesDoNotFail(t *testing.T) {
+	p := NewProgress(time.Minute, nil)
+	c := NewChecker()
+	p.Note(c)
+	get := func() (int, string) {
+		rec := httptest.NewRecorder()
+		p.Healthz().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+		return rec.Code, rec.Body.String()
+	}
+	c.Set("cluster-state", nil)
+	if code, body := get(); code != 200 || strings.Contains(body, "notes") {
+		t.Errorf("all components ok: %d %q; want 200 without notes", code, body)
+	}
+	c.Set("cluster-state", errors.New("state/svc.yaml:3: not parsed"))
+	code, body := get()
+	if code != 200 {
+		t.Errorf("a noted component failing changed the verdict: %d, want 200", code)
+	}
+	var got struct {
+		Notes map[string]string `json:"notes"`
+	}
+	if err := json.Unmarshal([]byte(body), &got); err != nil || got.Notes["cluster-state"] != "state/svc.yaml:3: not parsed" {
+		t.Errorf("/healthz body %q (%v); want notes naming the cluster state's error", body, err)
 	}
 }
