@@ -248,67 +248,92 @@ func newLab(o Options, cgroupRoot string) (*Lab, error) {
 		Cgroup: filepath.Join(l.cgroupRoot, "podnet-"+l.Prefix+"-outside"),
 		lab:    l,
 	}
-	specs := o.Nodes
+	if err := l.planNodes(o.Nodes); err != nil {
+		return nil, err
+	}
+	// Last, so that invalid options leave nothing behind.
+	if err := l.makeWorkDir(); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// planNodes validates specs (DefaultNodes when empty) and adds a Node for
+// each, with the segments their subnets need.
+func (l *Lab) planNodes(specs []NodeSpec) error {
 	if len(specs) == 0 {
 		specs = DefaultNodes()
 	}
 	if len(specs) > 254 {
-		return nil, fmt.Errorf("nodes: %d, at most 254", len(specs))
+		return fmt.Errorf("nodes: %d, at most 254", len(specs))
 	}
 	seen := map[string]bool{}
 	for i, s := range specs {
 		if err := validName("node name", s.Name); err != nil {
-			return nil, err
+			return err
 		}
 		if seen[s.Name] || s.Name == "underlay" || s.Name == "router" || s.Name == "outside" {
-			return nil, fmt.Errorf("node name %q: duplicate or reserved", s.Name)
+			return fmt.Errorf("node name %q: duplicate or reserved", s.Name)
 		}
 		seen[s.Name] = true
-		if !s.IP.IsValid() || !s.IP.Addr().Is4() || s.IP.Bits() > 30 {
-			return nil, fmt.Errorf("node %s: ip %v: want an IPv4 address with a subnet of /30 or larger", s.Name, s.IP)
-		}
-		pod := s.PodCIDR
-		if !pod.IsValid() {
-			pod = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i + 1), 0}), 24)
-		}
-		if s.IP.Masked().Overlaps(OutsideNet) {
-			return nil, fmt.Errorf("node %s: ip %v: overlaps the outside network %v", s.Name, s.IP, OutsideNet)
-		}
-		seg := l.segmentFor(s.IP.Masked())
-		if s.IP.Addr() == seg.Gateway || s.IP.Addr() == s.IP.Masked().Addr() {
-			return nil, fmt.Errorf("node %s: ip %v is the router's or the subnet's address", s.Name, s.IP)
-		}
-		n := &Node{
-			Name: s.Name, NS: l.Prefix + "-" + s.Name, IP: s.IP.Addr(), Subnet: s.IP.Masked(),
-			Gateway: seg.Gateway, Iface: "eth0", PodCIDR: pod, Zone: seg.Zone,
-			Cgroup: filepath.Join(l.cgroupRoot, "podnet-"+l.Prefix+"-"+s.Name),
-			lab:    l,
+		n, err := l.planNode(i, s)
+		if err != nil {
+			return err
 		}
 		l.Nodes = append(l.Nodes, n)
 	}
 	for i, a := range l.Segments {
 		for _, b := range l.Segments[i+1:] {
 			if a.Subnet.Overlaps(b.Subnet) {
-				return nil, fmt.Errorf("nodes: subnets %v and %v overlap", a.Subnet, b.Subnet)
+				return fmt.Errorf("nodes: subnets %v and %v overlap", a.Subnet, b.Subnet)
 			}
 		}
 	}
+	return nil
+}
 
-	// Last, so that invalid options leave nothing behind.
+// planNode checks one node's addresses and places it on its segment; the
+// i-th node gets 10.244.(i+1).0/24 unless its spec names a podCIDR.
+func (l *Lab) planNode(i int, s NodeSpec) (*Node, error) {
+	if !s.IP.IsValid() || !s.IP.Addr().Is4() || s.IP.Bits() > 30 {
+		return nil, fmt.Errorf("node %s: ip %v: want an IPv4 address with a subnet of /30 or larger", s.Name, s.IP)
+	}
+	pod := s.PodCIDR
+	if !pod.IsValid() {
+		pod = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i + 1), 0}), 24)
+	}
+	if s.IP.Masked().Overlaps(OutsideNet) {
+		return nil, fmt.Errorf("node %s: ip %v: overlaps the outside network %v", s.Name, s.IP, OutsideNet)
+	}
+	seg := l.segmentFor(s.IP.Masked())
+	if s.IP.Addr() == seg.Gateway || s.IP.Addr() == s.IP.Masked().Addr() {
+		return nil, fmt.Errorf("node %s: ip %v is the router's or the subnet's address", s.Name, s.IP)
+	}
+	return &Node{
+		Name: s.Name, NS: l.Prefix + "-" + s.Name, IP: s.IP.Addr(), Subnet: s.IP.Masked(),
+		Gateway: seg.Gateway, Iface: "eth0", PodCIDR: pod, Zone: seg.Zone,
+		Cgroup: filepath.Join(l.cgroupRoot, "podnet-"+l.Prefix+"-"+s.Name),
+		lab:    l,
+	}, nil
+}
+
+// makeWorkDir creates the work dir (a fresh temporary one unless the
+// options named one) and sets the outside host's and the nodes' dirs in it.
+func (l *Lab) makeWorkDir() error {
 	if l.WorkDir == "" {
 		dir, err := os.MkdirTemp("", "podnet-lab-"+l.Prefix+"-")
 		if err != nil {
-			return nil, fmt.Errorf("create work dir: %w", err)
+			return fmt.Errorf("create work dir: %w", err)
 		}
 		l.WorkDir, l.ownsWorkDir = dir, true
 	} else if err := os.MkdirAll(l.WorkDir, 0o755); err != nil {
-		return nil, fmt.Errorf("create work dir: %w", err)
+		return fmt.Errorf("create work dir: %w", err)
 	}
 	l.OutsideHost.Dir = filepath.Join(l.WorkDir, "outside")
 	for _, n := range l.Nodes {
 		n.Dir = filepath.Join(l.WorkDir, "nodes", n.Name)
 	}
-	return l, nil
+	return nil
 }
 
 // segmentFor returns the segment of subnet, adding it if it is new.

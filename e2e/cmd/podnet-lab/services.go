@@ -185,21 +185,30 @@ func askService(ctx context.Context, d *demo) error {
 // dnsmasq in the outside namespace as its upstream, and resolves from the
 // pod on node4 with a ClusterFirst resolv.conf.
 func clusterDNS(ctx context.Context, d *demo) error {
-	l := d.lab
-	dnsd := filepath.Join(l.BinDir, "dnsd")
-	if _, err := os.Stat(dnsd); err != nil {
+	if _, err := os.Stat(filepath.Join(d.lab.BinDir, "dnsd")); err != nil {
 		return skipError{fmt.Sprintf("no dnsd binary (%v)", err)}
 	}
 	if !d.proxyd || len(d.pods) < 5 {
 		return skipError{"needs proxyd and the pods of the steps before"}
 	}
-	var upstream string
+	upstream, err := startClusterDNS(ctx, d)
+	if err != nil {
+		return err
+	}
+	return resolveFromPod(ctx, d, upstream != "")
+}
+
+// startClusterDNS starts the upstream (when dnsmasq is installed) and dnsd
+// behind kube-dns, and returns the upstream's address ("" for none).
+func startClusterDNS(ctx context.Context, d *demo) (upstream string, err error) {
+	l := d.lab
+	dnsd := filepath.Join(l.BinDir, "dnsd")
 	if _, err := exec.LookPath("dnsmasq"); err == nil {
 		// The internet's DNS, played by the outside namespace.
 		if _, err := l.OutsideHost.Start("dnsmasq", "dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null",
 			"--no-resolv", "--no-hosts", "--pid-file=", "--bind-interfaces", "--listen-address="+l.OutsideIP.String(),
 			"--address=/example.com/203.0.113.80"); err != nil {
-			return err
+			return "", err
 		}
 		upstream = l.OutsideIP.String() + ":53"
 	}
@@ -207,7 +216,7 @@ func clusterDNS(ctx context.Context, d *demo) error {
 	node1 := l.Nodes[0]
 	dnsPod, err := d.addPod(ctx, node1, "dns")
 	if err != nil {
-		return err
+		return "", err
 	}
 	args := []string{dnsd, "--state-dir", l.StateDir(), "--listen", "0.0.0.0:53"}
 	if upstream != "" {
@@ -215,19 +224,19 @@ func clusterDNS(ctx context.Context, d *demo) error {
 	} else {
 		// Never the host's resolver: an empty resolv.conf means no upstream.
 		if err := dnsPod.SetResolvConf(""); err != nil {
-			return err
+			return "", err
 		}
 	}
 	if _, err := dnsPod.Start("dnsd", args...); err != nil {
-		return err
+		return "", err
 	}
 	dnsPorts := []svcPort{{"dns", "UDP", 53, 53, 0}, {"dns-tcp", "TCP", 53, 53, 0}}
 	if err := l.WriteState("kube-dns.yaml", serviceYAML("kube-system", "kube-dns", "ClusterIP", kubeDNSVIP, dnsPorts, []*lab.Pod{dnsPod})); err != nil {
-		return err
+		return "", err
 	}
 	apiPorts := []svcPort{{"https", "TCP", 443, 6443, 0}}
 	if err := l.WriteState("kubernetes.yaml", serviceYAML("default", "kubernetes", "ClusterIP", apiVIP, apiPorts, nil)); err != nil {
-		return err
+		return "", err
 	}
 	fmt.Fprintf(d.out, "  dnsd in pod %s/%s (%s) behind Service kube-system/kube-dns %s", node1.Name, dnsPod.Name, dnsPod.IP, kubeDNSVIP)
 	if upstream != "" {
@@ -235,6 +244,13 @@ func clusterDNS(ctx context.Context, d *demo) error {
 	}
 	fmt.Fprintln(d.out)
 
+	return upstream, nil
+}
+
+// resolveFromPod resolves from the pod on node4 with a ClusterFirst
+// resolv.conf: cluster names, a search-path name, TCP, and a forwarded name
+// when there is an upstream.
+func resolveFromPod(ctx context.Context, d *demo, forwarded bool) error {
 	client := d.pods[slices.IndexFunc(d.pods, func(p *lab.Pod) bool { return p.Node.Name == "node4" })]
 	const resolv = "nameserver " + kubeDNSVIP + "\nsearch default.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n"
 	if err := client.SetResolvConf(resolv); err != nil {
@@ -246,7 +262,7 @@ func clusterDNS(ctx context.Context, d *demo) error {
 		{"dig", "+short", "+tcp", "web.default.svc.cluster.local"},
 	}
 	wants := []string{apiVIP, webVIP, webVIP}
-	if upstream != "" {
+	if forwarded {
 		queries = append(queries, []string{"dig", "+short", "example.com"})
 		wants = append(wants, "203.0.113.80")
 	}
