@@ -7,29 +7,7 @@
 // the Service address. Nothing here runs per packet.
 
 #include "lb.h"
-
-// What a socket was translated from, by socket cookie and backend: read by
-// recvmsg (UDP replies must come from the address the client sent to, or
-// resolvers drop them) and getpeername.
-struct revnat_key {
-	__u64 cookie;
-	__u8 addr[16];
-	__be16 port;
-	__u16 pad[3];
-};
-
-struct revnat_val {
-	__u8 addr[16];
-	__be16 port;
-	__u16 pad;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 1 << 16);
-	__type(key, struct revnat_key);
-	__type(value, struct revnat_val);
-} revnat_v1 SEC(".maps");
+#include "revnat.h"
 
 // ClientIP session affinity. The source address is unknown at connect
 // time, so the client is its network namespace (one per pod).

@@ -12,6 +12,7 @@
 // iterator sees the sockets of the namespace it is created in.
 
 #include "podnet.h"
+#include "revnat.h"
 
 // Kernel types, relocated by CO-RE: only the fields read are declared.
 struct sock_common {
@@ -41,27 +42,6 @@ extern int bpf_sock_destroy(struct sock_common *sk) __ksym;
 
 #define TCP_ESTABLISHED 1 // a connected UDP socket's state
 
-// The same key as sock.c's revnat_v1: which backend a socket was
-// translated to.
-struct revnat_key {
-	__u64 cookie;
-	__u8 addr[16];
-	__be16 port;
-	__u16 pad[3];
-};
-
-struct revnat_val {
-	__u8 addr[16];
-	__be16 port;
-	__u16 pad;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 1 << 16);
-	__type(key, struct revnat_key);
-	__type(value, struct revnat_val);
-} revnat_v1 SEC(".maps");
 
 // Removed backends, {address, port} with the address in the maps' 16-byte
 // form.
