@@ -48,6 +48,25 @@ type realCluster struct {
 	// testapp is the static test binary of the images, runnable in any
 	// lab namespace too.
 	testapp string
+	// failures are the test's own failure messages, said again after the
+	// node and control plane logs so that the end of the output names them.
+	failures []string
+}
+
+// errorf fails the test as t.Errorf does and keeps the message for the
+// summary after the logs.
+func (c *realCluster) errorf(format string, args ...any) {
+	c.t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	c.failures = append(c.failures, msg)
+	c.t.Error(msg)
+}
+
+// fatalf is errorf, then t.FailNow.
+func (c *realCluster) fatalf(format string, args ...any) {
+	c.t.Helper()
+	c.errorf(format, args...)
+	c.t.FailNow()
 }
 
 // startRealCluster builds the cluster on the given lab nodes and installs
@@ -71,6 +90,13 @@ func startRealClusterWith(t *testing.T, nodes []lab.NodeSpec, extraImages func(*
 	}
 	podnetTar := podnetImage(t)
 	checkHostUntouched(t)
+	c := &realCluster{t: t, bins: bins}
+	// Registered first, so it runs last: after every log dump.
+	t.Cleanup(func() {
+		if t.Failed() && len(c.failures) > 0 {
+			t.Logf("FAILED (said again after the logs):\n%s", strings.Join(c.failures, "\n"))
+		}
+	})
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 
@@ -106,7 +132,7 @@ func startRealClusterWith(t *testing.T, nodes []lab.NodeSpec, extraImages func(*
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &realCluster{t: t, l: l, cp: cp, srv: srv, bins: bins}
+	c.l, c.cp, c.srv = l, cp, srv
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("control plane logs:\n%s", srv.Logs())
@@ -364,8 +390,9 @@ func (c *realCluster) installPodnet(ctx context.Context, imageTar string) {
 		if err != nil || ds.Status.NumberReady != int32(len(c.nodes)) {
 			return false, fmt.Sprintf("daemonset: %v", err)
 		}
+		// Every replica: a pod's lookups go to any of them.
 		d, err := c.admin.AppsV1().Deployments("kube-system").Get(ctx, "podnet-dns", metav1.GetOptions{})
-		if err != nil || d.Status.AvailableReplicas < 1 {
+		if err != nil || d.Spec.Replicas == nil || d.Status.ReadyReplicas != *d.Spec.Replicas {
 			return false, fmt.Sprintf("podnet-dns: %v", err)
 		}
 		return true, ""
@@ -420,7 +447,8 @@ func (c *realCluster) waitFor(timeout time.Duration, what string, cond func(cont
 			fmt.Fprintf(&logs, "=== logs %s %s\n%s\n", q[1], prev, out)
 		}
 	}
-	c.t.Fatalf("%s: not after %v (%s)\n%s\n%s\n%s", what, timeout, why, pods, events, logs.String())
+	c.t.Logf("pods:\n%s\nevents:\n%s\n%s", pods, events, logs.String())
+	c.fatalf("%s: not after %v (%s)", what, timeout, why)
 }
 
 // applyYAML applies objects through kubectl.
@@ -508,17 +536,17 @@ func TestRealNodeSmoke(t *testing.T) {
 		}
 		a, err := netip.ParseAddr(p.Status.PodIP)
 		if err != nil || !podCIDR.Contains(a) {
-			t.Errorf("pod %s/%s has address %q, want one from %v", p.Namespace, p.Name, p.Status.PodIP, podCIDR)
+			c.errorf("pod %s/%s has address %q, want one from %v", p.Namespace, p.Name, p.Status.PodIP, podCIDR)
 		}
 	}
 	// The node started with forwarding off; the DaemonSet's proxyd turns it on.
 	if fwd, err := c.nodes[0].Exec(ctx, "cat", "/proc/sys/net/ipv4/ip_forward"); err != nil || strings.TrimSpace(fwd) != "1" {
 		logs, _ := c.kubectl(ctx, "-n", "podnet-system", "logs", "daemonset/podnet-node", "-c", "proxyd")
-		t.Errorf("ip_forward on the node: %q, %v; proxyd says:\n%s", fwd, err, logs)
+		c.errorf("ip_forward on the node: %q, %v; proxyd says:\n%s", fwd, err, logs)
 	}
 	out, err := c.kubectl(ctx, "exec", "client", "--", "/testapp", "resolve", "kubernetes.default")
 	if err != nil || strings.TrimSpace(out) != "10.96.0.1" {
-		t.Errorf("kubernetes.default from a pod: %q, %v; want 10.96.0.1", out, err)
+		c.errorf("kubernetes.default from a pod: %q, %v; want 10.96.0.1", out, err)
 	}
 	svc, err := c.admin.CoreV1().Services("default").Get(ctx, "web", metav1.GetOptions{})
 	if err != nil {
@@ -526,15 +554,15 @@ func TestRealNodeSmoke(t *testing.T) {
 	}
 	out, err = c.kubectl(ctx, "exec", "client", "--", "/testapp", "resolve", "web")
 	if err != nil || strings.TrimSpace(out) != svc.Spec.ClusterIP {
-		t.Errorf("web from a pod: %q, %v; want the ClusterIP %s", out, err, svc.Spec.ClusterIP)
+		c.errorf("web from a pod: %q, %v; want the ClusterIP %s", out, err, svc.Spec.ClusterIP)
 	}
 	out, err = c.kubectl(ctx, "exec", "client", "--", "/testapp", "get", "http://web.default.svc.cluster.local/")
 	if err != nil || !strings.HasPrefix(out, "web-") {
-		t.Errorf("GET http://web.default.svc.cluster.local/ from a pod: %q, %v; want a web pod's answer", out, err)
+		c.errorf("GET http://web.default.svc.cluster.local/ from a pod: %q, %v; want a web pod's answer", out, err)
 	}
 	// The API server reaches pods too (pods/proxy), as on a control plane node.
 	out, err = c.kubectl(ctx, "get", "--raw", "/api/v1/namespaces/default/services/web:80/proxy/")
 	if err != nil || !strings.HasPrefix(out, "web-") {
-		t.Errorf("the web Service through the API server's proxy: %q, %v", out, err)
+		c.errorf("the web Service through the API server's proxy: %q, %v", out, err)
 	}
 }
