@@ -26,7 +26,6 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/klog/v2"
 
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/cluster/convert"
@@ -336,10 +335,4 @@ func (s *Source) seen() {
 	if was != nil {
 		s.o.Logger.Info("API server reachable again")
 	}
-}
-
-// RouteKlog sends client-go's klog output through the binary's logger, so
-// a daemon has one log stream in one format.
-func RouteKlog(logger *slog.Logger) {
-	klog.SetSlogLogger(logger)
 }

@@ -230,7 +230,6 @@ func newSource(cfg Config, log *slog.Logger) (app.Source, error) {
 	if err != nil {
 		return app.Source{}, err
 	}
-	kube.RouteKlog(log.With("source", "kubernetes"))
 	// Pods only matter to verified pod records; watching every Pod of a
 	// cluster costs memory CoreDNS also saves in the other modes.
 	kinds := []cluster.Kind{cluster.KindService, cluster.KindEndpointSlice, cluster.KindNamespace}
