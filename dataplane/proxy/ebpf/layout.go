@@ -152,129 +152,267 @@ func frontends(sp *proxy.ServicePort) []frontendSpec {
 	return out
 }
 
-// sourceRanges are the LPM entries letting sp's ranges reach service id.
-func sourceRanges(sp *proxy.ServicePort, id uint32, into map[rangeKey]uint8) {
+// sourceRanges appends the LPM entries letting sp's ranges reach service
+// id to into, once each.
+func sourceRanges(sp *proxy.ServicePort, id uint32, into []rangeKey) []rangeKey {
 	for _, r := range sp.LoadBalancerSourceRanges {
 		bits := r.Bits()
 		if r.Addr().Is4() {
 			bits += 96
 		}
-		into[rangeKey{Prefixlen: uint32(32 + bits), Svc: id, Addr: addr16(r.Masked().Addr())}] = 1
+		k := rangeKey{Prefixlen: uint32(32 + bits), Svc: id, Addr: addr16(r.Masked().Addr())}
+		if !slices.Contains(into, k) {
+			into = append(into, k)
+		}
 	}
+	return into
 }
 
-func endpointsOf(sp *proxy.ServicePort, s set) []netip.AddrPort {
-	eps := sp.ClusterEndpoints
-	if s == setLocal {
-		eps = sp.LocalEndpoints
-	}
-	out := make([]netip.AddrPort, 0, len(eps))
-	for _, e := range eps {
-		out = append(out, e.AddrPort())
-	}
-	return out
+// slot is one endpoint of an endpoint set, in slot order: slot i+1 of
+// every frontend using the set names backend id.
+type slot struct {
+	addr [16]byte
+	port uint16 // network byte order, as the maps hold it
+	dup  bool   // an earlier slot names the same endpoint, and backend
+	id   uint32
 }
 
-// ids are the service and backend ids a port holds; they survive syncs so
-// an unchanged backend keeps its entry.
-type ids struct {
-	svc      map[set]uint32
-	backends map[uint32]map[netip.AddrPort]uint32 // svc id -> endpoint -> backend id
+func (sl slot) addrPort() netip.AddrPort {
+	return netip.AddrPortFrom(addrFrom16(sl.addr), be16(sl.port))
 }
 
-// portEntries is every map entry one ServicePort owns.
+// endpointSet is one service id of a port and its backends.
+type endpointSet struct {
+	id    uint32 // 0: the port does not use the set
+	slots []slot
+}
+
+// frontend is one slot 0 entry a port holds; its slots are those of the
+// set whose service id it names.
+type frontend struct {
+	key svcKey
+	val svcVal
+	ext bool // scopeExt: the tc programs pick by Maglev
+}
+
+// portEntries is every map entry one ServicePort owns, held as compactly
+// as the syncer can keep 10,000s of them: the slot and backend entries are
+// derived from the sets, and Maglev tables (4 KiB each) are recomputed
+// when wanted. Maps of entries per port were 29 MB of proxyd's live heap at
+// 10,000 Services × 10 endpoints (BENCHMARKS.md).
 type portEntries struct {
-	ids      ids
-	services map[svcKey]svcVal
-	backends map[uint32]backend
-	ranges   map[rangeKey]uint8
-	maglev   map[uint32]maglevTable // by service id, for the tc programs
+	name   proxy.PortName
+	proto  uint8
+	sets   [2]endpointSet // by set
+	fronts []frontend
+	ranges []rangeKey
+}
+
+func (pe *portEntries) set(id uint32) *endpointSet {
+	for i := range pe.sets {
+		if pe.sets[i].id == id {
+			return &pe.sets[i]
+		}
+	}
+	return nil
+}
+
+// services yields the frontend and slot entries.
+func (pe *portEntries) services(yield func(svcKey, svcVal) bool) {
+	for _, f := range pe.fronts {
+		if !yield(f.key, f.val) {
+			return
+		}
+		for i, sl := range pe.set(f.val.Id).slots {
+			k := f.key
+			k.Slot = uint16(i + 1)
+			if !yield(k, svcVal{Id: sl.id}) {
+				return
+			}
+		}
+	}
+}
+
+// backends yields the backend entries.
+func (pe *portEntries) backends(yield func(uint32, backend) bool) {
+	for _, st := range pe.sets {
+		for _, sl := range st.slots {
+			if !sl.dup && !yield(sl.id, backend{Addr: sl.addr, Port: sl.port, Proto: pe.proto, Svc: st.id}) {
+				return
+			}
+		}
+	}
+}
+
+// rangeEntries yields the source-range entries.
+func (pe *portEntries) rangeEntries(yield func(rangeKey, uint8) bool) {
+	for _, k := range pe.ranges {
+		if !yield(k, 1) {
+			return
+		}
+	}
+}
+
+// maglev yields the Maglev table of every set an external frontend uses,
+// when it has backends.
+func (pe *portEntries) maglev(yield func(uint32, maglevTable) bool) {
+	for _, st := range pe.sets {
+		if len(st.slots) == 0 || !slices.ContainsFunc(pe.fronts, func(f frontend) bool { return f.ext && f.val.Id == st.id }) {
+			continue
+		}
+		eps := make([]netip.AddrPort, len(st.slots))
+		bids := make([]uint32, len(st.slots))
+		for i, sl := range st.slots {
+			eps[i], bids[i] = sl.addrPort(), sl.id
+		}
+		if !yield(st.id, maglev(eps, bids)) {
+			return
+		}
+	}
 }
 
 // idSource hands out ids: first those the port held before (or the kernel
-// held after a restart), then fresh ones.
+// held after a restart), then fresh ones. i is ep's place in the set, a
+// hint where the port held it before.
 type idSource interface {
 	serviceID(name proxy.PortName, s set, fe svcKey) uint32
-	backendID(svc uint32, ep netip.AddrPort) uint32
+	backendID(svc uint32, ep netip.AddrPort, i int) uint32
 }
 
 // desiredPort computes the entries of sp. owner says which port holds each
 // frontend; a frontend another port already holds (two Services claiming
 // one external IP and port) is left to it, and the ones sp gets are
 // recorded; lost hears of the ones it did not get.
-func desiredPort(sp *proxy.ServicePort, src idSource, owner map[svcKey]proxy.PortName, lost func(svcKey)) *portEntries {
-	pe := &portEntries{
-		ids:      ids{svc: map[set]uint32{}, backends: map[uint32]map[netip.AddrPort]uint32{}},
-		services: make(map[svcKey]svcVal),
-		backends: make(map[uint32]backend),
-		ranges:   make(map[rangeKey]uint8),
-		maglev:   make(map[uint32]maglevTable),
-	}
-	proto := protoNum(sp.Protocol)
-	for _, fe := range frontends(sp) {
-		if o, ok := owner[fe.key]; ok && o != sp.Name {
+func desiredPort(sp *proxy.ServicePort, src idSource, owner map[svcKey]*portEntries, lost func(svcKey)) *portEntries {
+	pe := &portEntries{name: sp.Name, proto: protoNum(sp.Protocol)}
+	fes := frontends(sp)
+	pe.fronts = make([]frontend, 0, len(fes))
+	for _, fe := range fes {
+		if o, ok := owner[fe.key]; ok && o.name != sp.Name {
 			if lost != nil {
 				lost(fe.key)
 			}
 			continue
 		}
-		owner[fe.key] = sp.Name
-		id, ok := pe.ids.svc[fe.set]
-		if !ok {
-			id = src.serviceID(sp.Name, fe.set, fe.key)
-			pe.ids.svc[fe.set] = id
-			byEP := make(map[netip.AddrPort]uint32)
-			for _, ep := range endpointsOf(sp, fe.set) {
-				bid := src.backendID(id, ep)
-				byEP[ep] = bid
-				pe.backends[bid] = backend{Addr: addr16(ep.Addr()), Port: be16(ep.Port()), Proto: proto, Svc: id}
-			}
-			pe.ids.backends[id] = byEP
+		owner[fe.key] = pe
+		st := &pe.sets[fe.set]
+		if st.id == 0 {
+			st.id = src.serviceID(sp.Name, fe.set, fe.key)
+			st.slots = slotsOf(sp, fe.set, st.id, src)
 		}
 		if fe.flags&feSrcRange != 0 {
-			sourceRanges(sp, id, pe.ranges)
+			pe.ranges = sourceRanges(sp, st.id, pe.ranges)
 		}
-		eps := endpointsOf(sp, fe.set)
-		if _, done := pe.maglev[id]; fe.key.Scope == scopeExt && len(eps) > 0 && !done {
-			bids := make([]uint32, len(eps))
-			for i, ep := range eps {
-				bids[i] = pe.ids.backends[id][ep]
-			}
-			pe.maglev[id] = maglev(eps, bids)
-		}
-		pe.services[fe.key] = svcVal{Id: id, Count: uint16(len(eps)), Flags: fe.flags, Affinity: fe.affinity}
-		for i, ep := range eps {
-			k := fe.key
-			k.Slot = uint16(i + 1)
-			pe.services[k] = svcVal{Id: pe.ids.backends[id][ep]}
+		f := frontend{key: fe.key, val: svcVal{Id: st.id, Count: uint16(len(st.slots)), Flags: fe.flags, Affinity: fe.affinity}, ext: fe.key.Scope == scopeExt}
+		// One key listed twice (an address both external and a load
+		// balancer's): the last one counts, as in a map.
+		if i := slices.IndexFunc(pe.fronts, func(o frontend) bool { return o.key == f.key }); i >= 0 {
+			pe.fronts[i] = f
+		} else {
+			pe.fronts = append(pe.fronts, f)
 		}
 	}
 	return pe
 }
 
+// slotsOf names the backends of sp's endpoint set s, service id svc. An
+// endpoint listed twice gets one backend.
+func slotsOf(sp *proxy.ServicePort, s set, svc uint32, src idSource) []slot {
+	eps := sp.ClusterEndpoints
+	if s == setLocal {
+		eps = sp.LocalEndpoints
+	}
+	out := make([]slot, len(eps))
+	var seen map[netip.AddrPort]int // for large sets only
+	if len(eps) > 16 {
+		seen = make(map[netip.AddrPort]int, len(eps))
+	}
+	for i, e := range eps {
+		ap := e.AddrPort()
+		out[i] = slot{addr: addr16(ap.Addr()), port: be16(ap.Port())}
+		j := -1
+		if seen != nil {
+			if k, ok := seen[ap]; ok {
+				j = k
+			} else {
+				seen[ap] = i
+			}
+		} else {
+			j = slices.IndexFunc(out[:i], func(o slot) bool { return o.addr == out[i].addr && o.port == out[i].port })
+		}
+		if j >= 0 {
+			out[i].dup, out[i].id = true, out[j].id
+		} else {
+			out[i].id = src.backendID(svc, ap, i)
+		}
+	}
+	return out
+}
+
+// batch is entries to write in one go.
+type batch[K comparable, V any] struct {
+	keys []K
+	vals []V
+}
+
+func (b *batch[K, V]) add(k K, v V) {
+	b.keys = append(b.keys, k)
+	b.vals = append(b.vals, v)
+}
+
 // diff is the writes and deletes turning one set of entries into another.
 type diff struct {
-	putBackends  map[uint32]backend
-	putSlots     map[svcKey]svcVal
-	putFrontends map[svcKey]svcVal
+	putBackends  batch[uint32, backend]
+	putSlots     batch[svcKey, svcVal]
+	putFrontends batch[svcKey, svcVal]
 	delFrontends []svcKey
 	delSlots     []svcKey
 	delBackends  []uint32
-	putRanges    map[rangeKey]uint8
+	putRanges    batch[rangeKey, uint8]
 	delRanges    []rangeKey
-	putMaglev    map[uint32]maglevTable
+	putMaglev    batch[uint32, maglevTable]
 	delMaglev    []uint32
 }
 
-func newDiff() *diff {
-	return &diff{putBackends: map[uint32]backend{}, putSlots: map[svcKey]svcVal{}, putFrontends: map[svcKey]svcVal{}, putRanges: map[rangeKey]uint8{}, putMaglev: map[uint32]maglevTable{}}
+// reserve sizes d for a load of ports into empty maps (one frontend and
+// one set a port), so 200,000 entries are not copied over and over as
+// they grow.
+func (d *diff) reserve(ports map[cluster.Key][]*proxy.ServicePort) {
+	var fronts, eps int
+	for _, sps := range ports {
+		for _, sp := range sps {
+			fronts++
+			eps += len(sp.ClusterEndpoints)
+		}
+	}
+	d.putBackends.keys, d.putBackends.vals = make([]uint32, 0, eps), make([]backend, 0, eps)
+	d.putSlots.keys, d.putSlots.vals = make([]svcKey, 0, eps), make([]svcVal, 0, eps)
+	d.putFrontends.keys, d.putFrontends.vals = make([]svcKey, 0, fronts), make([]svcVal, 0, fronts)
+}
+
+// putService records writing k: a frontend or a slot.
+func (d *diff) putService(k svcKey, v svcVal) {
+	if k.Slot == 0 {
+		d.putFrontends.add(k, v)
+	} else {
+		d.putSlots.add(k, v)
+	}
+}
+
+// delService records deleting k: a frontend or a slot.
+func (d *diff) delService(k svcKey) {
+	if k.Slot == 0 {
+		d.delFrontends = append(d.delFrontends, k)
+	} else {
+		d.delSlots = append(d.delSlots, k)
+	}
 }
 
 // addRanges records what turns the old source ranges into the new.
 func (d *diff) addRanges(old, new map[rangeKey]uint8) {
 	for k := range new {
 		if _, ok := old[k]; !ok {
-			d.putRanges[k] = 1
+			d.putRanges.add(k, 1)
 		}
 	}
 	for k := range old {
@@ -288,7 +426,7 @@ func (d *diff) addRanges(old, new map[rangeKey]uint8) {
 func (d *diff) addMaglev(old, new map[uint32]maglevTable) {
 	for id, t := range new {
 		if o, ok := old[id]; !ok || o != t {
-			d.putMaglev[id] = t
+			d.putMaglev.add(id, t)
 		}
 	}
 	for id := range old {
@@ -302,27 +440,17 @@ func (d *diff) addMaglev(old, new map[uint32]maglevTable) {
 func (d *diff) add(oldS map[svcKey]svcVal, oldB map[uint32]backend, newS map[svcKey]svcVal, newB map[uint32]backend) {
 	for id, b := range newB {
 		if o, ok := oldB[id]; !ok || o != b {
-			d.putBackends[id] = b
+			d.putBackends.add(id, b)
 		}
 	}
 	for k, v := range newS {
-		if o, ok := oldS[k]; ok && o == v {
-			continue
-		}
-		if k.Slot == 0 {
-			d.putFrontends[k] = v
-		} else {
-			d.putSlots[k] = v
+		if o, ok := oldS[k]; !ok || o != v {
+			d.putService(k, v)
 		}
 	}
 	for k := range oldS {
-		if _, ok := newS[k]; ok {
-			continue
-		}
-		if k.Slot == 0 {
-			d.delFrontends = append(d.delFrontends, k)
-		} else {
-			d.delSlots = append(d.delSlots, k)
+		if _, ok := newS[k]; !ok {
+			d.delService(k)
 		}
 	}
 	for id := range oldB {
@@ -336,19 +464,19 @@ func (d *diff) add(oldS map[svcKey]svcVal, oldB map[uint32]backend, newS map[svc
 // ranges and Maglev tables go in before the frontends that use them (after
 // the backends they name) and out after.
 func (d *diff) apply(m *Maps) error {
-	if err := m.Backends.Put(d.putBackends); err != nil {
+	if err := m.Backends.Put(d.putBackends.keys, d.putBackends.vals); err != nil {
 		return err
 	}
-	if err := m.Maglev.Put(d.putMaglev); err != nil {
+	if err := m.Maglev.Put(d.putMaglev.keys, d.putMaglev.vals); err != nil {
 		return err
 	}
-	if err := m.Ranges.Put(d.putRanges); err != nil {
+	if err := m.Ranges.Put(d.putRanges.keys, d.putRanges.vals); err != nil {
 		return err
 	}
-	if err := m.Services.Put(d.putSlots); err != nil {
+	if err := m.Services.Put(d.putSlots.keys, d.putSlots.vals); err != nil {
 		return err
 	}
-	if err := m.Services.Put(d.putFrontends); err != nil {
+	if err := m.Services.Put(d.putFrontends.keys, d.putFrontends.vals); err != nil {
 		return err
 	}
 	if err := m.Services.Delete(d.delFrontends); err != nil {

@@ -14,8 +14,8 @@ import (
 // Table is one BPF hash map as the syncer uses it: batched writes and
 // deletes, and a dump of everything in it.
 type Table[K comparable, V any] interface {
-	// Put writes every entry of kv.
-	Put(kv map[K]V) error
+	// Put writes vals[i] at keys[i], in order.
+	Put(keys []K, vals []V) error
 	// Delete removes keys; like the kernel, a missing key is an error.
 	Delete(keys []K) error
 	// Dump returns every entry.
@@ -42,16 +42,7 @@ type kernelTable[K comparable, V any] struct {
 
 const batchSize = 4096
 
-func (t kernelTable[K, V]) Put(kv map[K]V) error {
-	if len(kv) == 0 {
-		return nil
-	}
-	keys := make([]K, 0, len(kv))
-	vals := make([]V, 0, len(kv))
-	for k, v := range kv {
-		keys = append(keys, k)
-		vals = append(vals, v)
-	}
+func (t kernelTable[K, V]) Put(keys []K, vals []V) error {
 	for i := 0; i < len(keys); i += batchSize {
 		j := min(i+batchSize, len(keys))
 		if _, err := t.m.BatchUpdate(keys[i:j], vals[i:j], nil); err != nil {
@@ -121,8 +112,9 @@ func NewFakeTable[K comparable, V any](max int) *FakeTable[K, V] {
 	return &FakeTable[K, V]{Max: max, Entries: make(map[K]V)}
 }
 
-func (t *FakeTable[K, V]) Put(kv map[K]V) error {
-	for k, v := range kv {
+func (t *FakeTable[K, V]) Put(keys []K, vals []V) error {
+	for i, k := range keys {
+		v := vals[i]
 		if _, ok := t.Entries[k]; !ok && len(t.Entries) >= t.Max {
 			return fmt.Errorf("update fake map: %w", syscall.E2BIG)
 		}

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -28,21 +29,18 @@ func (d *Datapath) Terminate(removed []netip.AddrPort, cgroup string) (int, erro
 		return 0, nil
 	}
 	term := d.term.Maps[bpf.SocktermMapTermV1]
-	keys := make(map[bpf.SocktermTermKey]uint8, len(removed))
+	keys := make([]bpf.SocktermTermKey, 0, len(removed))
 	for _, ap := range removed {
-		keys[bpf.SocktermTermKey{Addr: addr16(ap.Addr()), Port: be16(ap.Port())}] = 1
+		k := bpf.SocktermTermKey{Addr: addr16(ap.Addr()), Port: be16(ap.Port())}
+		if !slices.Contains(keys, k) {
+			keys = append(keys, k)
+		}
 	}
 	t := kernelTable[bpf.SocktermTermKey, uint8]{term}
-	if err := t.Put(keys); err != nil {
+	if err := t.Put(keys, slices.Repeat([]uint8{1}, len(keys))); err != nil {
 		return 0, err
 	}
-	defer func() {
-		ks := make([]bpf.SocktermTermKey, 0, len(keys))
-		for k := range keys {
-			ks = append(ks, k)
-		}
-		_ = t.Delete(ks)
-	}()
+	defer func() { _ = t.Delete(keys) }()
 	nets, err := cgroupNetns(cgroup)
 	if err != nil {
 		return 0, err

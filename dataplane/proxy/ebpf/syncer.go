@@ -20,9 +20,10 @@ type Syncer struct {
 	// to first; read on full syncs. nil: none.
 	nodeAddrs func() ([]netip.Addr, error)
 
-	applied map[proxy.PortName]*portEntries
-	byKey   map[cluster.Key][]proxy.PortName
-	owner   map[svcKey]proxy.PortName // frontend (slot 0) -> the port holding it
+	// byKey holds what each Service's ports own in the maps; nil until a
+	// full sync succeeded.
+	byKey map[cluster.Key][]*portEntries
+	owner map[svcKey]*portEntries // frontend (slot 0) -> the port holding it
 	// losers are the Services that wanted a frontend another one held:
 	// when the holder lets go, they are synced again to take it.
 	losers map[svcKey]map[cluster.Key]bool
@@ -91,6 +92,16 @@ func (s *Syncer) Sync(ports map[cluster.Key][]*proxy.ServicePort, changed map[cl
 	return proxy.SyncResult{Rules: map[string]int{"services": s.services, "backends": s.backends}}, nil
 }
 
+// held returns the entries the port name of Service k held; nil if none.
+func (s *Syncer) held(k cluster.Key, name proxy.PortName) *portEntries {
+	for _, pe := range s.byKey[k] {
+		if pe.name == name {
+			return pe
+		}
+	}
+	return nil
+}
+
 // previous hands out the ids a port held, then those the kernel held for
 // its frontends (after a restart), then fresh ones.
 type previous struct {
@@ -102,32 +113,45 @@ type previous struct {
 // kernelIDs are the ids found in the maps when the syncer had no state of
 // its own (a restart): reusing them keeps entries, and affinity, in place.
 type kernelIDs struct {
-	frontend map[svcKey]uint32
-	backends map[uint32]map[netip.AddrPort]uint32
+	services map[svcKey]svcVal // the services map; frontends are slot 0
+	backends map[kernelBackend]uint32
+}
+
+// kernelBackend names a backend entry by its service and endpoint.
+type kernelBackend struct {
+	svc  uint32
+	addr [16]byte
+	port uint16
 }
 
 func (p previous) serviceID(_ proxy.PortName, st set, fe svcKey) uint32 {
-	if p.port != nil {
-		if id, ok := p.port.ids.svc[st]; ok {
-			return id
-		}
+	if p.port != nil && p.port.sets[st].id != 0 {
+		return p.port.sets[st].id
 	}
 	if p.kernel != nil {
-		if id, ok := p.kernel.frontend[fe]; ok && !p.s.idTaken(id) {
-			return id
+		if v, ok := p.kernel.services[fe]; ok && !p.s.idTaken(v.Id) {
+			return v.Id
 		}
 	}
 	return p.s.freshID()
 }
 
-func (p previous) backendID(svc uint32, ep netip.AddrPort) uint32 {
+func (p previous) backendID(svc uint32, ep netip.AddrPort, i int) uint32 {
 	if p.port != nil {
-		if id, ok := p.port.ids.backends[svc][ep]; ok {
-			return id
+		if st := p.port.set(svc); st != nil {
+			a, port := addr16(ep.Addr()), be16(ep.Port())
+			is := func(sl slot) bool { return sl.addr == a && sl.port == port }
+			// The endpoints mostly come in the same order as before.
+			if i < len(st.slots) && is(st.slots[i]) {
+				return st.slots[i].id
+			}
+			if j := slices.IndexFunc(st.slots, is); j >= 0 {
+				return st.slots[j].id
+			}
 		}
 	}
 	if p.kernel != nil {
-		if id, ok := p.kernel.backends[svc][ep]; ok {
+		if id, ok := p.kernel.backends[kernelBackend{svc, addr16(ep.Addr()), be16(ep.Port())}]; ok {
 			return id
 		}
 	}
@@ -144,118 +168,194 @@ func (s *Syncer) freshID() uint32 {
 // where taken collects the service ids handed out so far.
 func (s *Syncer) idTaken(id uint32) bool { return s.taken[id] }
 
-func (s *Syncer) full(ports map[cluster.Key][]*proxy.ServicePort) error {
-	haveS, err := s.maps.Services.Dump()
-	if err != nil {
-		return err
+// kernelState is what a full sync found in the maps. Entries are removed
+// as the sync meets them; what is left at the end is unwanted.
+type kernelState struct {
+	services map[svcKey]svcVal
+	backends map[uint32]backend
+	ranges   map[rangeKey]uint8
+	maglev   map[uint32]maglevTable
+}
+
+func (s *Syncer) dump() (*kernelState, error) {
+	var k kernelState
+	var err error
+	if k.services, err = s.maps.Services.Dump(); err != nil {
+		return nil, err
 	}
-	haveB, err := s.maps.Backends.Dump()
+	if k.backends, err = s.maps.Backends.Dump(); err != nil {
+		return nil, err
+	}
+	if k.ranges, err = s.maps.Ranges.Dump(); err != nil {
+		return nil, err
+	}
+	if k.maglev, err = s.maps.Maglev.Dump(); err != nil {
+		return nil, err
+	}
+	return &k, nil
+}
+
+// fullSync is the state of one full sync: the kernel's entries not yet
+// met, the writes wanted so far.
+type fullSync struct {
+	have     *kernelState
+	d        diff
+	services int
+	backends int
+	udpRefs  map[netip.AddrPort]int
+	// staleUDP are UDP endpoints whose kernel entries were rewritten or
+	// are unwanted: removed unless a wanted backend still uses them.
+	staleUDP []netip.AddrPort
+}
+
+// want records pe's entries, writing those the kernel does not hold as
+// they are.
+func (f *fullSync) want(pe *portEntries) {
+	for id, b := range pe.backends {
+		f.backends++
+		if b.Proto == 17 {
+			f.udpRefs[backendAddr(b)]++
+		}
+		if o, ok := f.have.backends[id]; ok {
+			delete(f.have.backends, id)
+			if o == b {
+				continue
+			}
+			if o.Proto == 17 {
+				f.staleUDP = append(f.staleUDP, backendAddr(o))
+			}
+		}
+		f.d.putBackends.add(id, b)
+	}
+	for k, v := range pe.services {
+		f.services++
+		if o, ok := f.have.services[k]; ok {
+			delete(f.have.services, k)
+			if o == v {
+				continue
+			}
+		}
+		f.d.putService(k, v)
+	}
+	for k := range pe.rangeEntries {
+		if _, ok := f.have.ranges[k]; ok {
+			delete(f.have.ranges, k)
+			continue
+		}
+		f.d.putRanges.add(k, 1)
+	}
+	for id, t := range pe.maglev {
+		if o, ok := f.have.maglev[id]; ok {
+			delete(f.have.maglev, id)
+			if o == t {
+				continue
+			}
+		}
+		f.d.putMaglev.add(id, t)
+	}
+}
+
+// unwanted records deleting what the kernel holds and nothing wanted.
+func (f *fullSync) unwanted() {
+	for k := range f.have.services {
+		f.d.delService(k)
+	}
+	for id, b := range f.have.backends {
+		f.d.delBackends = append(f.d.delBackends, id)
+		if b.Proto == 17 {
+			f.staleUDP = append(f.staleUDP, backendAddr(b))
+		}
+	}
+	for k := range f.have.ranges {
+		f.d.delRanges = append(f.d.delRanges, k)
+	}
+	for id := range f.have.maglev {
+		f.d.delMaglev = append(f.d.delMaglev, id)
+	}
+}
+
+func (s *Syncer) full(ports map[cluster.Key][]*proxy.ServicePort) error {
+	have, err := s.dump()
 	if err != nil {
 		return err
 	}
 	var kernel *kernelIDs
-	if s.applied == nil {
-		kernel = adopt(haveS, haveB)
-		for _, v := range haveS {
+	if s.byKey == nil {
+		kernel = adopt(have.services, have.backends)
+		for _, v := range have.services {
 			s.nextID = max(s.nextID, v.Id+1)
 		}
-		for id, be := range haveB {
+		for id, be := range have.backends {
 			s.nextID = max(s.nextID, id+1, be.Svc+1)
 		}
+		s.taken = make(map[uint32]bool)
+		defer func() { s.taken = nil }()
 	}
-	s.taken = make(map[uint32]bool)
-	defer func() { s.taken = nil }()
 	s.losers = make(map[svcKey]map[cluster.Key]bool)
 
-	applied := make(map[proxy.PortName]*portEntries)
-	byKey := make(map[cluster.Key][]proxy.PortName)
-	owner := make(map[svcKey]proxy.PortName)
-	// Sized for ten endpoints per port: growing maps of 100,000 entries
-	// rehashes them several times.
-	wantS := make(map[svcKey]svcVal, 11*len(ports))
-	wantB := make(map[uint32]backend, 10*len(ports))
-	wantR := make(map[rangeKey]uint8)
-	wantM := make(map[uint32]maglevTable)
-	keys := make([]cluster.Key, 0, len(ports))
-	for k := range ports {
-		keys = append(keys, k)
+	byKey := make(map[cluster.Key][]*portEntries, len(ports))
+	owner := make(map[svcKey]*portEntries, len(ports))
+	f := &fullSync{have: have, udpRefs: make(map[netip.AddrPort]int)}
+	if len(have.backends) == 0 {
+		f.d.reserve(ports)
 	}
-	slices.SortFunc(keys, func(a, b cluster.Key) int { return cmp.Compare(a.String(), b.String()) })
-	for _, k := range keys {
+	for _, k := range sortedKeys(ports) {
+		pes := make([]*portEntries, 0, len(ports[k]))
 		for _, sp := range ports[k] {
-			pe := desiredPort(sp, previous{s: s, port: s.applied[sp.Name], kernel: kernel}, owner, s.lose(sp))
-			for _, id := range pe.ids.svc {
-				s.taken[id] = true
+			pe := desiredPort(sp, previous{s: s, port: s.held(k, sp.Name), kernel: kernel}, owner, s.lose(sp))
+			if kernel != nil {
+				for _, st := range pe.sets {
+					s.taken[st.id] = true
+				}
 			}
-			applied[sp.Name] = pe
-			byKey[k] = append(byKey[k], sp.Name)
-			for fk, v := range pe.services {
-				wantS[fk] = v
-			}
-			for id, b := range pe.backends {
-				wantB[id] = b
-			}
-			maps.Copy(wantR, pe.ranges)
-			maps.Copy(wantM, pe.maglev)
+			pes = append(pes, pe)
+			f.want(pe)
 		}
+		byKey[k] = pes
 	}
-	haveR, err := s.maps.Ranges.Dump()
-	if err != nil {
-		return err
-	}
-	haveM, err := s.maps.Maglev.Dump()
-	if err != nil {
-		return err
-	}
-	d := newDiff()
-	d.add(haveS, haveB, wantS, wantB)
-	d.addRanges(haveR, wantR)
-	d.addMaglev(haveM, wantM)
-	if err := d.apply(s.maps); err != nil {
+	f.unwanted()
+	if err := f.d.apply(s.maps); err != nil {
 		return err
 	}
 	if err := s.syncNodeAddrs(); err != nil {
 		return err
 	}
-	s.applied, s.byKey, s.owner = applied, byKey, owner
-	s.services, s.backends = len(wantS), len(wantB)
-	s.trackUDP(haveB, wantB)
-	return nil
-}
-
-// trackUDP counts the UDP backends a full sync left in the maps and notes
-// those the kernel held but nothing wants now (before a restart too).
-func (s *Syncer) trackUDP(haveB, wantB map[uint32]backend) {
-	refs := make(map[netip.AddrPort]int)
-	for _, b := range wantB {
-		if b.Proto == 17 {
-			refs[backendAddr(b)]++
-		}
-	}
-	for _, b := range haveB {
-		if ap := backendAddr(b); b.Proto == 17 && refs[ap] == 0 {
+	s.byKey, s.owner = byKey, owner
+	s.services, s.backends = f.services, f.backends
+	for _, ap := range f.staleUDP {
+		if f.udpRefs[ap] == 0 {
 			s.removedUDP = append(s.removedUDP, ap)
 		}
 	}
 	s.removedUDP = slices.Compact(sortedAddrPorts(s.removedUDP))
-	s.udpRefs = refs
+	s.udpRefs = f.udpRefs
+	return nil
 }
 
-// adopt reads the ids of the entries in the maps.
-func adopt(haveS map[svcKey]svcVal, haveB map[uint32]backend) *kernelIDs {
-	k := &kernelIDs{frontend: make(map[svcKey]uint32), backends: make(map[uint32]map[netip.AddrPort]uint32)}
-	for key, v := range haveS {
-		if key.Slot == 0 {
-			k.frontend[key] = v.Id
-		}
+// sortedKeys orders a full sync, which decides who gets a frontend two
+// Services claim: by "namespace/name".
+func sortedKeys(ports map[cluster.Key][]*proxy.ServicePort) []cluster.Key {
+	type named struct {
+		s string
+		k cluster.Key
 	}
+	keys := make([]named, 0, len(ports))
+	for k := range ports {
+		keys = append(keys, named{k.String(), k})
+	}
+	slices.SortFunc(keys, func(a, b named) int { return cmp.Compare(a.s, b.s) })
+	out := make([]cluster.Key, len(keys))
+	for i, n := range keys {
+		out[i] = n.k
+	}
+	return out
+}
+
+// adopt indexes the ids of the entries in the maps.
+func adopt(haveS map[svcKey]svcVal, haveB map[uint32]backend) *kernelIDs {
+	k := &kernelIDs{services: haveS, backends: make(map[kernelBackend]uint32, len(haveB))}
 	for id, be := range haveB {
-		m := k.backends[be.Svc]
-		if m == nil {
-			m = make(map[netip.AddrPort]uint32)
-			k.backends[be.Svc] = m
-		}
-		m[netip.AddrPortFrom(addrFrom16(be.Addr), be16(be.Port))] = id
+		k.backends[kernelBackend{be.Svc, be.Addr, be.Port}] = id
 	}
 	return k
 }
@@ -284,82 +384,83 @@ func (s *Syncer) release(changed map[cluster.Key]bool) map[cluster.Key]bool {
 	for len(queue) > 0 {
 		k := queue[0]
 		queue = queue[1:]
-		for _, name := range s.byKey[k] {
-			for fk := range s.applied[name].services {
-				if fk.Slot != 0 || s.owner[fk] != name {
+		for _, pe := range s.byKey[k] {
+			for _, f := range pe.fronts {
+				if o := s.owner[f.key]; o == nil || o.name != pe.name {
 					continue
 				}
-				delete(s.owner, fk)
-				for w := range s.losers[fk] {
+				delete(s.owner, f.key)
+				for w := range s.losers[f.key] {
 					if !out[w] {
 						out[w] = true
 						queue = append(queue, w)
 					}
 				}
-				delete(s.losers, fk)
+				delete(s.losers, f.key)
 			}
 		}
 	}
 	return out
 }
 
+// entries collects the entries of ports, for a partial sync's diff.
+type entries struct {
+	services map[svcKey]svcVal
+	backends map[uint32]backend
+	ranges   map[rangeKey]uint8
+	maglev   map[uint32]maglevTable
+}
+
+func newEntries() entries {
+	return entries{make(map[svcKey]svcVal), make(map[uint32]backend), make(map[rangeKey]uint8), make(map[uint32]maglevTable)}
+}
+
+func (e entries) add(pe *portEntries) {
+	maps.Insert(e.services, pe.services)
+	maps.Insert(e.backends, pe.backends)
+	maps.Insert(e.ranges, pe.rangeEntries)
+	maps.Insert(e.maglev, pe.maglev)
+}
+
 func (s *Syncer) partial(ports map[cluster.Key][]*proxy.ServicePort, changed map[cluster.Key]bool) error {
-	d := newDiff()
-	applied := make(map[proxy.PortName]*portEntries)
 	changed = s.release(changed)
 	// One diff over all changed Services: a frontend handed from one to
 	// another is then a rewrite, not a put and a delete.
-	oldS, oldB, oldR, oldM := make(map[svcKey]svcVal), make(map[uint32]backend), make(map[rangeKey]uint8), make(map[uint32]maglevTable)
-	newS, newB, newR, newM := make(map[svcKey]svcVal), make(map[uint32]backend), make(map[rangeKey]uint8), make(map[uint32]maglevTable)
+	old, new := newEntries(), newEntries()
+	byKey := make(map[cluster.Key][]*portEntries, len(changed))
 	for k := range changed {
-		for _, name := range s.byKey[k] {
-			pe := s.applied[name]
-			maps.Copy(oldS, pe.services)
-			maps.Copy(oldB, pe.backends)
-			maps.Copy(oldR, pe.ranges)
-			maps.Copy(oldM, pe.maglev)
+		for _, pe := range s.byKey[k] {
+			old.add(pe)
 		}
 		for _, sp := range ports[k] {
-			pe := desiredPort(sp, previous{s: s, port: s.applied[sp.Name]}, s.owner, s.lose(sp))
-			applied[sp.Name] = pe
-			maps.Copy(newS, pe.services)
-			maps.Copy(newB, pe.backends)
-			maps.Copy(newR, pe.ranges)
-			maps.Copy(newM, pe.maglev)
+			pe := desiredPort(sp, previous{s: s, port: s.held(k, sp.Name)}, s.owner, s.lose(sp))
+			byKey[k] = append(byKey[k], pe)
+			new.add(pe)
 		}
 	}
-	d.add(oldS, oldB, newS, newB)
-	d.addRanges(oldR, newR)
-	d.addMaglev(oldM, newM)
+	var d diff
+	d.add(old.services, old.backends, new.services, new.backends)
+	d.addRanges(old.ranges, new.ranges)
+	d.addMaglev(old.maglev, new.maglev)
 	// On failure the syncer's state is dropped with synced=false; the
 	// next full sync starts from what the kernel holds.
 	if err := d.apply(s.maps); err != nil {
 		return err
 	}
 	var added []uint32
-	for id := range d.putBackends {
-		if _, ok := oldB[id]; !ok {
+	for _, id := range d.putBackends.keys {
+		if _, ok := old.backends[id]; !ok {
 			added = append(added, id)
 		}
 	}
-	s.countUDP(newB, added, 1)
-	s.countUDP(oldB, d.delBackends, -1)
+	s.countUDP(new.backends, added, 1)
+	s.countUDP(old.backends, d.delBackends, -1)
+	s.services += len(new.services) - len(old.services)
+	s.backends += len(new.backends) - len(old.backends)
 	for k := range changed {
-		for _, name := range s.byKey[k] {
-			pe := s.applied[name]
-			s.services -= len(pe.services)
-			s.backends -= len(pe.backends)
-			delete(s.applied, name)
-		}
-		s.byKey[k] = nil
-		for _, sp := range ports[k] {
-			pe := applied[sp.Name]
-			s.applied[sp.Name] = pe
-			s.byKey[k] = append(s.byKey[k], sp.Name)
-			s.services += len(pe.services)
-			s.backends += len(pe.backends)
-		}
-		if len(s.byKey[k]) == 0 {
+		if pes := byKey[k]; len(pes) > 0 {
+			s.byKey[k] = pes
+		} else {
 			delete(s.byKey, k)
 		}
 	}
@@ -378,7 +479,7 @@ func (s *Syncer) syncNodeAddrs() error {
 	if len(addrs) > 0 {
 		snat.Addr = addr16(addrs[0])
 	}
-	if err := s.maps.SNAT.Put(map[uint32]bpf.NodeportSnatAddr{0: snat}); err != nil {
+	if err := s.maps.SNAT.Put([]uint32{0}, []bpf.NodeportSnatAddr{snat}); err != nil {
 		return err
 	}
 	want := nodeAddrEntries(addrs)
@@ -392,12 +493,13 @@ func (s *Syncer) syncNodeAddrs() error {
 			stale = append(stale, k)
 		}
 	}
-	for k := range want {
-		if _, ok := have[k]; ok {
-			delete(want, k)
+	var put batch[nodeKey, uint8]
+	for k, v := range want {
+		if _, ok := have[k]; !ok {
+			put.add(k, v)
 		}
 	}
-	if err := s.maps.NodeAddrs.Put(want); err != nil {
+	if err := s.maps.NodeAddrs.Put(put.keys, put.vals); err != nil {
 		return err
 	}
 	return s.maps.NodeAddrs.Delete(stale)
