@@ -1,8 +1,11 @@
 package e2e
 
 import (
+	"cmp"
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,15 +18,31 @@ import (
 
 // BenchmarkProxydRSS measures the resident memory of a real proxyd holding
 // 10,000 ClusterIP Services × 10 endpoints from the state directory, in
-// iptables and in ebpf mode side by side, once each, on node1 of a lab. It
-// runs only with PODNET_BENCH=1, as scripts/bench-services.sh sets it.
+// iptables and in ebpf mode side by side, on node1 of a lab: once the
+// first full sync is done, and again after five more full syncs (run every
+// 5 s here, 30 s by default), where the garbage of the periodic syncs has
+// had time to build up. It runs only with PODNET_BENCH=1, as
+// scripts/bench-services.sh sets it.
+//
+//	PODNET_BENCH_MODES="ebpf iptables"  the modes, in this order
+//	PODNET_BENCH_RSS_BINS="DIR..."      proxyd binaries to compare (the
+//	                                    directories holding them), alternating
+//	                                    within each round; default the lab's
+//	PODNET_BENCH_ROUNDS=1               rounds; medians are printed
 func BenchmarkProxydRSS(b *testing.B) {
 	if os.Getenv("PODNET_BENCH") == "" {
 		b.Skip("set PODNET_BENCH=1, as scripts/bench-services.sh does")
 	}
 	roottest.Require(b)
-	const services, endpoints = 10000, 10
+	const services, endpoints, laterSyncs = 10000, 10, 5
+	// ebpf first: it leaves nothing in iptables, while the 100,000 rules
+	// iptables mode leaves make every iptables-save of the next proxyd's
+	// node agent (and ebpf mode's removal of them) take seconds.
+	modes := strings.Fields(cmp.Or(os.Getenv("PODNET_BENCH_MODES"), "ebpf iptables"))
+	rounds, _ := strconv.Atoi(os.Getenv("PODNET_BENCH_ROUNDS"))
+	rounds = max(rounds, 1)
 	l := lab.Start(b, lab.Options{})
+	bins := strings.Fields(cmp.Or(os.Getenv("PODNET_BENCH_RSS_BINS"), l.BinDir))
 	var y strings.Builder
 	for i := range services {
 		vip := fmt.Sprintf("10.%d.%d.%d", 96+i/65000, i/250%260, i%250+1)
@@ -37,37 +56,71 @@ func BenchmarkProxydRSS(b *testing.B) {
 		b.Fatal(err)
 	}
 	n := l.Node("node1")
-	fmt.Printf("| mode | Services × endpoints | proxyd RSS after the first full sync | first sync took |\n|---|---|---|---|\n")
-	for b.Loop() {
-		// ebpf first: it leaves nothing in iptables, while the 100,000
-		// rules iptables mode leaves make every iptables-save of the next
-		// proxyd's node agent (and ebpf mode's removal of them) take seconds.
-		for _, mode := range []string{"ebpf", "iptables"} {
-			start := time.Now()
-			p, err := n.StartProxyd(b.Context(), "--proxy-mode", mode, "--metrics-bind-address", "127.0.0.1:10249", "--healthz-bind-address", "")
-			if err != nil {
-				b.Fatal(err)
-			}
-			deadline := time.Now().Add(5 * time.Minute)
-			for {
-				code, body, err := svcHTTPGet(n.NSPath(), "127.0.0.1:10249/metrics")
-				if err == nil && code == 200 {
-					fams := metricstest.Parse(b, body)
-					if v, ok := metricstest.Value(fams, "podnet_proxy_service_ports"); ok && v >= services {
-						break
-					}
+	// metric waits until the sample name reaches at least want.
+	metric := func(mode, name string, want float64) {
+		deadline := time.Now().Add(5 * time.Minute)
+		for {
+			code, body, err := svcHTTPGet(n.NSPath(), "127.0.0.1:10249/metrics")
+			if err == nil && code == 200 {
+				if v, ok := metricstest.Value(metricstest.Parse(b, body), name); ok && v >= want {
+					return
 				}
-				if time.Now().After(deadline) {
-					b.Fatalf("%s mode: no sync of %d Services within 5 minutes", mode, services)
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("%s mode: %s did not reach %v within 5 minutes", mode, name, want)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	type variant struct{ mode, bin string }
+	type reading struct{ first, later, took []float64 }
+	got := map[variant]*reading{}
+	for r := 0; r < rounds; r++ {
+		for _, mode := range modes {
+			order := slices.Clone(bins)
+			if r%2 == 1 {
+				slices.Reverse(order)
+			}
+			for _, bin := range order {
+				l.BinDir = bin
+				start := time.Now()
+				p, err := n.StartProxyd(b.Context(), "--proxy-mode", mode, "--sync-period", "5s",
+					"--metrics-bind-address", "127.0.0.1:10249", "--healthz-bind-address", "")
+				if err != nil {
+					b.Fatal(err)
 				}
-				time.Sleep(100 * time.Millisecond)
+				metric(mode, "podnet_proxy_service_ports", services)
+				took := time.Since(start)
+				pid := strconv.Itoa(p.Pid())
+				first := procRSS(pid)
+				metric(mode, "kubeproxy_sync_full_proxy_rules_duration_seconds", 1+laterSyncs)
+				later := procRSS(pid)
+				if err := p.Stop(); err != nil {
+					b.Fatal(err)
+				}
+				v := variant{mode, bin}
+				if got[v] == nil {
+					got[v] = &reading{}
+				}
+				got[v].first = append(got[v].first, float64(first>>10))
+				got[v].later = append(got[v].later, float64(later>>10))
+				got[v].took = append(got[v].took, took.Seconds())
 			}
-			took := time.Since(start)
-			rss := procRSS(strconv.Itoa(p.Pid()))
-			fmt.Printf("| %s | %d × %d | %d MiB | %.1f s |\n", mode, services, endpoints, rss>>10, took.Seconds())
-			if err := p.Stop(); err != nil {
-				b.Fatal(err)
-			}
+		}
+	}
+	each := func(v []float64) string {
+		var s []string
+		for _, x := range v {
+			s = append(s, fmt.Sprintf("%.0f", x))
+		}
+		return strings.Join(s, " ")
+	}
+	fmt.Printf("| mode | proxyd | Services × endpoints | RSS after the first full sync | after %d more full syncs | first sync after start | rounds (MiB, first / later) |\n|---|---|---|---|---|---|---|\n", laterSyncs)
+	for _, mode := range modes {
+		for _, bin := range bins {
+			g := got[variant{mode, bin}]
+			fmt.Printf("| %s | %s | %d × %d | %.0f MiB | %.0f MiB | %.1f s | %s / %s |\n", mode, filepath.Base(filepath.Dir(bin))+"/"+filepath.Base(bin),
+				services, endpoints, benchMedian(g.first), benchMedian(g.later), benchMedian(g.took), each(g.first), each(g.later))
 		}
 	}
 }

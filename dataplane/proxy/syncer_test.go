@@ -127,3 +127,28 @@ func TestSyncerHealth(t *testing.T) {
 		t.Errorf("unhealthy after a successful sync: %v", err)
 	}
 }
+
+// TestStartupGarbageFreedOnce: the start-up garbage is returned to the OS
+// after the first successful full sync, not after a failed one, and not
+// again.
+func TestStartupGarbageFreedOnce(t *testing.T) {
+	st := cluster.NewStore()
+	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, svcObjs(0))
+	st.MarkSynced()
+	b := &fakeBackend{sig: make(chan struct{}, 1), fail: 1}
+	s := newSyncer(Options{Store: st, Backend: b, SyncPeriod: time.Minute})
+	clock := time.Unix(1000, 0)
+	s.now = func() time.Time { return clock }
+	freed := 0
+	s.freeMemory = func() { freed++ }
+	for i, want := range []int{0, 1, 1} { // failed, first full, next full
+		_ = s.syncOnce()
+		if freed != want {
+			t.Fatalf("after sync %d: memory freed %d times, want %d", i, freed, want)
+		}
+		clock = clock.Add(time.Minute)
+	}
+	if len(b.calls) != 3 || !b.calls[2].full {
+		t.Fatalf("backend calls %+v, want three, the last full", b.calls)
+	}
+}
