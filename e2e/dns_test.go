@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -202,13 +203,13 @@ type dnsdProc struct {
 	dnsPort, metricsPort, healthPort, readyPort int
 	cmd                                         *exec.Cmd
 	exited                                      chan error
-	out                                         *strings.Builder
+	out                                         *lockedBuilder
 }
 
 func startDnsd(t *testing.T, bin, state string, extra ...string) *dnsdProc {
 	t.Helper()
 	d := &dnsdProc{dnsPort: dnsLoopbackPort(t), metricsPort: dnsLoopbackPort(t), healthPort: dnsLoopbackPort(t), readyPort: dnsLoopbackPort(t),
-		exited: make(chan error, 1), out: &strings.Builder{}}
+		exited: make(chan error, 1), out: &lockedBuilder{}}
 	d.cmd = exec.Command(bin, append([]string{
 		"--state-dir", state,
 		"--listen", fmt.Sprintf("127.0.0.1:%d", d.dnsPort),
@@ -481,4 +482,23 @@ func TestDnsdInLab(t *testing.T) {
 			t.Errorf("dig +search %s kubernetes.default: %q, %v", tcp, out, err)
 		}
 	}
+}
+
+// lockedBuilder is a strings.Builder a process writes to while a test
+// reads it.
+type lockedBuilder struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuilder) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuilder) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
