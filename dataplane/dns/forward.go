@@ -360,9 +360,9 @@ func (f *Forwarder) candidates() []*upstream {
 // upstreams in policy order, again and again (up to three rounds) while the
 // deadline allows, so one lost datagram does not fail the query. SERVFAIL
 // and REFUSED answers move on to the next upstream (and are returned if no
-// other answers). Upstreams marked down are tried only when all are. It
-// fails with ErrNoUpstream when every upstream loops back to dnsd, and when
-// none answered within the deadline.
+// other answers). Upstreams marked down are tried only when all are, and
+// then in every round. It fails with ErrNoUpstream when every upstream loops
+// back to dnsd, and when none answered within the deadline.
 func (f *Forwarder) Exchange(ctx context.Context, q *mdns.Msg) (*mdns.Msg, error) {
 	if len(f.stubs) > 0 && len(q.Question) == 1 {
 		if sf := f.route(wireName(strings.ToLower(q.Question[0].Name))); sf != f {
@@ -385,7 +385,7 @@ func (f *Forwarder) Exchange(ctx context.Context, q *mdns.Msg) (*mdns.Msg, error
 			if ctx.Err() != nil {
 				break
 			}
-			if round > 0 && (u.down.Load() || u.loop.Load()) {
+			if round > 0 && (u.loop.Load() || u.down.Load() && anyUsable(ups)) {
 				continue
 			}
 			if f.metrics != nil {
@@ -417,6 +417,19 @@ func (f *Forwarder) Exchange(ctx context.Context, q *mdns.Msg) (*mdns.Msg, error
 		return last, nil
 	}
 	return nil, fmt.Errorf("forward %s: %w: %w", q.Question[0].Name, ErrNoUpstream, lastErr)
+}
+
+// anyUsable reports whether one of ups is neither marked down nor looping:
+// then the retry rounds skip those marked down. When none is usable (an
+// only upstream marked down by this very query's timeouts, say) they are
+// all tried again while the deadline allows, as in the first round.
+func anyUsable(ups []*upstream) bool {
+	for _, u := range ups {
+		if !u.down.Load() && !u.loop.Load() {
+			return true
+		}
+	}
+	return false
 }
 
 func (f *Forwarder) failed(u *upstream) {

@@ -646,3 +646,32 @@ func TestUpstreamBackIsAskedBeforeItsHealthCheck(t *testing.T) {
 		t.Errorf("upstream back, still marked down: %v; want its answer", m)
 	}
 }
+
+// TestOnlyUpstreamMarkedDownIsRetriedWithinTheDeadline: a query whose own
+// timeouts mark the only upstream down goes on trying it while its deadline
+// allows, as CoreDNS's forward does. Before, the retry rounds skipped an
+// upstream marked down even when it was the only one, so two lost datagrams
+// (or an upstream stalled for two try timeouts) gave SERVFAIL with a third
+// of the deadline left: the dnsd soak's SERVFAIL with the upstream up.
+func TestOnlyUpstreamMarkedDownIsRetriedWithinTheDeadline(t *testing.T) {
+	var seen atomic.Int32
+	up := startGoUpstream(t, func(w mdns.ResponseWriter, r *mdns.Msg, _ bool) {
+		if seen.Add(1) <= 2 {
+			return // two datagrams lost
+		}
+		answerA(w, r, 60, "192.0.2.10")
+	})
+	fs := newForwardingServer(t, ForwardOptions{
+		Upstreams: []netip.AddrPort{up.addr}, TryTimeout: 100 * time.Millisecond, Deadline: 600 * time.Millisecond,
+		HealthInterval: time.Hour,
+	}, CacheOptions{})
+	if m := query(t, fs.srv, "third.test.", mdns.TypeA, false); m.Rcode != mdns.RcodeSuccess || len(m.Answer) != 1 {
+		t.Errorf("first two tries lost, deadline left for a third: %v; want the third try's answer", m)
+	}
+	if fs.fwd.Healthy(up.addr) {
+		t.Error("two timeouts in a row did not mark the upstream down")
+	}
+	if got := seen.Load(); got != 3 {
+		t.Errorf("upstream asked %d times, want 3", got)
+	}
+}
