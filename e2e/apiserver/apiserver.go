@@ -137,20 +137,9 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	if err := s.writeFiles(); err != nil {
 		return nil, err
 	}
-	etcd, err := o.Start("etcd", EtcdBinary,
-		"--name=default",
-		"--data-dir="+o.EtcdDir,
-		"--listen-client-urls=http://127.0.0.1:2379",
-		"--advertise-client-urls=http://127.0.0.1:2379",
-		"--listen-peer-urls=http://127.0.0.1:2380",
-		"--initial-advertise-peer-urls=http://127.0.0.1:2380",
-		"--initial-cluster=default=http://127.0.0.1:2380",
-		"--log-level=warn",
-	)
-	if err != nil {
+	if err := s.StartEtcd(); err != nil {
 		return nil, err
 	}
-	s.etcd = etcd
 	if err := s.StartAPIServer(ctx); err != nil {
 		return nil, errors.Join(err, s.Close())
 	}
@@ -210,14 +199,28 @@ func (s *Server) StartAPIServer(ctx context.Context) error {
 	if s.apiserver != nil {
 		return errors.New("kube-apiserver already runs")
 	}
+	p, err := s.o.Start("kube-apiserver", s.apiserverArgs(Port)...)
+	if err != nil {
+		return err
+	}
+	s.apiserver = p
+	if err := s.waitReady(ctx, p, Port); err != nil {
+		s.apiserver = nil
+		p.Kill()
+		return err
+	}
+	return nil
+}
+
+func (s *Server) apiserverArgs(port int, extra ...string) []string {
 	authz := s.o.AuthorizationMode
 	if authz == "" {
 		authz = "RBAC"
 	}
-	p, err := s.o.Start("kube-apiserver", append([]string{s.o.Binary,
+	args := []string{s.o.Binary,
 		"--etcd-servers=http://127.0.0.1:2379",
 		"--bind-address=0.0.0.0",
-		fmt.Sprintf("--secure-port=%d", Port),
+		fmt.Sprintf("--secure-port=%d", port),
 		"--advertise-address=" + s.o.AdvertiseAddress.String(),
 		"--cert-dir=" + s.path("certs"),
 		"--token-auth-file=" + s.path("tokens.csv"),
@@ -231,16 +234,63 @@ func (s *Server) StartAPIServer(ctx context.Context) error {
 		"--enable-priority-and-fairness=false",
 		"--profiling=false",
 		"--v=0",
-	}, s.o.ExtraArgs...)...)
+	}
+	return append(append(args, s.o.ExtraArgs...), extra...)
+}
+
+// StartSecond runs a second kube-apiserver on port, against the same etcd,
+// and waits until it is ready: another control-plane replica, which clients
+// of the first do not know. It takes no part in the kubernetes Service's
+// endpoints. The returned func stops it.
+func (s *Server) StartSecond(ctx context.Context, port int) (kubernetes.Interface, func(), error) {
+	p, err := s.o.Start(fmt.Sprintf("kube-apiserver-%d", port), s.apiserverArgs(port, "--endpoint-reconciler-type=none")...)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := s.waitReady(ctx, p, port); err != nil {
+		p.Kill()
+		return nil, nil, err
+	}
+	c, err := kubernetes.NewForConfig(s.restConfig(Admin, port))
+	if err != nil {
+		p.Kill()
+		return nil, nil, err
+	}
+	return c, p.Kill, nil
+}
+
+// StopEtcd kills etcd under the running kube-apiserver; StartEtcd starts
+// it again on the same data.
+func (s *Server) StopEtcd() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.etcd != nil {
+		s.etcd.Kill()
+		s.etcd = nil
+	}
+}
+
+// StartEtcd starts etcd on its data directory.
+func (s *Server) StartEtcd() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.etcd != nil {
+		return errors.New("etcd already runs")
+	}
+	etcd, err := s.o.Start("etcd", EtcdBinary,
+		"--name=default",
+		"--data-dir="+s.o.EtcdDir,
+		"--listen-client-urls=http://127.0.0.1:2379",
+		"--advertise-client-urls=http://127.0.0.1:2379",
+		"--listen-peer-urls=http://127.0.0.1:2380",
+		"--initial-advertise-peer-urls=http://127.0.0.1:2380",
+		"--initial-cluster=default=http://127.0.0.1:2380",
+		"--log-level=warn",
+	)
 	if err != nil {
 		return err
 	}
-	s.apiserver = p
-	if err := s.waitReady(ctx, p); err != nil {
-		s.apiserver = nil
-		p.Kill()
-		return err
-	}
+	s.etcd = etcd
 	return nil
 }
 
@@ -258,8 +308,8 @@ func (s *Server) StopAPIServer() error {
 	return nil
 }
 
-func (s *Server) waitReady(ctx context.Context, p Process) error {
-	client, err := kubernetes.NewForConfig(s.RestConfig(Admin))
+func (s *Server) waitReady(ctx context.Context, p Process, port int) error {
+	client, err := kubernetes.NewForConfig(s.restConfig(Admin, port))
 	if err != nil {
 		return err
 	}
@@ -319,9 +369,11 @@ func tail(s string) string {
 // RestConfig is a client config for user whose connections are opened
 // inside the control plane's namespace: a socket stays in the namespace it
 // was created in, so this process needs no route to the API server.
-func (s *Server) RestConfig(user string) *rest.Config {
+func (s *Server) RestConfig(user string) *rest.Config { return s.restConfig(user, Port) }
+
+func (s *Server) restConfig(user string, port int) *rest.Config {
 	return &rest.Config{
-		Host:            fmt.Sprintf("https://127.0.0.1:%d", Port),
+		Host:            fmt.Sprintf("https://127.0.0.1:%d", port),
 		BearerToken:     s.tokens[user],
 		TLSClientConfig: rest.TLSClientConfig{Insecure: true},
 		Dial:            dialIn(s.o.NSPath),
