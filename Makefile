@@ -134,8 +134,8 @@ bench: deps build apiserver
 
 # The reliability scenarios at full size (make test runs them short); prints
 # one table. Needs root.
-soak: deps build
-	PODNET_BIN=$(CURDIR)/bin bash scripts/soak.sh
+soak: deps build apiserver
+	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) bash scripts/soak.sh
 
 # Beside vet and staticcheck: no function of the daemons' code over
 # cyclomatic complexity 20 or 80 lines unless its doc comment says why it

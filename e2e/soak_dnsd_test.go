@@ -100,6 +100,7 @@ type evidenceSample struct {
 	healthcheckFailures float64
 	healthcheckBroken   float64
 	load                string
+	dnsdRSS, liveHeap   int // KiB
 }
 
 // askDirectly is the witness: every 20 ms a fresh name straight to the
@@ -149,7 +150,9 @@ func (e *soakEvidence) sample(stop <-chan struct{}, upstreamPid func() int, dnsd
 			resp.Body.Close()
 			s.forwardSent, s.forwardAnswered = sums["podnet_dns_forward_requests_total"], sums["coredns_proxy_request_duration_seconds_count"]
 			s.healthcheckFailures, s.healthcheckBroken = sums["coredns_proxy_healthcheck_failures_total"], sums["coredns_forward_healthcheck_broken_total"]
+			s.liveHeap = int(sums["go_memstats_next_gc_bytes"] / 2 / 1024)
 		}
+		s.dnsdRSS = rssOf(dnsdPid)
 		e.mu.Lock()
 		e.samples = append(e.samples, s)
 		e.mu.Unlock()
@@ -159,6 +162,38 @@ func (e *soakEvidence) sample(stop <-chan struct{}, upstreamPid func() int, dnsd
 		case <-tick.C:
 		}
 	}
+}
+
+// rssOf is a process's VmRSS in KiB, 0 if it cannot be read.
+func rssOf(pid int) int {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(status), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
+			n, _ := strconv.Atoi(f[1])
+			return n
+		}
+	}
+	return 0
+}
+
+// memoryTrace is dnsd's RSS and live heap (after its last GC) every 30 s,
+// in MiB, with the run's events marked.
+func (e *soakEvidence) memoryTrace(began time.Time) string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var parts []string
+	next := began
+	for _, s := range e.samples {
+		if s.at.Before(next) {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%v %.1f/%.1f", s.at.Sub(began).Round(time.Second), float64(s.dnsdRSS)/1024, float64(s.liveHeap)/1024))
+		next = next.Add(30 * time.Second)
+	}
+	return strings.Join(parts, ", ")
 }
 
 // schedWait is how long the threads of pid have waited runnable on a run
@@ -444,6 +479,7 @@ func TestSoakDnsd(t *testing.T) {
 	wg.Wait()
 	took := time.Since(began)
 	rssEnd := rssKiB(t, d.cmd.Process.Pid)
+	t.Logf("dnsd RSS/live heap (MiB) since the start: %s; phases of %v from %v: upstream killed, back, killed, back, garbage", evidence.memoryTrace(began), phase, warmUp)
 
 	// Every wrong answer is shown with its evidence; a SERVFAIL with the
 	// upstream up counts as wrong unless the upstream, asked directly at

@@ -176,7 +176,16 @@ func TestSoakServiceChurnAPI(t *testing.T) {
 	services := soakSize(20, 1000)
 	phase := time.Duration(soakSize(2, 20)) * time.Second
 	rounds := soakSize(1, 2)
-	procs := []rssProc{{"proxyd", func() int { return k.proxyd["node1"].Pid() }}, {"dnsd", k.dnsd.Pid}}
+	procs := []rssProc{
+		{"proxyd", func() int { return k.proxyd["node1"].Pid() }, func() string {
+			_, body := httpGetIn(k.l.Node("node1").NSPath(), "127.0.0.1:10249", "/metrics")
+			return body
+		}},
+		{"dnsd", k.dnsd.Pid, func() string {
+			_, body := httpGetIn(k.dnsPod.NSPath(), "127.0.0.1:9153", "/metrics")
+			return body
+		}},
+	}
 	settle := func() []rssSettled { return churnSettle(t, procs, rounds) }
 	before := settle()
 

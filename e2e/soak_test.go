@@ -446,7 +446,16 @@ func TestSoakServiceChurn(t *testing.T) {
 	services := soakSize(20, 1000)
 	spread := time.Duration(soakSize(2, 30)) * time.Second // creations, then changes, spread over this
 	rounds := soakSize(1, 2)
-	procs := []rssProc{{"proxyd", c.proxyd[n3.Name].Pid}, {"dnsd", func() int { return dns.cmd.Process.Pid }}}
+	procs := []rssProc{
+		{"proxyd", c.proxyd[n3.Name].Pid, func() string {
+			_, body := httpGetIn(n3.NSPath(), "127.0.0.1:10249", "/metrics")
+			return body
+		}},
+		{"dnsd", func() int { return dns.cmd.Process.Pid }, func() string {
+			_, body := dns.get(dns.metricsPort, "/metrics")
+			return body
+		}},
+	}
 	settle := func() []rssSettled { return churnSettle(t, procs, rounds) }
 	before := settle()
 

@@ -2,7 +2,9 @@
 # make soak: the reliability scenarios of issue 15 at full size (minutes),
 # never part of make test, which runs a short version of each. Each scenario
 # asserts its goal (a regression fails it) and adds one row to the table
-# printed at the end. Needs root. SOAK=TestSoakProxydKilled runs one.
+# printed at the end. Needs root, and kube-apiserver in $PODNET_KUBE_APISERVER
+# for scenarios 2 (its API-server half) and 3 (make soak builds it). SOAK=
+# TestSoakProxydKilled runs one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PODNET_BIN="${PODNET_BIN:-$PWD/bin}"
