@@ -79,6 +79,20 @@ func startRealCluster(t *testing.T, nodes []lab.NodeSpec) *realCluster {
 // startRealClusterWith is startRealCluster with more images for the nodes,
 // built by extraImages once the control plane is up.
 func startRealClusterWith(t *testing.T, nodes []lab.NodeSpec, extraImages func(*realCluster) []string) *realCluster {
+	return startRealClusterOpts(t, nodes, realClusterOptions{extraImages: extraImages})
+}
+
+// realClusterOptions are what a real cluster gets beyond its nodes.
+type realClusterOptions struct {
+	// extraImages builds more images for the nodes once the control
+	// plane is up.
+	extraImages func(*realCluster) []string
+	// components are kustomize components of deploy/ ("ebpf" for
+	// deploy/ebpf), installed with it.
+	components []string
+}
+
+func startRealClusterOpts(t *testing.T, nodes []lab.NodeSpec, o realClusterOptions) *realCluster {
 	roottest.Require(t)
 	bins, err := realnode.FindBinaries()
 	if err != nil {
@@ -154,8 +168,8 @@ func startRealClusterWith(t *testing.T, nodes []lab.NodeSpec, extraImages func(*
 
 	imgDir := t.TempDir()
 	images := c.testImages(imgDir)
-	if extraImages != nil {
-		images = append(images, extraImages(c)...)
+	if o.extraImages != nil {
+		images = append(images, o.extraImages(c)...)
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, len(l.Nodes))
@@ -198,7 +212,7 @@ func startRealClusterWith(t *testing.T, nodes []lab.NodeSpec, extraImages func(*
 			t.Fatal(err)
 		}
 	}
-	c.installPodnet(ctx, podnetTar)
+	c.installPodnet(ctx, podnetTar, o.components)
 	c.routePodCIDRs(ctx)
 	return c
 }
@@ -341,8 +355,9 @@ func (c *realCluster) kubectl(ctx context.Context, args ...string) (string, erro
 	return c.cp.Host.Exec(ctx, append([]string{c.bins.Kubectl, "--kubeconfig=" + c.adminKC}, args...)...)
 }
 
-// installPodnet does what README's "Deploy on a cluster" says.
-func (c *realCluster) installPodnet(ctx context.Context, imageTar string) {
+// installPodnet does what README's "Deploy on a cluster" says, with the
+// given components of deploy/ (README, "Service proxy in ebpf mode").
+func (c *realCluster) installPodnet(ctx context.Context, imageTar string, components []string) {
 	t := c.t
 	t.Helper()
 	m, err := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(imageTar) })
@@ -363,6 +378,12 @@ func (c *realCluster) installPodnet(ctx context.Context, imageTar string) {
 		t.Fatal(err)
 	}
 	kust := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - %s\nimages:\n  - name: %s\n    newTag: %q\n", rel, repo, tag)
+	if len(components) > 0 {
+		kust += "components:\n"
+		for _, comp := range components {
+			kust += "  - " + filepath.Join(rel, comp) + "\n"
+		}
+	}
 	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -504,15 +525,10 @@ spec:
 `, replicas, testappImage, node, testappImage)
 }
 
-// TestRealNodeSmoke is the short real-node test of make test: one kubelet +
-// containerd node, podnet installed with kubectl apply -k deploy/ (the
-// DaemonSet's init container installs the plugin and loopback, containerd
-// calls podnet for every sandbox, proxyd and dnsd run as pods), then a pod
-// resolves a Service's name through 10.96.0.10 and reaches it.
-func TestRealNodeSmoke(t *testing.T) {
-	c := startRealCluster(t, []lab.NodeSpec{{Name: "node1", IP: netip.MustParsePrefix("192.168.10.11/24")}})
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-	defer cancel()
+// startWeb applies webYAML with two replicas and waits for them and the
+// client.
+func (c *realCluster) startWeb(ctx context.Context) {
+	c.t.Helper()
 	c.applyYAML(ctx, webYAML(2, ""))
 	c.waitFor(2*time.Minute, "web ready and client running", func(ctx context.Context) (bool, string) {
 		d, err := c.admin.AppsV1().Deployments("default").Get(ctx, "web", metav1.GetOptions{})
@@ -525,6 +541,41 @@ func TestRealNodeSmoke(t *testing.T) {
 		}
 		return true, ""
 	})
+}
+
+// checkWeb has the client pod of startWeb resolve kubernetes.default and
+// the web Service through 10.96.0.10 and GET the Service by its name.
+func (c *realCluster) checkWeb(ctx context.Context) {
+	t := c.t
+	t.Helper()
+	out, err := c.kubectl(ctx, "exec", "client", "--", "/testapp", "resolve", "kubernetes.default")
+	if err != nil || strings.TrimSpace(out) != "10.96.0.1" {
+		c.errorf("kubernetes.default from a pod: %q, %v; want 10.96.0.1", out, err)
+	}
+	svc, err := c.admin.CoreV1().Services("default").Get(ctx, "web", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err = c.kubectl(ctx, "exec", "client", "--", "/testapp", "resolve", "web")
+	if err != nil || strings.TrimSpace(out) != svc.Spec.ClusterIP {
+		c.errorf("web from a pod: %q, %v; want the ClusterIP %s", out, err, svc.Spec.ClusterIP)
+	}
+	out, err = c.kubectl(ctx, "exec", "client", "--", "/testapp", "get", "http://web.default.svc.cluster.local/")
+	if err != nil || !strings.HasPrefix(out, "web-") {
+		c.errorf("GET http://web.default.svc.cluster.local/ from a pod: %q, %v; want a web pod's answer", out, err)
+	}
+}
+
+// TestRealNodeSmoke is the short real-node test of make test: one kubelet +
+// containerd node, podnet installed with kubectl apply -k deploy/ (the
+// DaemonSet's init container installs the plugin and loopback, containerd
+// calls podnet for every sandbox, proxyd and dnsd run as pods), then a pod
+// resolves a Service's name through 10.96.0.10 and reaches it.
+func TestRealNodeSmoke(t *testing.T) {
+	c := startRealCluster(t, []lab.NodeSpec{{Name: "node1", IP: netip.MustParsePrefix("192.168.10.11/24")}})
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	c.startWeb(ctx)
 	pods, err := c.admin.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -544,24 +595,9 @@ func TestRealNodeSmoke(t *testing.T) {
 		logs, _ := c.kubectl(ctx, "-n", "podnet-system", "logs", "daemonset/podnet-node", "-c", "proxyd")
 		c.errorf("ip_forward on the node: %q, %v; proxyd says:\n%s", fwd, err, logs)
 	}
-	out, err := c.kubectl(ctx, "exec", "client", "--", "/testapp", "resolve", "kubernetes.default")
-	if err != nil || strings.TrimSpace(out) != "10.96.0.1" {
-		c.errorf("kubernetes.default from a pod: %q, %v; want 10.96.0.1", out, err)
-	}
-	svc, err := c.admin.CoreV1().Services("default").Get(ctx, "web", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err = c.kubectl(ctx, "exec", "client", "--", "/testapp", "resolve", "web")
-	if err != nil || strings.TrimSpace(out) != svc.Spec.ClusterIP {
-		c.errorf("web from a pod: %q, %v; want the ClusterIP %s", out, err, svc.Spec.ClusterIP)
-	}
-	out, err = c.kubectl(ctx, "exec", "client", "--", "/testapp", "get", "http://web.default.svc.cluster.local/")
-	if err != nil || !strings.HasPrefix(out, "web-") {
-		c.errorf("GET http://web.default.svc.cluster.local/ from a pod: %q, %v; want a web pod's answer", out, err)
-	}
+	c.checkWeb(ctx)
 	// The API server reaches pods too (pods/proxy), as on a control plane node.
-	out, err = c.kubectl(ctx, "get", "--raw", "/api/v1/namespaces/default/services/web:80/proxy/")
+	out, err := c.kubectl(ctx, "get", "--raw", "/api/v1/namespaces/default/services/web:80/proxy/")
 	if err != nil || !strings.HasPrefix(out, "web-") {
 		c.errorf("the web Service through the API server's proxy: %q, %v", out, err)
 	}

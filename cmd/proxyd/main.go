@@ -70,7 +70,7 @@ func (f *flags) flagSet() *pflag.FlagSet {
 	fs.DurationVar(&o.MinSyncPeriod, "min-sync-period", time.Second, "minimum time between syncs")
 	fs.StringSliceVar(&f.nodePortAddresses, "nodeport-addresses", nil, "CIDRs whose node addresses accept NodePorts (default: all)")
 	fs.BoolVar(&f.masqueradeAll, "masquerade-all", false, "masquerade all traffic sent to Service IPs")
-	fs.StringVar(&f.bpf.Cgroup, "bpf-cgroup", "", "ebpf mode: the cgroup v2 directory whose processes get socket-level load balancing (default: the cgroup2 root)")
+	fs.StringVar(&f.bpf.Cgroup, "bpf-cgroup", "", "ebpf mode: the cgroup v2 directory whose processes get socket-level load balancing, or a hybrid host's cgroup root holding it at unified/ (default: the cgroup2 root this process sees)")
 	fs.StringVar(&f.bpf.PinDir, "bpf-pin-dir", ebpf.DefaultPinDir, "ebpf mode: where maps and links are pinned (a bpffs is mounted there if needed)")
 	fs.BoolVar(&f.cleanup, "cleanup", false, "remove everything proxyd installed and exit")
 	fs.BoolVar(&f.showVersion, "version", false, "print the version and exit")

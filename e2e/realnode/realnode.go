@@ -7,7 +7,8 @@
 //     directory; /var/lib/containerd and /var/lib/kubelet are the node's own
 //     directories (containerd's overlay snapshots cannot live on an overlay);
 //     /run is a tmpfs; /sys is the namespace's own sysfs with the host's
-//     cgroup mounts bound back;
+//     cgroup mounts bound back, the node's own cgroup v2 bound over the
+//     cgroup2 root, and a bpffs of its own on /sys/fs/bpf;
 //   - the host-wide kernel settings the kubelet writes (vm.overcommit_memory,
 //     kernel.panic, …) are ordinary files bound over their /proc/sys entries;
 //   - the kubelet's cgroup v1 root is a directory named after the lab run,
@@ -203,6 +204,15 @@ func (n *Node) mountScript() string {
 	fmt.Fprintf(&b, "mount --rbind /sys/fs/cgroup %s/cg\n", d)
 	fmt.Fprintf(&b, "mount -t sysfs sysfs /sys\n")
 	fmt.Fprintf(&b, "mount --rbind %s/cg /sys/fs/cgroup\n", d)
+	// The node's cgroup v2 is its cgroup2 root: what the node takes for
+	// the whole machine's (ebpf mode attaches its socket programs there,
+	// deploy/ebpf) holds the node's processes and nothing of the host's.
+	fmt.Fprintf(&b, "mount --bind %s %s\n", n.Node.Cgroup, filepath.Dir(n.Node.Cgroup))
+	// A bpffs of the node's own, shared, as systemd mounts it on a real
+	// node: a DaemonSet's Bidirectional mount of /sys/fs/bpf needs it so.
+	// Its pins die with the node's mount namespace.
+	fmt.Fprintf(&b, "mount -t bpf bpf /sys/fs/bpf\n")
+	fmt.Fprintf(&b, "mount --make-shared /sys/fs/bpf\n")
 	fmt.Fprintf(&b, "mount -t tmpfs tmpfs /run\n")
 	for _, o := range []string{"etc", "opt", "usr", "var"} {
 		fmt.Fprintf(&b, "mount -t overlay overlay -o lowerdir=/%s,upperdir=%s/ov/%s.up,workdir=%s/ov/%s.work /%s\n", o, d, o, d, o, o)

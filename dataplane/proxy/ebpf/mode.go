@@ -19,11 +19,8 @@ var Mode = proxy.Mode{
 		if err := Probe(); err != nil {
 			return err
 		}
-		cg, err := cgroupOf(cfg)
-		if err != nil {
-			return err
-		}
-		return checkCgroup(cg)
+		_, err := cgroupOf(cfg)
+		return err
 	},
 	New: func(cfg proxy.Config) (proxy.Backend, error) {
 		cg, err := cgroupOf(cfg)
@@ -59,9 +56,11 @@ func pinDirOf(cfg proxy.Config) string {
 	return DefaultPinDir
 }
 
+// cgroupOf is the cgroup v2 directory to attach to: --bpf-cgroup resolved
+// (ResolveCgroup), or the cgroup2 root this process sees.
 func cgroupOf(cfg proxy.Config) (string, error) {
 	if cfg.BPF.Cgroup != "" {
-		return cfg.BPF.Cgroup, nil
+		return ResolveCgroup(cfg.BPF.Cgroup)
 	}
 	return Cgroup2Root()
 }
