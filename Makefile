@@ -2,6 +2,10 @@
 # what they need first (Debian packages via scripts/deps.sh, Go modules via go).
 
 GO       ?= go
+# The release this tree builds: the image tag `make image` writes and the
+# one deploy/ installs (deploy/kustomization.yaml and deploy/podnet.yaml
+# name it; e2e/deploy_test.go fails when they disagree).
+RELEASE  := v0.1.0
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -s -w -X github.com/podnet/podnet/dataplane/version.Version=$(VERSION)
 GOFLAGS_BUILD := -trimpath -ldflags '$(LDFLAGS)'
@@ -108,7 +112,7 @@ conformance: deps build apiserver image kube-node $(E2E_TEST) $(AGNHOST)
 # load`), without a Docker engine: the final stage of the Dockerfile read by
 # e2e/cmd/mkimage, its Debian packages installed by mmdebstrap (cached in
 # $(APISERVER_CACHE)), the binaries from bin/.
-IMAGE_TAG ?= ghcr.io/podnet/podnet:$(VERSION)
+IMAGE_TAG ?= ghcr.io/podnet/podnet:$(RELEASE)
 IMAGE := bin/podnet-image.tar
 image: bin/podnet bin/loopback bin/portmap bin/proxyd bin/dnsd
 	$(GO) run ./e2e/cmd/mkimage --dockerfile Dockerfile --tag $(IMAGE_TAG) --out $(IMAGE) --cache-dir $(APISERVER_CACHE)

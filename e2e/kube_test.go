@@ -107,7 +107,7 @@ func startControlPlane(logf func(string, ...any)) error {
 	// the lab use the service accounts' identities.
 	if err := applyManifests(ctx, srv, false, func(u *unstructured.Unstructured) bool {
 		switch u.GetKind() {
-		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding":
+		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding":
 			return true
 		}
 		return false

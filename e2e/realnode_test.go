@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -590,15 +591,86 @@ func TestRealNodeSmoke(t *testing.T) {
 			c.errorf("pod %s/%s has address %q, want one from %v", p.Namespace, p.Name, p.Status.PodIP, podCIDR)
 		}
 	}
-	// The node started with forwarding off; the DaemonSet's proxyd turns it on.
+	// The node started with forwarding off; the DaemonSet's privileged init
+	// container turns it on, and proxyd, whose /proc/sys is read-only,
+	// finds it set.
 	if fwd, err := c.nodes[0].Exec(ctx, "cat", "/proc/sys/net/ipv4/ip_forward"); err != nil || strings.TrimSpace(fwd) != "1" {
-		logs, _ := c.kubectl(ctx, "-n", "podnet-system", "logs", "daemonset/podnet-node", "-c", "proxyd")
-		c.errorf("ip_forward on the node: %q, %v; proxyd says:\n%s", fwd, err, logs)
+		logs, _ := c.kubectl(ctx, "-n", "podnet-system", "logs", "daemonset/podnet-node", "-c", "sysctls")
+		c.errorf("ip_forward on the node: %q, %v; proxyd init says:\n%s", fwd, err, logs)
 	}
+	c.checkProxydProcSysReadOnly(ctx)
+	c.checkNodeRBAC(ctx)
 	c.checkWeb(ctx)
 	// The API server reaches pods too (pods/proxy), as on a control plane node.
 	out, err := c.kubectl(ctx, "get", "--raw", "/api/v1/namespaces/default/services/web:80/proxy/")
 	if err != nil || !strings.HasPrefix(out, "web-") {
 		c.errorf("the web Service through the API server's proxy: %q, %v", out, err)
+	}
+}
+
+// checkProxydProcSysReadOnly: proxyd runs with /proc/sys mounted read-only
+// (an unprivileged container's) and still has nothing to complain about.
+func (c *realCluster) checkProxydProcSysReadOnly(ctx context.Context) {
+	c.t.Helper()
+	inProxyd := func(args ...string) (string, error) {
+		return c.kubectl(ctx, append([]string{"-n", "podnet-system", "exec", "daemonset/podnet-node", "-c", "proxyd", "--"}, args...)...)
+	}
+	mounts, err := inProxyd("cat", "/proc/self/mountinfo")
+	if err != nil {
+		c.fatalf("mountinfo of proxyd's container: %v\n%s", err, mounts)
+	}
+	var opts string
+	for line := range strings.Lines(mounts) {
+		// ID parent major:minor root mountpoint options ...
+		if f := strings.Fields(line); len(f) > 5 && f[4] == "/proc/sys" {
+			opts = f[5]
+		}
+	}
+	if !slices.Contains(strings.Split(opts, ","), "ro") {
+		c.errorf("/proc/sys in proxyd's container has options %q, want a read-only mount", opts)
+	}
+	if out, err := inProxyd("sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"); err == nil || !strings.Contains(out, "Read-only file system") {
+		c.errorf("writing ip_forward in proxyd's container: %v %q, want it refused as read-only", err, out)
+	}
+	logs, err := c.kubectl(ctx, "-n", "podnet-system", "logs", "daemonset/podnet-node", "-c", "proxyd")
+	if err != nil || strings.Contains(logs, "sysctl") {
+		c.errorf("proxyd's log mentions a sysctl (%v):\n%s", err, logs)
+	}
+}
+
+// checkNodeRBAC asks the API server what podnet-node's ServiceAccount may
+// do: Leases only in its own namespace, Nodes only read and patched.
+func (c *realCluster) checkNodeRBAC(ctx context.Context) {
+	c.t.Helper()
+	const sa = "system:serviceaccount:podnet-system:podnet-node"
+	for _, q := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"create", "leases", "-n", "podnet-system"}, "yes"},
+		{[]string{"delete", "leases", "-n", "podnet-system"}, "yes"},
+		{[]string{"create", "leases", "-n", "kube-node-lease"}, "no"},
+		{[]string{"delete", "leases", "-n", "kube-node-lease"}, "no"},
+		{[]string{"update", "leases", "-n", "podnet-system"}, "no"},
+		{[]string{"patch", "nodes"}, "yes"},
+		{[]string{"patch", "nodes/status"}, "yes"},
+		{[]string{"update", "nodes"}, "no"},
+		{[]string{"delete", "nodes"}, "no"},
+		{[]string{"create", "events", "-n", "podnet-system"}, "no"},
+	} {
+		out, _ := c.kubectl(ctx, append([]string{"auth", "can-i", "--as=" + sa}, q.args...)...)
+		// The answer is the last line, after any warnings.
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if got := lines[len(lines)-1]; got != q.want {
+			c.errorf("can podnet-node %s: %q, want %s", strings.Join(q.args, " "), got, q.want)
+		}
+	}
+	// And a real write, with the ServiceAccount's identity: refused.
+	lease := filepath.Join(c.cp.Dir, "lease.yaml")
+	if err := os.WriteFile(lease, []byte("apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata: {name: podcidr-10.244.9.0-24, namespace: kube-node-lease}\n"), 0o644); err != nil {
+		c.fatalf("%v", err)
+	}
+	if out, err := c.kubectl(ctx, "create", "--as="+sa, "-f", lease); err == nil || !strings.Contains(out, "forbidden") {
+		c.errorf("podnet-node creating a Lease in kube-node-lease: %v %q, want forbidden", err, out)
 	}
 }

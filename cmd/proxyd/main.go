@@ -21,6 +21,7 @@ import (
 	"github.com/podnet/podnet/dataplane/ipt"
 	"github.com/podnet/podnet/dataplane/logging"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
+	"github.com/podnet/podnet/dataplane/podcidr"
 	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/proxy/ebpf"
 	"github.com/podnet/podnet/dataplane/routing"
@@ -56,6 +57,7 @@ func (f *flags) flagSet() *pflag.FlagSet {
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the API server to read the cluster from (default: in-cluster config, unless --state-dir is set)")
 	fs.StringVar(&o.StateDir, "state-dir", "", "directory of Kubernetes objects (YAML/JSON) to read the cluster state from instead of the API server")
 	fs.BoolVar(&o.AllocateNodeCIDRs, "allocate-node-cidrs", false, "claim a free /24 of --cluster-cidr for a node without spec.podCIDR (when kube-controller-manager does not allocate them)")
+	fs.StringVar(&o.ClaimNamespace, "claim-namespace", claimNamespace(), "namespace of the Leases that claim podCIDRs with --allocate-node-cidrs (default: $POD_NAMESPACE, else "+podcidr.DefaultNamespace+")")
 	fs.StringVar(&f.clusterCIDR, "cluster-cidr", "10.244.0.0/16", "the pod network of the whole cluster")
 	fs.StringVar(&f.backend, "backend", string(routing.BackendAuto), "how to reach other nodes' pods: auto (host-gw on this node's subnet, VXLAN beyond), host-gw or vxlan")
 	fs.IntVar(&o.VXLANVNI, "vxlan-vni", routing.DefaultVNI, "VXLAN network identifier")
@@ -80,8 +82,13 @@ func (f *flags) flagSet() *pflag.FlagSet {
 }
 
 func run(args []string) int {
-	if len(args) > 0 && args[0] == "status" {
-		return runStatus(args[1:], os.Stdout)
+	if len(args) > 0 {
+		switch args[0] {
+		case "status":
+			return runStatus(args[1:], os.Stdout)
+		case "init":
+			return runInit(args[1:], os.Stdout, os.Stderr)
+		}
 	}
 	var f flags
 	if err := f.flagSet().Parse(args); err != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -26,5 +27,18 @@ func TestEBPFModeRefusedBeforeAnythingIsTouched(t *testing.T) {
 	}
 	if _, err := os.Stat(pins); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("pin dir %s: %v; want it never created", pins, err)
+	}
+}
+
+// TestInitUsage: proxyd init takes no arguments; --help (which the
+// manifests test runs) exits 0 without touching the node.
+func TestInitUsage(t *testing.T) {
+	var out, errOut strings.Builder
+	if code := runInit([]string{"extra"}, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), `"extra"`) {
+		t.Errorf("proxyd init extra: exit %d, %q; want 2 naming the argument", code, errOut.String())
+	}
+	errOut.Reset()
+	if code := runInit([]string{"--help"}, &out, &errOut); code != 0 || !strings.Contains(errOut.String(), "privileged init container") {
+		t.Errorf("proxyd init --help: exit %d, %q", code, errOut.String())
 	}
 }

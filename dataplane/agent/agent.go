@@ -54,17 +54,20 @@ type Options struct {
 	// AllocateNodeCIDRs claims a podCIDR for this node when its Node has
 	// none (needs Kube).
 	AllocateNodeCIDRs bool
-	ClusterCIDR       netip.Prefix
-	Backend           routing.Backend
-	VXLANVNI          int
-	VXLANPort         int
-	Iface             string // "" = the interface holding the node's InternalIP
-	NodeConfigPath    string
-	Masquerade        bool
-	SyncPeriod        time.Duration
-	MinSyncPeriod     time.Duration
-	HealthzAddr       string // "" disables
-	MetricsAddr       string // "" disables
+	// ClaimNamespace holds the podCIDR claims' Leases; "":
+	// podcidr.DefaultNamespace.
+	ClaimNamespace string
+	ClusterCIDR    netip.Prefix
+	Backend        routing.Backend
+	VXLANVNI       int
+	VXLANPort      int
+	Iface          string // "" = the interface holding the node's InternalIP
+	NodeConfigPath string
+	Masquerade     bool
+	SyncPeriod     time.Duration
+	MinSyncPeriod  time.Duration
+	HealthzAddr    string // "" disables
+	MetricsAddr    string // "" disables
 	// IPTables runs the iptables commands for the node's chains and the
 	// Service proxy alike; zero: the backend the node uses (ipt.Detect).
 	IPTables ipt.Runner
@@ -282,7 +285,7 @@ func goKube(g *app.Group, o Options, client kubernetes.Interface, routed <-chan 
 	if o.AllocateNodeCIDRs {
 		g.Go("podCIDR allocation", func(ctx context.Context) error {
 			return retry(ctx, log, "claim a podCIDR", func() error {
-				p, err := podcidr.Ensure(ctx, podcidr.Options{Client: client, NodeName: o.NodeName, ClusterCIDR: o.ClusterCIDR})
+				p, err := podcidr.Ensure(ctx, podcidr.Options{Client: client, NodeName: o.NodeName, ClusterCIDR: o.ClusterCIDR, Namespace: o.ClaimNamespace})
 				if err == nil {
 					log.Info("node podCIDR", "podCIDR", p)
 				}

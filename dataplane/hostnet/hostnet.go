@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 // Chain names. Every chain of this package starts with ChainPrefix.
@@ -28,6 +29,10 @@ const (
 
 // ErrBrNetfilter says bridged traffic cannot be made to traverse iptables.
 var ErrBrNetfilter = errors.New("br_netfilter is not loaded")
+
+// ErrSysctlReadOnly says a sysctl has the wrong value and /proc/sys cannot
+// be written here: the read-only /proc/sys of an unprivileged container.
+var ErrSysctlReadOnly = errors.New("sysctl cannot be set: /proc/sys is read-only here")
 
 // Sysctl reads and writes sysctls by their /proc/sys path ("net/ipv4/ip_forward").
 type Sysctl interface {
@@ -67,8 +72,10 @@ const (
 )
 
 // EnsureSysctls turns on IP forwarding and bridged-traffic filtering,
-// loading br_netfilter if its sysctls are missing. The error says what an
-// operator has to do when it cannot be fixed from here.
+// loading br_netfilter if its sysctls are missing. A sysctl that already
+// has its value is only read, so this works in a container whose /proc/sys
+// is read-only once something privileged (proxyd init) has set them. The
+// error says what an operator has to do when it cannot be fixed from here.
 func EnsureSysctls(s Sysctl, modprobe Modprobe) error {
 	if err := ensure(s, sysctlForward, "1"); err != nil {
 		return err
@@ -91,7 +98,10 @@ func ensure(s Sysctl, name, want string) error {
 	if got == want {
 		return nil
 	}
-	if err := s.Set(name, want); err != nil {
+	if err := s.Set(name, want); errors.Is(err, syscall.EROFS) {
+		return fmt.Errorf("%w: %s is %q, want %q: set it before proxyd starts (`proxyd init` in a privileged init container, as deploy/podnet.yaml does, or on the host)",
+			ErrSysctlReadOnly, name, got, want)
+	} else if err != nil {
 		return fmt.Errorf("set sysctl %s=%s: %w", name, want, err)
 	}
 	if got, err := s.Get(name); err != nil || got != want {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -80,9 +81,12 @@ func TestEnsureChains(t *testing.T) {
 	}
 }
 
+// fakeSysctl is /proc/sys; readOnly makes writes fail as they do in an
+// unprivileged container (EROFS).
 type fakeSysctl struct {
 	vals      map[string]string
 	readOnly  bool
+	sets      int
 	modprobed []string
 }
 
@@ -97,8 +101,9 @@ func (f *fakeSysctl) Set(name, v string) error {
 	if _, ok := f.vals[name]; !ok {
 		return os.ErrNotExist
 	}
+	f.sets++
 	if f.readOnly {
-		return os.ErrPermission
+		return &os.PathError{Op: "open", Path: "/proc/sys/" + name, Err: syscall.EROFS}
 	}
 	f.vals[name] = v
 	return nil
@@ -131,10 +136,16 @@ func TestEnsureSysctls(t *testing.T) {
 		t.Errorf("err = %v, want ErrBrNetfilter telling to modprobe", err)
 	}
 
-	// Read-only /proc/sys: reported, naming the sysctl.
+	// Read-only /proc/sys with the values already right: only read.
+	s = &fakeSysctl{vals: map[string]string{sysctlForward: "1", sysctlBridgeNF: "1"}, readOnly: true}
+	if err := EnsureSysctls(s, ExecModprobe); err != nil || s.sets != 0 {
+		t.Errorf("read-only and already set: err %v after %d writes, want nil after none", err, s.sets)
+	}
+	// Read-only and wrong: reported, naming the sysctl and the fix.
 	s = &fakeSysctl{vals: map[string]string{sysctlForward: "0", sysctlBridgeNF: "1"}, readOnly: true}
-	if err := EnsureSysctls(s, ExecModprobe); err == nil || !strings.Contains(err.Error(), "ip_forward") {
-		t.Errorf("err = %v, want one naming ip_forward", err)
+	err = EnsureSysctls(s, ExecModprobe)
+	if !errors.Is(err, ErrSysctlReadOnly) || !strings.Contains(err.Error(), "net/ipv4/ip_forward is \"0\"") || !strings.Contains(err.Error(), "proxyd init") {
+		t.Errorf("err = %v, want ErrSysctlReadOnly naming ip_forward and proxyd init", err)
 	}
 }
 

@@ -8,6 +8,11 @@
 // subnet both try to create its Lease; exactly one succeeds, the other moves
 // on to the next subnet. A claim's Lease is owned by its Node, so the
 // garbage collector frees the subnet when the Node is deleted.
+//
+// The Leases live in podnet's own namespace, so the node agent's right to
+// create and delete Leases is a Role there, not one over every namespace
+// (kube-node-lease holds the kubelets' heartbeats, which a compromised agent
+// could otherwise delete or forge).
 package podcidr
 
 import (
@@ -30,9 +35,8 @@ import (
 // subnet's Lease-name form.
 const LabelClaim = "podnet.io/pod-cidr"
 
-// DefaultNamespace holds the claims: it exists in every cluster and already
-// holds per-node Leases.
-const DefaultNamespace = "kube-node-lease"
+// DefaultNamespace holds the claims: the namespace of deploy/'s DaemonSet.
+const DefaultNamespace = "podnet-system"
 
 // ErrExhausted is returned when every subnet of the cluster CIDR is taken.
 var ErrExhausted = errors.New("no free podCIDR left in the cluster CIDR")

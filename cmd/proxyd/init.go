@@ -1,0 +1,52 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/pflag"
+
+	"github.com/podnet/podnet/dataplane/hostnet"
+	"github.com/podnet/podnet/dataplane/podcidr"
+)
+
+// runInit is `proxyd init`: it sets the kernel settings proxyd needs (IP
+// forwarding, br_netfilter and bridged traffic through iptables) and exits.
+// It is meant for a privileged init container, so that proxyd itself can
+// run with the read-only /proc/sys every unprivileged container gets: it
+// then only reads them, and says so clearly if one was changed back.
+func runInit(args []string, stdout, stderr io.Writer) int {
+	fs := pflag.NewFlagSet("proxyd init", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: proxyd init\n\nSets net.ipv4.ip_forward=1 and net.bridge.bridge-nf-call-iptables=1 (loading br_netfilter)\nin this network namespace, then exits; for a privileged init container before proxyd.")
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "proxyd init: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if err := hostnet.EnsureSysctls(hostnet.ProcSysctl{}, hostnet.ExecModprobe); err != nil {
+		fmt.Fprintf(stderr, "proxyd init: %v\n", err)
+		return 1
+	}
+	fmt.Fprintln(stdout, "proxyd init: net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1")
+	return 0
+}
+
+// claimNamespace is --claim-namespace's default: the pod's own namespace,
+// which deploy/'s DaemonSet passes in through the downward API, so the
+// claims live where its Role lets it write Leases.
+func claimNamespace() string {
+	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
+		return ns
+	}
+	return podcidr.DefaultNamespace
+}
