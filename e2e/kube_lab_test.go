@@ -562,9 +562,10 @@ func TestKubeLab(t *testing.T) {
 		// Changes made after it returns reach the nodes: the watches
 		// reconnect with backoff, so allow for that.
 		k.createService(ctx, kubeLabNS, "after", "10.96.100.30", []svcPortSpec{{"http", corev1.ProtocolTCP, 80, 8080}}, web2)
-		// The kube source re-sends its watches every 500 ms while the API
-		// server is away, so they resume at once rather than after
-		// client-go's backoff (tens of seconds after a 10 s outage).
+		// The kube source's reflectors retry with client-go's backoff
+		// capped at 800 ms (kube.PromptBackoff), so they resume within
+		// about a second rather than after client-go's default backoff
+		// (up to a minute after an outage this long).
 		within(t, 3*time.Second, "Service created after the outage reachable and resolvable", func() bool {
 			return k.reaches("10.96.100.30:80", "web2") && k.resolves("after.default.svc.cluster.local.", "10.96.100.30")
 		})

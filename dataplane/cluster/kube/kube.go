@@ -1,11 +1,18 @@
-// Package kube is the Kubernetes API source of cluster state: client-go
-// shared informers whose objects are reduced to the compact cluster structs
-// as they arrive (an informer transform), so the informer caches hold only
-// what podnet uses, and every change is written into a cluster.Store.
+// Package kube is the Kubernetes API source of cluster state: one client-go
+// reflector per kind, whose objects are reduced to the compact cluster
+// structs as they arrive and written straight into a cluster.Store. No
+// informer cache sits between: the Store is the only copy, and each kind
+// keeps just the keys it holds, to find what a relist no longer has.
 //
-// When the API server goes away the informers keep their last state and
-// retry with backoff; the Store is never cleared, so proxyd keeps its rules
-// and dnsd keeps answering. Staleness is reported through Err.
+// Reflectors rather than shared informers because only a reflector takes a
+// backoff (ReflectorOptions.Backoff; the informer factory has no way to
+// pass one): client-go's own retry, capped low so the daemons pick up
+// changes promptly once an API server outage ends (PromptBackoff).
+//
+// When the API server goes away the reflectors retry and the Store is
+// never cleared, so proxyd keeps its rules and dnsd keeps answering.
+// Staleness is reported through Err: every list and watch call's outcome
+// is recorded.
 package kube
 
 import (
@@ -13,7 +20,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"sync"
 	"time"
 
@@ -21,7 +27,9 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -36,29 +44,25 @@ var DefaultKinds = []cluster.Kind{cluster.KindNode, cluster.KindService, cluster
 
 // Options configures a Source.
 type Options struct {
-	// Config is the API server to read; Run builds the client from it,
-	// watching every request it makes: a failed one marks the state stale
-	// at once, the next answer clears that. Alternatively Client (tests
-	// with a fake clientset), whose staleness is seen only through watch
-	// errors.
+	// Config is the API server to read; Run builds the client from it.
+	// Alternatively Client (tests with a fake clientset).
 	Config *rest.Config
 	Client kubernetes.Interface
 	Store  *cluster.Store
 	Logger *slog.Logger
 	// Kinds to watch; DefaultKinds when empty.
 	Kinds []cluster.Kind
-	// Resync replays the informer caches into the handlers; 0 disables it.
-	Resync time.Duration
+	// Backoff of the reflectors' retries; nil: PromptBackoff.
+	Backoff *wait.Backoff
 }
 
 // Source feeds a Store from the API server.
 type Source struct {
 	o Options
 
-	mu        sync.Mutex
-	watchErr  error
-	errSince  time.Time
-	lastEvent time.Time
+	mu       sync.Mutex
+	watchErr error
+	errSince time.Time
 }
 
 // ClientConfig returns the REST config of kubeconfig, or the in-cluster
@@ -100,13 +104,11 @@ func (s *Source) Err() error {
 	return fmt.Errorf("cluster state stale since %s: %w", s.errSince.Format(time.RFC3339), s.watchErr)
 }
 
-// Run starts the informers, marks the Store synced once every cache has
-// listed, and keeps it current until ctx ends.
+// Run starts one reflector per kind, marks the Store synced once every kind
+// has listed, and keeps it current until ctx ends.
 func (s *Source) Run(ctx context.Context) error {
 	if s.o.Client == nil && s.o.Config != nil {
-		cfg := rest.CopyConfig(s.o.Config)
-		cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return observer{rt: rt, s: s} })
-		client, err := kubernetes.NewForConfig(cfg)
+		client, err := kubernetes.NewForConfig(s.o.Config)
 		if err != nil {
 			return fmt.Errorf("kube source: %w", err)
 		}
@@ -115,31 +117,35 @@ func (s *Source) Run(ctx context.Context) error {
 	if s.o.Client == nil || s.o.Store == nil {
 		return errors.New("kube source: Config or Client, and Store are required")
 	}
-	factory := informers.NewSharedInformerFactory(s.o.Client, s.o.Resync)
-	var synced []cache.InformerSynced
+	backoff := PromptBackoff
+	if s.o.Backoff != nil {
+		backoff = *s.o.Backoff
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var synced []<-chan struct{}
 	for _, kind := range s.o.Kinds {
-		inf, err := s.informer(factory, kind)
+		lw, example, err := s.listWatch(kind)
 		if err != nil {
 			return err
 		}
-		if err := inf.SetTransform(s.transform(kind)); err != nil {
-			return fmt.Errorf("set %s transform: %w", kind, err)
-		}
-		if err := inf.SetWatchErrorHandlerWithContext(s.watchError(kind)); err != nil {
-			return fmt.Errorf("set %s watch error handler: %w", kind, err)
-		}
-		reg, err := inf.AddEventHandler(s.handler(kind))
-		if err != nil {
-			return fmt.Errorf("add %s handler: %w", kind, err)
-		}
-		// The registration, not the informer: synced once our handler has
-		// seen the initial list, not merely once the cache holds it.
-		synced = append(synced, reg.HasSynced)
+		ks := &kindStore{s: s, kind: kind, keys: map[cluster.Key]struct{}{}, synced: make(chan struct{})}
+		r := cache.NewReflectorWithOptions(lw, example, ks, cache.ReflectorOptions{
+			Name:            "podnet " + kind.String(),
+			TypeDescription: kind.String(),
+			Backoff:         &backoff,
+		})
+		wg.Go(func() { r.RunWithContext(ctx) })
+		synced = append(synced, ks.synced)
 	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
-		return ctx.Err()
+	for _, ch := range synced {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil
+		}
 	}
 	s.o.Logger.Info("cluster state synced from the API server", "kinds", fmt.Sprint(s.o.Kinds))
 	s.o.Store.MarkSynced()
@@ -162,25 +168,73 @@ func (s *Source) Run(ctx context.Context) error {
 	}
 }
 
-func (s *Source) informer(f informers.SharedInformerFactory, kind cluster.Kind) (cache.SharedIndexInformer, error) {
+// PromptBackoff is how the reflectors retry a refused watch or a failed
+// list: client-go's backoff with a low cap. client-go's default (800 ms
+// doubling to 30 s, plus up to as much again as jitter, reset after two
+// quiet minutes) would leave a change made just after a one-minute API
+// server outage unseen for up to a minute; capped at 800 ms, a change is
+// picked up within 1.2 s, and the jitter still spreads a cluster's nodes
+// over the retry interval.
+var PromptBackoff = wait.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Jitter: 0.5, Cap: 800 * time.Millisecond, Steps: 4}
+
+// listWatch returns the list and watch calls of kind, recording each
+// outcome (a failure marks the state stale, a success ends that), and an
+// example object of the kind.
+func (s *Source) listWatch(kind cluster.Kind) (cache.ListerWatcher, runtime.Object, error) {
+	var (
+		list    func(context.Context, metav1.ListOptions) (runtime.Object, error)
+		watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)
+		example runtime.Object
+	)
+	c := s.o.Client
 	switch kind {
 	case cluster.KindNode:
-		return f.Core().V1().Nodes().Informer(), nil
+		list, watchFn, example = listOf(c.CoreV1().Nodes().List), c.CoreV1().Nodes().Watch, &corev1.Node{}
 	case cluster.KindService:
-		return f.Core().V1().Services().Informer(), nil
+		list, watchFn, example = listOf(c.CoreV1().Services("").List), c.CoreV1().Services("").Watch, &corev1.Service{}
 	case cluster.KindEndpointSlice:
-		return f.Discovery().V1().EndpointSlices().Informer(), nil
+		list, watchFn, example = listOf(c.DiscoveryV1().EndpointSlices("").List), c.DiscoveryV1().EndpointSlices("").Watch, &discoveryv1.EndpointSlice{}
 	case cluster.KindNamespace:
-		return f.Core().V1().Namespaces().Informer(), nil
+		list, watchFn, example = listOf(c.CoreV1().Namespaces().List), c.CoreV1().Namespaces().Watch, &corev1.Namespace{}
 	case cluster.KindPod:
-		return f.Core().V1().Pods().Informer(), nil
+		list, watchFn, example = listOf(c.CoreV1().Pods("").List), c.CoreV1().Pods("").Watch, &corev1.Pod{}
+	default:
+		return nil, nil, fmt.Errorf("kube source: unknown kind %v", kind)
 	}
-	return nil, fmt.Errorf("kube source: unknown kind %v", kind)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			obj, err := list(ctx, o)
+			s.outcome("list", kind, err)
+			return obj, err
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			w, err := watchFn(ctx, o)
+			s.outcome("watch", kind, err)
+			return w, err
+		},
+	}
+	return cache.ToListWatcherWithWatchListSemantics(lw, c), example, nil
 }
 
-// reduced is what the informer caches hold in place of an API object: the
-// compact struct, plus just enough metadata for the informer's key and index
-// functions. obj is nil when the object could not be reduced (a malformed
+// listOf makes a typed List call a ListWatch's.
+func listOf[L runtime.Object](list func(context.Context, metav1.ListOptions) (L, error)) func(context.Context, metav1.ListOptions) (runtime.Object, error) {
+	return func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return list(ctx, o) }
+}
+
+// outcome records how a list or watch call went.
+func (s *Source) outcome(verb string, kind cluster.Kind, err error) {
+	switch {
+	case err == nil:
+		s.seen()
+	case errors.Is(err, context.Canceled):
+	default:
+		s.stale(fmt.Errorf("%s %s: %w", verb, kind, err))
+	}
+}
+
+// reduced is an API object as the reflectors keep it: the compact struct,
+// plus just enough metadata for their key functions and resource versions.
+// obj is nil when the object could not be reduced (a malformed
 // address, say): the Store then drops the key rather than keep a version that
 // no longer exists.
 type reduced struct {
@@ -188,8 +242,8 @@ type reduced struct {
 	obj cluster.Object
 }
 
-// transform reduces an API object to its compact struct before the informer
-// stores it, so the cache never holds the full object.
+// transform reduces an API object to its compact struct as soon as it
+// arrives, so no store ever holds the full object.
 func (s *Source) transform(kind cluster.Kind) cache.TransformFunc {
 	return func(obj any) (any, error) {
 		var (
@@ -231,38 +285,111 @@ func (s *Source) transform(kind cluster.Kind) cache.TransformFunc {
 
 func (r *reduced) key() cluster.Key { return cluster.Key{Namespace: r.Namespace, Name: r.Name} }
 
-func (s *Source) handler(kind cluster.Kind) cache.ResourceEventHandler {
-	apply := func(obj any) {
-		s.seen()
-		r, ok := obj.(*reduced)
-		switch {
-		case !ok:
-		case r.obj == nil:
-			s.o.Store.Delete(kind, r.key())
-		default:
-			s.o.Store.Upsert(r.obj)
-		}
-	}
-	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { apply(obj) },
-		UpdateFunc: func(_, obj any) { apply(obj) },
-		DeleteFunc: func(obj any) {
-			s.seen()
-			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = t.Obj
-			}
-			if r, ok := obj.(*reduced); ok {
-				s.o.Store.Delete(kind, r.key())
-			}
-		},
-	}
+// kindStore is where one kind's reflector puts what it lists and watches:
+// each object reduced and written into the cluster.Store at once. It keeps
+// only the keys it holds, to find what a relist no longer has.
+type kindStore struct {
+	s    *Source
+	kind cluster.Kind
+
+	mu     sync.Mutex
+	keys   map[cluster.Key]struct{}
+	synced chan struct{} // closed by the first Replace
 }
 
-func (s *Source) watchError(kind cluster.Kind) cache.WatchErrorHandlerWithContext {
-	return func(ctx context.Context, r *cache.Reflector, err error) {
-		s.stale(fmt.Errorf("watch %s: %w", kind, err))
-		cache.DefaultWatchErrorHandler(ctx, r, err)
+var _ cache.TransformingStore = (*kindStore)(nil)
+
+// Transformer lets the reflector reduce objects in the stores it keeps
+// itself (a streamed initial list), not only in this one.
+func (k *kindStore) Transformer() cache.TransformFunc { return k.s.transform(k.kind) }
+
+func (k *kindStore) Add(obj any) error    { return k.upsert(obj) }
+func (k *kindStore) Update(obj any) error { return k.upsert(obj) }
+
+func (k *kindStore) upsert(obj any) error {
+	r, err := k.reduce(obj)
+	if err != nil {
+		return err
 	}
+	k.s.seen()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.apply(r)
+	return nil
+}
+
+// apply writes r into the Store: an object that could not be reduced
+// drops its key rather than keep a version that no longer exists.
+func (k *kindStore) apply(r *reduced) {
+	if r.obj == nil {
+		delete(k.keys, r.key())
+		k.s.o.Store.Delete(k.kind, r.key())
+		return
+	}
+	k.keys[r.key()] = struct{}{}
+	k.s.o.Store.Upsert(r.obj)
+}
+
+func (k *kindStore) Delete(obj any) error {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	r, err := k.reduce(obj)
+	if err != nil {
+		return err
+	}
+	k.s.seen()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	delete(k.keys, r.key())
+	k.s.o.Store.Delete(k.kind, r.key())
+	return nil
+}
+
+// Replace takes a full list: everything in it is written, and what the
+// Store holds of this kind that the list lacks is deleted.
+func (k *kindStore) Replace(list []any, _ string) error {
+	rs := make([]*reduced, 0, len(list))
+	for _, obj := range list {
+		r, err := k.reduce(obj)
+		if err != nil {
+			return err
+		}
+		rs = append(rs, r)
+	}
+	k.s.seen()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	gone := k.keys
+	k.keys = make(map[cluster.Key]struct{}, len(rs))
+	for _, r := range rs {
+		delete(gone, r.key())
+		k.apply(r)
+	}
+	for key := range gone {
+		k.s.o.Store.Delete(k.kind, key)
+	}
+	select {
+	case <-k.synced:
+	default:
+		close(k.synced)
+	}
+	return nil
+}
+
+// Resync writes nothing: the Store already holds every object.
+func (k *kindStore) Resync() error { return nil }
+
+func (k *kindStore) reduce(obj any) (*reduced, error) {
+	out, err := k.s.transform(k.kind)(obj)
+	if err != nil {
+		return nil, err
+	}
+	r, ok := out.(*reduced)
+	if !ok {
+		return nil, fmt.Errorf("kube source: %s: unexpected %T", k.kind, out)
+	}
+	return r, nil
 }
 
 // stale records why the state may be out of date; the first error of a
@@ -280,56 +407,11 @@ func (s *Source) stale(err error) {
 	}
 }
 
-// observer sees every request the Source's client makes. The informers
-// retry a refused watch on their own, without telling the watch error
-// handler, so this is where an outage shows first.
-//
-// A watch that cannot reach the API server is retried here, every
-// watchRetry, instead of failing: the informers would back off
-// exponentially (up to 30 s, doubled by jitter), and changes made right
-// after the API server returns would wait that long. A watch is a GET
-// without a body, safe to send again.
-type observer struct {
-	rt http.RoundTripper
-	s  *Source
-}
-
-// watchRetry is how often a watch is re-sent while the API server is away.
-const watchRetry = 500 * time.Millisecond
-
-func (o observer) RoundTrip(req *http.Request) (*http.Response, error) {
-	for {
-		resp, err := o.rt.RoundTrip(req)
-		switch {
-		case err != nil:
-			if req.Context().Err() != nil {
-				return nil, err
-			}
-			o.s.stale(fmt.Errorf("%s %s: %w", req.Method, req.URL.Path, err))
-			if req.URL.Query().Get("watch") != "true" || req.Body != nil {
-				return nil, err
-			}
-			select {
-			case <-time.After(watchRetry):
-				continue
-			case <-req.Context().Done():
-				return nil, err
-			}
-		case resp.StatusCode >= 500:
-			o.s.stale(fmt.Errorf("%s %s: %s", req.Method, req.URL.Path, resp.Status))
-		default:
-			o.s.seen()
-		}
-		return resp, err
-	}
-}
-
 // seen records that the API server delivered something, which ends a stale
 // period.
 func (s *Source) seen() {
 	s.mu.Lock()
 	was := s.watchErr
-	s.lastEvent = time.Now()
 	s.watchErr = nil
 	s.mu.Unlock()
 	if was != nil {

@@ -3,17 +3,21 @@ package kube
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -197,4 +201,77 @@ func TestWatchFailureKeepsStateAndReportsStaleness(t *testing.T) {
 	}
 	down.Store(false)
 	eventually(t, "staleness cleared", func() bool { return src.Err() == nil })
+}
+
+// A refused watch is retried by client-go's reflector with the Source's
+// backoff: growing from Duration to Cap, not at a fixed interval and not
+// with client-go's default (800 ms doubling to 30 s), and the state is
+// stale until a watch gets through.
+func TestRefusedWatchRetriedWithBackoff(t *testing.T) {
+	client := fake.NewClientset(&corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "kept"},
+		Spec:       corev1.ServiceSpec{ClusterIP: "10.96.0.41"},
+	})
+	const refusals = 7
+	var (
+		mu    sync.Mutex
+		tries []time.Time
+	)
+	client.PrependWatchReactor("services", func(k8stesting.Action) (bool, watch.Interface, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		tries = append(tries, time.Now())
+		if len(tries) <= refusals {
+			return true, nil, fmt.Errorf("dial tcp 192.0.2.1:6443: %w", syscall.ECONNREFUSED)
+		}
+		return false, nil, nil
+	})
+	backoff := wait.Backoff{Duration: 20 * time.Millisecond, Factor: 2, Cap: 160 * time.Millisecond, Steps: 10}
+	store := cluster.NewStore()
+	src := New(Options{Client: client, Store: store, Kinds: []cluster.Kind{cluster.KindService}, Backoff: &backoff})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = src.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	eventually(t, "staleness reported", func() bool { return src.Err() != nil })
+	eventually(t, "a watch through", func() bool { mu.Lock(); defer mu.Unlock(); return len(tries) > refusals })
+	eventually(t, "staleness cleared", func() bool { return src.Err() == nil })
+	if store.Service(cluster.Key{Namespace: "default", Name: "kept"}) == nil {
+		t.Fatal("listed state lost while watches were refused")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := backoff.Duration
+	for i := 1; i <= refusals; i++ {
+		gap := tries[i].Sub(tries[i-1])
+		// Late is possible on a loaded machine, never by a whole second;
+		// early is not possible at all.
+		if gap < want-5*time.Millisecond || gap > want+time.Second {
+			t.Errorf("retry %d after %v, want %v (gaps %v)", i, gap, want, gaps(tries))
+		}
+		want = min(2*want, backoff.Cap)
+	}
+}
+
+func gaps(ts []time.Time) []time.Duration {
+	var out []time.Duration
+	for i := 1; i < len(ts); i++ {
+		out = append(out, ts[i].Sub(ts[i-1]).Round(time.Millisecond))
+	}
+	return out
+}
+
+// PromptBackoff never waits longer than 1.2 s between retries, however
+// long the outage: a change made as the API server returns is seen within
+// that, where client-go's default could wait a minute.
+func TestPromptBackoffBound(t *testing.T) {
+	delay := PromptBackoff.DelayFunc()
+	var longest time.Duration
+	for range 200 {
+		longest = max(longest, delay())
+	}
+	if longest > 1200*time.Millisecond || longest < PromptBackoff.Cap {
+		t.Errorf("longest of 200 retries %v, want between the cap %v and 1.2 s", longest, PromptBackoff.Cap)
+	}
 }
