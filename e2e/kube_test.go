@@ -448,8 +448,9 @@ func TestKubeSourceOutage(t *testing.T) {
 	}
 	back := time.Now()
 	mkService("after")
-	// Watches are retried every 500 ms while the API server is away, not
-	// after client-go's backoff of up to a minute.
+	// The reflectors retry within kube.PromptBackoff's 1.2 s while the API
+	// server is away, not after client-go's default backoff of up to a
+	// minute.
 	waitUntil(t, 5*time.Second, func() bool { return has("after") && src.Err() == nil }, "Service created after the outage, staleness cleared")
 	t.Logf("Service created after the outage in the Store %v after the API server returned", time.Since(back).Round(time.Millisecond))
 }

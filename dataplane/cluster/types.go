@@ -2,7 +2,7 @@
 // holding only what the dataplane uses (netip types, no whole API objects), a
 // Store that keeps the current set and tells subscribers what changed. Two
 // sources fill it: the state directory (cluster/statedir) and the Kubernetes
-// API through shared informers (cluster/kube); cluster/convert turns API
+// API through client-go reflectors (cluster/kube); cluster/convert turns API
 // objects into these structs for both.
 //
 // Sources write into a Store; consumers (proxyd, dnsd) read from it and never
