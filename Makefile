@@ -43,42 +43,37 @@ FORCE:
 deps:
 	@bash scripts/deps.sh
 
-# A real kube-apiserver for the e2e tests, built once from the Go module proxy
-# by the tools module in e2e/apiserver/tools (the first build takes minutes)
-# and cached outside the tree. Its version is the one that module requires.
+# A real kube-apiserver for the e2e tests, built from the Go module proxy by
+# the tools module in e2e/apiserver/tools (its version is the one that module
+# requires) and cached outside the tree, with what a real node of the lab
+# runs (e2e/realnode): kubelet, and for its cluster kube-controller-manager,
+# kube-scheduler and kubectl. All five come from ONE go build, so the
+# packages they share compile once and their links overlap other compiles
+# (a fresh machine builds them all for make test). The version ldflags make
+# them report $(APISERVER_VERSION) instead of v0.0.0-master.
 APISERVER_VERSION := v1.36.3
 APISERVER_CACHE ?= /var/cache/podnet
 APISERVER := $(APISERVER_CACHE)/kube-apiserver-$(APISERVER_VERSION)
 
 apiserver: $(APISERVER)
-$(APISERVER):
-	mkdir -p $(APISERVER_CACHE)
-	cd e2e/apiserver/tools && $(GO) build -trimpath \
-		-ldflags '-s -w -X k8s.io/component-base/version.gitVersion=$(APISERVER_VERSION)' \
-		-o $@.tmp k8s.io/kubernetes/cmd/kube-apiserver
-	mv $@.tmp $@
 
-# What a real node of the lab runs (e2e/realnode): kubelet, and for its
-# cluster kube-controller-manager, kube-scheduler and kubectl, built from the
-# same tools module in ONE go build so their shared dependencies compile once,
-# and cached beside kube-apiserver. The version ldflags make them report
-# $(APISERVER_VERSION) instead of v0.0.0-master.
 KUBE_NODE_BINS := kubelet kube-controller-manager kube-scheduler kubectl
 KUBE_NODE := $(foreach b,$(KUBE_NODE_BINS),$(APISERVER_CACHE)/$(b)-$(APISERVER_VERSION))
 KUBE_VERSION_LDFLAGS := $(foreach p,k8s.io/component-base/version k8s.io/client-go/pkg/version,-X $(p).gitVersion=$(APISERVER_VERSION) -X $(p).gitMajor=1 -X $(p).gitMinor=36 -X $(p).gitTreeState=clean)
+KUBE_BUILD_BINS := kube-apiserver $(KUBE_NODE_BINS)
 # containerd and runc from Debian's packages, unpacked without running their
 # install scripts (no daemon starts, nothing outside the cache changes).
 CONTAINERD_ROOT := $(APISERVER_CACHE)/containerd-debian
 
 kube-node: $(KUBE_NODE) $(CONTAINERD_ROOT)/usr/bin/containerd
-$(KUBE_NODE) &:
+$(APISERVER) $(KUBE_NODE) &:
 	mkdir -p $(APISERVER_CACHE)
-	rm -rf $(APISERVER_CACHE)/kube-node.tmp
+	rm -rf $(APISERVER_CACHE)/kube-build.tmp
 	cd e2e/apiserver/tools && nice -n 10 $(GO) build -trimpath \
-		-ldflags '-s -w $(KUBE_VERSION_LDFLAGS)' -o $(APISERVER_CACHE)/kube-node.tmp/ \
-		$(foreach b,$(KUBE_NODE_BINS),k8s.io/kubernetes/cmd/$(b))
-	for b in $(KUBE_NODE_BINS); do mv $(APISERVER_CACHE)/kube-node.tmp/$$b $(APISERVER_CACHE)/$$b-$(APISERVER_VERSION); done
-	rmdir $(APISERVER_CACHE)/kube-node.tmp
+		-ldflags '-s -w $(KUBE_VERSION_LDFLAGS)' -o $(APISERVER_CACHE)/kube-build.tmp/ \
+		$(foreach b,$(KUBE_BUILD_BINS),k8s.io/kubernetes/cmd/$(b))
+	for b in $(KUBE_BUILD_BINS); do mv $(APISERVER_CACHE)/kube-build.tmp/$$b $(APISERVER_CACHE)/$$b-$(APISERVER_VERSION); done
+	rmdir $(APISERVER_CACHE)/kube-build.tmp
 $(CONTAINERD_ROOT)/usr/bin/containerd:
 	rm -rf $(CONTAINERD_ROOT).tmp && mkdir -p $(CONTAINERD_ROOT).tmp/debs
 	cd $(CONTAINERD_ROOT).tmp/debs && { apt-get download containerd runc || { apt-get update -q && apt-get download containerd runc; }; }
@@ -102,10 +97,31 @@ $(E2E_TEST) $(AGNHOST) &:
 	mv $(E2E_TEST).tmp $(E2E_TEST)
 	mv $(AGNHOST).tmp $(AGNHOST)
 
+# The baseline the conformance run is compared with, in the same run:
+# kube-proxy of the same release (iptables mode) and CoreDNS at the version
+# that release's kubeadm installs (cmd/kubeadm/app/constants), both from the
+# Go module proxy and cached beside the other kube binaries. CoreDNS is
+# built by go install from its own module (its go.sum, no replace), not
+# from the tools module, whose Kubernetes libraries it must not move.
+KUBE_PROXY := $(APISERVER_CACHE)/kube-proxy-$(APISERVER_VERSION)
+COREDNS_VERSION := v1.14.2
+COREDNS := $(APISERVER_CACHE)/coredns-$(COREDNS_VERSION)
+$(KUBE_PROXY):
+	mkdir -p $(APISERVER_CACHE)
+	cd e2e/apiserver/tools && nice -n 10 $(GO) build -trimpath \
+		-ldflags '-s -w $(KUBE_VERSION_LDFLAGS)' -o $@.tmp k8s.io/kubernetes/cmd/kube-proxy
+	mv $@.tmp $@
+$(COREDNS):
+	rm -rf $@.tmp && mkdir -p $@.tmp
+	GOBIN=$@.tmp nice -n 10 $(GO) install -trimpath -ldflags '-s -w' github.com/coredns/coredns@$(COREDNS_VERSION)
+	mv $@.tmp/coredns $@
+	rmdir $@.tmp
+
 CONFORMANCE_FOCUS ?= \[sig-network\].*\[Conformance\]
-conformance: deps build apiserver image kube-node $(E2E_TEST) $(AGNHOST)
+conformance: deps build apiserver image kube-node $(E2E_TEST) $(AGNHOST) $(KUBE_PROXY) $(COREDNS)
 	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) PODNET_IMAGE=$(CURDIR)/$(IMAGE) \
 	PODNET_E2E_TEST=$(E2E_TEST) PODNET_AGNHOST=$(AGNHOST) PODNET_CONFORMANCE_FOCUS='$(CONFORMANCE_FOCUS)' \
+	PODNET_KUBE_PROXY=$(KUBE_PROXY) PODNET_COREDNS=$(COREDNS) \
 		$(GO) test -tags conformance -count=1 -timeout 150m -v -run '^(TestRealNodes|TestConformance)$$' ./e2e/
 
 # podnet's image as a docker-archive tarball (`ctr images import`, `docker

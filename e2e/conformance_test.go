@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,21 +31,21 @@ const (
 // getent beside it, so a Debian root with those tools), glibc-dns-testing
 // (Debian with dnsutils), nginx (has only to keep serving: the test app),
 // and pause.
-func (c *realCluster) conformanceImages(dir, agnhost, testapp string) []string {
-	c.t.Helper()
+func conformanceImages(t *testing.T, dir, agnhost, testapp string) []string {
+	t.Helper()
 	certDir := filepath.Join(dir, "certs")
 	if err := os.MkdirAll(certDir, 0o755); err != nil {
-		c.t.Fatal(err)
+		t.Fatal(err)
 	}
 	// agnhost's Proxy tests serve TLS with the pair the upstream image ships.
 	for _, f := range []string{"localhost.crt", "localhost.key"} {
-		src := filepath.Join(moduleDir(c.t, "k8s.io/kubernetes"), "test/images/agnhost/porter", f)
+		src := filepath.Join(moduleDir(t, "k8s.io/kubernetes"), "test/images/agnhost/porter", f)
 		data, err := os.ReadFile(src)
 		if err != nil {
-			c.t.Fatal(err)
+			t.Fatal(err)
 		}
 		if err := os.WriteFile(filepath.Join(certDir, f), data, 0o644); err != nil {
-			c.t.Fatal(err)
+			t.Fatal(err)
 		}
 	}
 	debianTools := []string{"bind9-dnsutils", "curl", "netcat-openbsd", "iproute2", "iputils-ping", "procps"}
@@ -68,8 +69,8 @@ func (c *realCluster) conformanceImages(dir, agnhost, testapp string) []string {
 	var out []string
 	for _, s := range specs {
 		p := filepath.Join(dir, strings.NewReplacer("/", "_", ":", "_").Replace(s.tag)+".tar")
-		if err := image.Build(c.t.Context(), image.BuildOptions{Spec: s.spec, Tag: s.tag, Out: p, CacheDir: "/var/cache/podnet"}); err != nil {
-			c.t.Fatalf("image %s: %v", s.tag, err)
+		if err := image.Build(t.Context(), image.BuildOptions{Spec: s.spec, Tag: s.tag, Out: p, CacheDir: "/var/cache/podnet"}); err != nil {
+			t.Fatalf("image %s: %v", s.tag, err)
 		}
 		out = append(out, p)
 	}
@@ -97,23 +98,67 @@ type junitSuite struct {
 	} `xml:"testcase"`
 }
 
+// specResult is one spec's outcome in a junit report.
+type specResult struct {
+	state string // passed, FAILED or skipped
+	secs  float64
+}
+
+// The two networks of the conformance run.
+const (
+	confPodnet   = "podnet"
+	confBaseline = "kube-proxy+CoreDNS"
+)
+
 // TestConformance runs e2e.test's [sig-network] [Conformance] specs against
-// three real nodes (two on one segment, one across the router) running
-// podnet as README installs it, and prints passed / failed / skipped per
-// spec. make conformance runs it.
+// two labs at once, each of three real nodes (two on one segment, one
+// across the router): one running podnet as README installs it, the other
+// the baseline, podnet's CNI plugin and node agent with kube-proxy
+// (iptables) and CoreDNS of the same release serving Services and DNS. It
+// prints passed / failed / skipped per spec for both side by side, and
+// fails if podnet fails any. make conformance runs it.
 func TestConformance(t *testing.T) {
 	e2eTest, agnhost := os.Getenv("PODNET_E2E_TEST"), os.Getenv("PODNET_AGNHOST")
-	if e2eTest == "" || agnhost == "" {
-		t.Fatal("$PODNET_E2E_TEST and $PODNET_AGNHOST are unset: run make conformance")
+	kubeProxy, coredns := os.Getenv("PODNET_KUBE_PROXY"), os.Getenv("PODNET_COREDNS")
+	if e2eTest == "" || agnhost == "" || kubeProxy == "" || coredns == "" {
+		t.Fatal("$PODNET_E2E_TEST, $PODNET_AGNHOST, $PODNET_KUBE_PROXY or $PODNET_COREDNS is unset: run make conformance")
 	}
 	focus := os.Getenv("PODNET_CONFORMANCE_FOCUS")
 	if focus == "" {
 		focus = `\[sig-network\].*\[Conformance\]`
 	}
+	checkCoreDNSVersion(t, coredns)
 	dir := t.TempDir()
-	extra := func(c *realCluster) []string { return c.conformanceImages(dir, agnhost, c.testapp) }
-	c := startRealClusterWith(t, realNodes(), extra)
+	images := conformanceImages(t, dir, agnhost, buildTestapp(t, dir))
+	baselineImages := append([]string{corednsImageTar(t, dir, coredns)}, images...)
 
+	results := map[string]map[string]specResult{}
+	var mu sync.Mutex
+	run := func(t *testing.T, name string, o realClusterOptions) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c := startRealClusterOpts(t, realNodes(), o)
+			r := c.runConformance(t, e2eTest, focus)
+			mu.Lock()
+			results[name] = r
+			mu.Unlock()
+		})
+	}
+	t.Run("labs", func(t *testing.T) {
+		run(t, confPodnet, realClusterOptions{extraImages: func(*realCluster) []string { return images }})
+		run(t, confBaseline, realClusterOptions{
+			extraImages: func(*realCluster) []string { return baselineImages },
+			users:       map[string]string{kubeProxyUser: "system:authenticated"},
+			install:     installBaseline(kubeProxy),
+		})
+	})
+	t.Logf("%s", compareTable(results[confPodnet], results[confBaseline]))
+}
+
+// runConformance runs e2e.test against the cluster, logs its table, and
+// fails the test if a spec failed or none passed.
+func (c *realCluster) runConformance(t *testing.T, e2eTest, focus string) map[string]specResult {
+	dir := t.TempDir()
 	repoList := filepath.Join(dir, "repo-list.yaml")
 	if err := os.WriteFile(repoList, []byte(fmt.Sprintf("promoterE2eRegistry: %s\ngcRegistry: %s\nbuildImageRegistry: localhost/build-image\nsigStorageRegistry: localhost/sig-storage\ngcEtcdRegistry: %s\ndockerLibraryRegistry: localhost/library\n", confRegistry, confGCRegistry, confGCRegistry)), 0o644); err != nil {
 		t.Fatal(err)
@@ -136,13 +181,29 @@ func TestConformance(t *testing.T) {
 		"--non-blocking-taints=node-role.kubernetes.io/control-plane",
 	)
 	t.Logf("e2e.test ran %v: %v\n%s", time.Since(start).Round(time.Second), err, tailLines(out, 80))
-	junits, _ := filepath.Glob(filepath.Join(report, "junit*.xml"))
-	if len(junits) == 0 {
-		t.Fatalf("no junit report in %s", report)
-	}
-	focusRE := regexp.MustCompile(focus)
+	results := readJUnit(t, report, regexp.MustCompile(focus))
 	var rows []string
-	passed, failed, skipped := 0, 0, 0
+	count := map[string]int{}
+	for name, r := range results {
+		count[r.state]++
+		rows = append(rows, fmt.Sprintf("| %s | %s | %.0f s |", name, r.state, r.secs))
+	}
+	sort.Strings(rows)
+	t.Logf("conformance: %d passed, %d failed, %d skipped\n| test | result | time |\n|---|---|---|\n%s", count["passed"], count["FAILED"], count["skipped"], strings.Join(rows, "\n"))
+	if count["FAILED"] > 0 || count["passed"] == 0 {
+		t.Errorf("%d conformance tests failed, %d passed", count["FAILED"], count["passed"])
+	}
+	return results
+}
+
+// readJUnit returns the outcome of every spec the focus matches in the
+// junit reports of dir (the report lists every spec, run or not).
+func readJUnit(t *testing.T, dir string, focus *regexp.Regexp) map[string]specResult {
+	junits, _ := filepath.Glob(filepath.Join(dir, "junit*.xml"))
+	if len(junits) == 0 {
+		t.Fatalf("no junit report in %s", dir)
+	}
+	results := map[string]specResult{}
 	for _, f := range junits {
 		data, err := os.ReadFile(f)
 		if err != nil {
@@ -156,28 +217,65 @@ func TestConformance(t *testing.T) {
 		}
 		for _, suite := range s.Suites {
 			for _, tc := range suite.Cases {
-				// The report lists every spec; the table, the focused ones.
-				if !focusRE.MatchString(tc.Name) {
+				if !focus.MatchString(tc.Name) {
 					continue
 				}
-				state := "passed"
+				r := specResult{state: "passed", secs: tc.Time}
 				switch {
 				case tc.Failure != nil:
-					state, failed = "FAILED", failed+1
+					r.state = "FAILED"
 				case tc.Skipped != nil:
-					state, skipped = "skipped", skipped+1
-				default:
-					passed++
+					r.state = "skipped"
 				}
-				rows = append(rows, fmt.Sprintf("| %s | %s | %.0f s |", tc.Name, state, tc.Time))
+				results[tc.Name] = r
 			}
 		}
 	}
-	sort.Strings(rows)
-	t.Logf("conformance: %d passed, %d failed, %d skipped\n| test | result | time |\n|---|---|---|\n%s", passed, failed, skipped, strings.Join(rows, "\n"))
-	if failed > 0 || passed == 0 {
-		t.Errorf("%d conformance tests failed, %d passed", failed, passed)
+	return results
+}
+
+// compareTable is both runs' results side by side, the specs whose
+// outcome differs listed after the table.
+func compareTable(podnet, baseline map[string]specResult) string {
+	names := map[string]bool{}
+	for n := range podnet {
+		names[n] = true
 	}
+	for n := range baseline {
+		names[n] = true
+	}
+	sorted := make([]string, 0, len(names))
+	for n := range names {
+		sorted = append(sorted, n)
+	}
+	sort.Strings(sorted)
+	state := func(r specResult, ok bool) string {
+		if !ok {
+			return "not run"
+		}
+		return r.state
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "| test | %s | %s |\n|---|---|---|\n", confPodnet, confBaseline)
+	var diffs []string
+	sum := map[string]map[string]int{confPodnet: {}, confBaseline: {}}
+	for _, n := range sorted {
+		p, pok := podnet[n]
+		k, kok := baseline[n]
+		ps, ks := state(p, pok), state(k, kok)
+		sum[confPodnet][ps]++
+		sum[confBaseline][ks]++
+		fmt.Fprintf(&b, "| %s | %s (%.0f s) | %s (%.0f s) |\n", n, ps, p.secs, ks, k.secs)
+		if ps != ks {
+			diffs = append(diffs, n)
+		}
+	}
+	for _, net := range []string{confPodnet, confBaseline} {
+		s := sum[net]
+		fmt.Fprintf(&b, "%s: %d passed, %d failed, %d skipped, %d not run\n", net, s["passed"], s["FAILED"], s["skipped"], s["not run"])
+	}
+	fmt.Fprintf(&b, "%d specs differ:\n%s\n", len(diffs), strings.Join(diffs, "\n"))
+	return b.String()
 }
 
 func tailLines(s string, n int) string {

@@ -91,6 +91,11 @@ type realClusterOptions struct {
 	// components are kustomize components of deploy/ ("ebpf" for
 	// deploy/ebpf), installed with it.
 	components []string
+	// users are more identities of the API server (name → group).
+	users map[string]string
+	// install puts the network on the started nodes instead of
+	// installPodnet.
+	install func(ctx context.Context, c *realCluster, podnetTar string)
 }
 
 func startRealClusterOpts(t *testing.T, nodes []lab.NodeSpec, o realClusterOptions) *realCluster {
@@ -129,6 +134,9 @@ func startRealClusterOpts(t *testing.T, nodes []lab.NodeSpec, o realClusterOptio
 	users := map[string]string{}
 	for _, n := range l.Nodes {
 		users["system:node:"+n.Name] = "system:nodes"
+	}
+	for u, g := range o.users {
+		users[u] = g
 	}
 	srv, err := apiserver.Start(ctx, apiserver.Options{
 		NSPath:            cp.NSPath(),
@@ -213,7 +221,11 @@ func startRealClusterOpts(t *testing.T, nodes []lab.NodeSpec, o realClusterOptio
 			t.Fatal(err)
 		}
 	}
-	c.installPodnet(ctx, podnetTar, o.components)
+	if o.install != nil {
+		o.install(ctx, c, podnetTar)
+	} else {
+		c.installPodnet(ctx, podnetTar, o.components)
+	}
 	c.routePodCIDRs(ctx)
 	return c
 }
@@ -359,6 +371,14 @@ func (c *realCluster) kubectl(ctx context.Context, args ...string) (string, erro
 // installPodnet does what README's "Deploy on a cluster" says, with the
 // given components of deploy/ (README, "Service proxy in ebpf mode").
 func (c *realCluster) installPodnet(ctx context.Context, imageTar string, components []string) {
+	c.applyPodnet(ctx, imageTar, components, "")
+	c.waitNetworkUp("podnet-dns")
+}
+
+// applyPodnet creates the podnet-apiserver ConfigMap and applies a
+// kustomization over deploy/ that sets the image's tag, with the given
+// components and more kustomization text (patches) after them.
+func (c *realCluster) applyPodnet(ctx context.Context, imageTar string, components []string, moreKustomization string) {
 	t := c.t
 	t.Helper()
 	m, err := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(imageTar) })
@@ -385,7 +405,7 @@ func (c *realCluster) installPodnet(ctx context.Context, imageTar string, compon
 			kust += "  - " + filepath.Join(rel, comp) + "\n"
 		}
 	}
-	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust+moreKustomization), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := c.kubectl(ctx, "create", "namespace", "podnet-system"); err != nil {
@@ -398,6 +418,11 @@ func (c *realCluster) installPodnet(ctx context.Context, imageTar string, compon
 	if out, err := c.kubectl(ctx, "apply", "-k", overlay); err != nil {
 		t.Fatalf("kubectl apply -k: %v\n%s", err, out)
 	}
+}
+
+// waitNetworkUp waits for every node Ready, podnet's DaemonSet ready on
+// each and every replica of the cluster DNS Deployment of kube-system.
+func (c *realCluster) waitNetworkUp(dnsDeployment string) {
 	c.waitFor(3*time.Minute, "every node Ready and podnet's DaemonSet and DNS Deployment available", func(ctx context.Context) (bool, string) {
 		nodes, err := c.admin.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 		if err != nil || len(nodes.Items) != len(c.nodes) {
@@ -413,9 +438,9 @@ func (c *realCluster) installPodnet(ctx context.Context, imageTar string, compon
 			return false, fmt.Sprintf("daemonset: %v", err)
 		}
 		// Every replica: a pod's lookups go to any of them.
-		d, err := c.admin.AppsV1().Deployments("kube-system").Get(ctx, "podnet-dns", metav1.GetOptions{})
+		d, err := c.admin.AppsV1().Deployments("kube-system").Get(ctx, dnsDeployment, metav1.GetOptions{})
 		if err != nil || d.Spec.Replicas == nil || d.Status.ReadyReplicas != *d.Spec.Replicas {
-			return false, fmt.Sprintf("podnet-dns: %v", err)
+			return false, fmt.Sprintf("%s: %v", dnsDeployment, err)
 		}
 		return true, ""
 	})

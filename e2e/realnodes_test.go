@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -235,12 +236,22 @@ func (c *realCluster) rollingUpdate(ctx context.Context, t *testing.T) {
 	}
 }
 
-// restartNode kills a node's kubelet and containerd, starts them again and
-// checks its pods come back reachable, with as many IPAM allocations and
-// veths as pods of the pod network, and the Service still answering.
+// restartNode kills a node's kubelet and containerd and, while they are
+// down, every process of its web pod (containers and shim: the sandbox is
+// lost), starts them again and checks its pods come back reachable, the
+// web pod in a new sandbox with an address of the node's podCIDR, with as
+// many IPAM allocations, veths and network namespaces as pods of the pod
+// network, and the Service still answering.
 func (c *realCluster) restartNode(ctx context.Context, t *testing.T, n *realnode.Node) {
+	lost := c.webPodOn(ctx, t, n.Name)
+	restarts := lost.Status.ContainerStatuses[0].RestartCount
 	n.KillKubelet()
 	n.KillContainerd()
+	killed, err := n.KillPod(string(lost.UID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("killed %d processes of %s (%s) on %s", killed, lost.Name, lost.Status.PodIP, n.Name)
 	time.Sleep(2 * time.Second)
 	if err := n.StartContainerd(ctx); err != nil {
 		t.Fatal(err)
@@ -248,7 +259,7 @@ func (c *realCluster) restartNode(ctx context.Context, t *testing.T, n *realnode
 	if err := n.StartKubelet(ctx); err != nil {
 		t.Fatal(err)
 	}
-	c.waitFor(3*time.Minute, "pods of "+n.Name+" ready again", func(ctx context.Context) (bool, string) {
+	c.waitFor(3*time.Minute, "pods of "+n.Name+" ready again, "+lost.Name+" in a new sandbox", func(ctx context.Context) (bool, string) {
 		pods, err := c.admin.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + n.Name})
 		if err != nil {
 			return false, err.Error()
@@ -257,44 +268,88 @@ func (c *realCluster) restartNode(ctx context.Context, t *testing.T, n *realnode
 			if !podReady(&p) {
 				return false, p.Namespace + "/" + p.Name + " not ready"
 			}
+			if p.UID == lost.UID && p.Status.ContainerStatuses[0].RestartCount <= restarts {
+				return false, p.Name + " not restarted yet"
+			}
 		}
 		return true, ""
 	})
+	back := c.webPodOn(ctx, t, n.Name)
+	node, err := c.admin.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	podCIDR, err := netip.ParsePrefix(node.Spec.PodCIDR)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, err := netip.ParseAddr(back.Status.PodIP); back.UID != lost.UID || err != nil || !podCIDR.Contains(a) {
+		t.Errorf("after the restart %s (uid %s) has address %q, want the same pod with one of %v", back.Name, back.UID, back.Status.PodIP, podCIDR)
+	}
+	t.Logf("%s: %s before, %s after (restarts %d → %d)", lost.Name, lost.Status.PodIP, back.Status.PodIP, restarts, back.Status.ContainerStatuses[0].RestartCount)
 	// The pods' status may still be the old kubelet's: the new one is up
 	// once its API answers an exec again.
 	c.waitFor(time.Minute, "GET http://web/ from client-"+n.Name+" after the restart", func(ctx context.Context) (bool, string) {
 		out, err := c.kubectl(ctx, "exec", "client-"+n.Name, "--", "/testapp", "get", "http://web/")
 		return err == nil && strings.HasPrefix(out, "web-"), fmt.Sprintf("%q, %v", out, err)
 	})
-	// Nothing leaked: one allocation and one veth per pod of the pod network.
-	c.waitFor(time.Minute, "allocations and veths of "+n.Name+" match its pods", func(ctx context.Context) (bool, string) {
-		pods, err := c.admin.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + n.Name})
-		if err != nil {
-			return false, err.Error()
-		}
-		want := 0
-		for _, p := range pods.Items {
-			if !p.Spec.HostNetwork {
-				want++
-			}
-		}
-		data, err := n.Exec(ctx, "cat", "/var/lib/podnet/ipam/podnet/allocations.json")
-		if err != nil {
-			return false, err.Error()
-		}
-		var st struct {
-			Allocations []json.RawMessage `json:"allocations"`
-		}
-		if err := json.Unmarshal([]byte(data), &st); err != nil {
-			return false, err.Error()
-		}
-		links, err := n.Exec(ctx, "ip", "-o", "link", "show", "master", "cbr0")
-		if err != nil {
-			return false, err.Error()
-		}
-		veths := len(strings.Split(strings.TrimSpace(links), "\n"))
-		return len(st.Allocations) == want && veths == want, fmt.Sprintf("%d pods, %d allocations, %d veths", want, len(st.Allocations), veths)
+	c.waitFor(time.Minute, "GET "+back.Name+" at "+back.Status.PodIP+" from client-node1", func(ctx context.Context) (bool, string) {
+		out, err := c.kubectl(ctx, "exec", "client-node1", "--", "/testapp", "get", "http://"+back.Status.PodIP+":8080/")
+		return err == nil && strings.HasPrefix(out, back.Name+" "), fmt.Sprintf("%q, %v", out, err)
 	})
+	c.waitFor(time.Minute, "allocations, veths and netns of "+n.Name+" match its pods", func(ctx context.Context) (bool, string) {
+		return c.nodeLeaks(ctx, n)
+	})
+}
+
+// webPodOn is the web Deployment's pod on the node.
+func (c *realCluster) webPodOn(ctx context.Context, t *testing.T, node string) *corev1.Pod {
+	t.Helper()
+	pods, err := c.admin.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=web", FieldSelector: "spec.nodeName=" + node})
+	if err != nil || len(pods.Items) != 1 || len(pods.Items[0].Status.ContainerStatuses) != 1 {
+		t.Fatalf("the web pod on %s: %v, %v", node, pods, err)
+	}
+	return &pods.Items[0]
+}
+
+// nodeLeaks says whether the node holds one IPAM allocation, one veth on
+// cbr0 and one network namespace per pod of the pod network, and what it
+// holds.
+func (c *realCluster) nodeLeaks(ctx context.Context, n *realnode.Node) (bool, string) {
+	pods, err := c.admin.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + n.Name})
+	if err != nil {
+		return false, err.Error()
+	}
+	want := 0
+	for _, p := range pods.Items {
+		if !p.Spec.HostNetwork {
+			want++
+		}
+	}
+	data, err := n.Exec(ctx, "cat", "/var/lib/podnet/ipam/podnet/allocations.json")
+	if err != nil {
+		return false, err.Error()
+	}
+	var st struct {
+		Allocations []json.RawMessage `json:"allocations"`
+	}
+	if err := json.Unmarshal([]byte(data), &st); err != nil {
+		return false, err.Error()
+	}
+	count := func(args ...string) (int, error) {
+		out, err := n.Exec(ctx, args...)
+		return len(strings.Fields(out)), err
+	}
+	veths, err := count("sh", "-c", "ip -o link show master cbr0 | cut -d: -f2")
+	if err != nil {
+		return false, err.Error()
+	}
+	netns, err := count("ls", "/run/netns")
+	if err != nil {
+		return false, err.Error()
+	}
+	return len(st.Allocations) == want && veths == want && netns == want,
+		fmt.Sprintf("%d pods, %d allocations, %d veths, %d netns", want, len(st.Allocations), veths, netns)
 }
 
 func podReady(p *corev1.Pod) bool {
@@ -307,4 +362,17 @@ func podReady(p *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// binDir is $PODNET_BIN, the directory make build fills.
+func binDir(t *testing.T) string {
+	t.Helper()
+	bin := os.Getenv("PODNET_BIN")
+	if bin == "" {
+		t.Fatal("$PODNET_BIN is unset: run with make")
+	}
+	if filepath.Base(bin) == "podnet" {
+		bin = filepath.Dir(bin)
+	}
+	return bin
 }

@@ -26,6 +26,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/podnet/podnet/e2e/lab"
@@ -103,6 +104,8 @@ type Node struct {
 	holderPid  int
 	containerd *lab.Proc
 	kubelet    *lab.Proc
+	// daemons are the other programs started with StartDaemon.
+	daemons map[string]*lab.Proc
 }
 
 // hostSysctls are the host-wide settings the kubelet writes; inside the node
@@ -305,10 +308,87 @@ func (n *Node) StartKubelet(ctx context.Context) error {
 	return nil
 }
 
+// StartDaemon starts another program of the node (say kube-proxy) the way
+// containerd and the kubelet run: in the node's network and mount
+// namespaces and its cgroup, so Close ends it too; Logs shows its output.
+func (n *Node) StartDaemon(name string, args ...string) (*lab.Proc, error) {
+	p, err := n.Node.Start(name, n.inNode(args...)...)
+	if err != nil {
+		return nil, err
+	}
+	if n.daemons == nil {
+		n.daemons = map[string]*lab.Proc{}
+	}
+	n.daemons[name] = p
+	return p, nil
+}
+
 // KillKubelet and KillContainerd crash the daemons (SIGKILL); containers
 // keep running under their shims, as on a node whose daemons restart.
 func (n *Node) KillKubelet()    { kill(&n.kubelet) }
 func (n *Node) KillContainerd() { kill(&n.containerd) }
+
+// KillPod SIGKILLs every process of the pod with the given UID on this
+// node, its containers and their containerd shim, as when a node loses them
+// (the OOM killer, a crash) while containerd is down: the sandbox is gone
+// but its network namespace, veth and address are still there. It returns
+// how many processes it killed; none is an error.
+func (n *Node) KillPod(uid string) (int, error) {
+	procs, err := filepath.Glob("/proc/[0-9]*")
+	if err != nil {
+		return 0, err
+	}
+	// The kubelet's cgroupfs layout: ROOT/kubepods/[QOS/]podUID/CONTAINER.
+	inPod := "/" + n.CgroupV1 + "/"
+	podDir := "/pod" + uid + "/"
+	var pids []int
+	ids := map[string]bool{}
+	for _, p := range procs {
+		cg, err := os.ReadFile(filepath.Join(p, "cgroup"))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		for _, line := range strings.Split(string(cg), "\n") {
+			i := strings.Index(line, podDir)
+			if i < 0 || !strings.Contains(line, inPod) {
+				continue
+			}
+			if pid, err := strconv.Atoi(filepath.Base(p)); err == nil {
+				pids = append(pids, pid)
+			}
+			ids[strings.Trim(line[i+len(podDir):], "/")] = true
+			break
+		}
+	}
+	// The shim is containerd's child, named by its sandbox's (the pause
+	// container's) ID.
+	for _, p := range procs {
+		cmd, err := os.ReadFile(filepath.Join(p, "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(cmd), "\x00")
+		if !strings.HasPrefix(filepath.Base(args[0]), "containerd-shim") {
+			continue
+		}
+		for i, a := range args[:len(args)-1] {
+			if a == "-id" && ids[args[i+1]] {
+				if pid, err := strconv.Atoi(filepath.Base(p)); err == nil {
+					pids = append([]int{pid}, pids...)
+				}
+			}
+		}
+	}
+	if len(pids) == 0 {
+		return 0, fmt.Errorf("node %s: no process of pod %s", n.Name, uid)
+	}
+	for _, pid := range pids {
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return 0, fmt.Errorf("kill %d of pod %s: %w", pid, uid, err)
+		}
+	}
+	return len(pids), nil
+}
 
 func kill(p **lab.Proc) {
 	if *p != nil {
@@ -320,7 +400,11 @@ func kill(p **lab.Proc) {
 // Logs returns the tails of containerd's and the kubelet's output.
 func (n *Node) Logs() string {
 	var b strings.Builder
-	for name, p := range map[string]*lab.Proc{"containerd": n.containerd, "kubelet": n.kubelet, "mountns": n.holder} {
+	procs := map[string]*lab.Proc{"containerd": n.containerd, "kubelet": n.kubelet, "mountns": n.holder}
+	for name, p := range n.daemons {
+		procs[name] = p
+	}
+	for name, p := range procs {
 		if p != nil {
 			out := p.Output()
 			fmt.Fprintf(&b, "=== %s/%s\n%s\n", n.Name, name, out[max(0, len(out)-6000):])
