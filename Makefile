@@ -164,6 +164,7 @@ soak: deps build apiserver
 LINT_DIRS := cmd dataplane scripts
 lint:
 	$(GO) vet ./...
+	$(GO) vet -tags conformance ./e2e/
 	$(GO) tool staticcheck ./...
 	$(GO) tool gocyclo -over 20 -ignore '_test\.go$$' $(LINT_DIRS)
 	$(GO) run ./scripts/funclen -max 80 $(LINT_DIRS)
