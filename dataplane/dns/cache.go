@@ -53,6 +53,9 @@ type Cache struct {
 	seed   maphash.Seed
 	shards [cacheShards]cacheShard
 	now    func() time.Time
+	// evicted counts entries dropped to make room, positive [0] and
+	// negative [1] (coredns_cache_evictions_total).
+	evicted [2]atomic.Uint64
 }
 
 type cacheShard struct {
@@ -108,6 +111,12 @@ func (c *Cache) Counts() (success, denial int) {
 		sh.mu.RUnlock()
 	}
 	return success, denial
+}
+
+// Evictions returns how many positive and negative entries were dropped to
+// make room for new ones.
+func (c *Cache) Evictions() (success, denial uint64) {
+	return c.evicted[0].Load(), c.evicted[1].Load()
 }
 
 // cacheKey is the lowercased wire name, the type and the DO and CD bits.
@@ -210,13 +219,14 @@ func (c *Cache) put(key []byte, m *mdns.Msg) *cacheEntry {
 func (c *Cache) evictLocked(sh *cacheShard) {
 	now := c.now()
 	var victim string
+	var denial bool
 	n := 0
 	for k, e := range sh.m {
 		if victim == "" {
-			victim = k
+			victim, denial = k, e.denial
 		}
 		if now.Sub(e.stored) > e.ttl+c.opts.StaleFor {
-			victim = k
+			victim, denial = k, e.denial
 			break
 		}
 		if n++; n >= 8 {
@@ -224,6 +234,11 @@ func (c *Cache) evictLocked(sh *cacheShard) {
 		}
 	}
 	delete(sh.m, victim)
+	if denial {
+		c.evicted[1].Add(1)
+	} else {
+		c.evicted[0].Add(1)
+	}
 }
 
 // lifetime is how long m may be cached: the smallest answer TTL for a

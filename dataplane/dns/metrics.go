@@ -19,16 +19,25 @@ import (
 // block ".:53" with those plugins would show them, so dashboards and alerts
 // written for CoreDNS work unchanged; podnet's extras are named podnet_dns_*.
 //
-// The per-query counters are resolved once, on first use, so counting a
-// query is an array index and an atomic add.
+// The per-query counters and histograms are resolved once, on first use, so
+// counting a query is an array index and an atomic add or an observation.
 type Metrics struct {
-	requests  *prometheus.CounterVec
-	responses *prometheus.CounterVec
-	duration  *prometheus.HistogramVec
+	requests     *prometheus.CounterVec
+	responses    *prometheus.CounterVec
+	duration     *prometheus.HistogramVec
+	requestSize  *prometheus.HistogramVec
+	responseSize *prometheus.HistogramVec
+	doRequests   *prometheus.CounterVec
 	// byQuery[proto][family][type index] and byResponse[plugin][rcode].
 	byQuery    [2][2][len(monitoredTypes) + 1]atomic.Pointer[prometheus.Counter]
 	byResponse [numPlugins][maxRcode + 1]atomic.Pointer[prometheus.Counter]
 	latency    atomic.Pointer[prometheus.Observer]
+	// sizes[proto][0: request, 1: response].
+	sizes     [2][2]atomic.Pointer[prometheus.Observer]
+	doCounter atomic.Pointer[prometheus.Counter]
+	// epoch is what query times are read against (now): time.Since of a
+	// time with a monotonic reading reads one clock, time.Now two.
+	epoch time.Time
 
 	cacheRequests *prometheus.CounterVec
 	cacheHits     *prometheus.CounterVec
@@ -99,6 +108,11 @@ const (
 // timeBuckets are CoreDNS's plugin.TimeBuckets: 0.25 ms to 8 s.
 var timeBuckets = prometheus.ExponentialBuckets(0.00025, 2, 16)
 
+// sizeBuckets are CoreDNS's for request and response sizes, in bytes.
+var sizeBuckets = []float64{0, 100, 200, 300, 400, 511, 1023, 2047, 4095, 8291, 16e3, 32e3, 48e3, 64e3}
+
+var protoNames = [2]string{"udp", "tcp"}
+
 // NewMetrics registers dnsd's metrics with reg. zone, cache and fwd may be
 // nil. It is one declaration per metric, in CoreDNS's order, with nothing
 // to follow from one to the next; split, it would only be harder to check
@@ -109,6 +123,7 @@ func NewMetrics(reg prometheus.Registerer, zone *Zone, cache *Cache, fwd *Forwar
 	cacheLabels := []string{"server", "zones", "view"}
 	cacheTypeLabels := []string{"server", "type", "zones", "view"}
 	m := &Metrics{
+		epoch: time.Now(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "coredns_dns_requests_total", Help: "Counter of DNS requests made per zone, protocol and family.",
 		}, []string{"server", "zone", "view", "proto", "family", "type"}),
@@ -117,9 +132,22 @@ func NewMetrics(reg prometheus.Registerer, zone *Zone, cache *Cache, fwd *Forwar
 		}, []string{"server", "zone", "view", "rcode", "plugin"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "coredns_dns_request_duration_seconds",
-			Help:    "Histogram of the time (in seconds) each request took per zone (sampled: one request in eight).",
+			Help:    "Histogram of the time (in seconds) each request took per zone.",
 			Buckets: timeBuckets,
 		}, []string{"server", "zone", "view"}),
+		requestSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "coredns_dns_request_size_bytes",
+			Help:    "Histogram of the size of each request in bytes, per zone and protocol.",
+			Buckets: sizeBuckets,
+		}, []string{"server", "zone", "view", "proto"}),
+		doRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "coredns_dns_do_requests_total", Help: "Counter of requests with the DNSSEC OK (DO) bit set, per zone.",
+		}, []string{"server", "zone", "view"}),
+		responseSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "coredns_dns_response_size_bytes",
+			Help:    "Histogram of the size of each response in bytes, per zone and protocol.",
+			Buckets: sizeBuckets,
+		}, []string{"server", "zone", "view", "proto"}),
 		cacheRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "coredns_cache_requests_total", Help: "The count of cache requests.",
 		}, cacheLabels),
@@ -178,7 +206,7 @@ func NewMetrics(reg prometheus.Registerer, zone *Zone, cache *Cache, fwd *Forwar
 		Name: "coredns_build_info", Help: "A metric with a constant '1' value labeled by version, revision, and goversion from which CoreDNS was built.",
 	}, []string{"version", "revision", "goversion"})
 	buildInfo.WithLabelValues(version.Version, version.Revision(), runtime.Version()).Set(1)
-	reg.MustRegister(m.requests, m.responses, m.duration, m.cacheRequests, m.cacheHits, m.cacheMisses,
+	reg.MustRegister(m.requests, m.responses, m.duration, m.requestSize, m.doRequests, m.responseSize, m.cacheRequests, m.cacheHits, m.cacheMisses,
 		m.cacheStale, m.cachePrefetch, m.proxyDuration, m.healthcheckFails, m.healthcheckBroken,
 		m.forwardRefused, m.programming, m.panics, m.forged, m.forwardRequests, m.tcpRefused, buildInfo)
 	if cache != nil {
@@ -186,11 +214,19 @@ func NewMetrics(reg prometheus.Registerer, zone *Zone, cache *Cache, fwd *Forwar
 			name   string
 			denial bool
 		}{{"success", false}, {"denial", true}} {
+			labels := prometheus.Labels{"server": serverLabel, "type": kind.name, "zones": zoneRoot, "view": noView}
 			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-				Name: "coredns_cache_entries", Help: "The number of elements in the cache.",
-				ConstLabels: prometheus.Labels{"server": serverLabel, "type": kind.name, "zones": zoneRoot, "view": noView},
+				Name: "coredns_cache_entries", Help: "The number of elements in the cache.", ConstLabels: labels,
 			}, func() float64 {
 				success, denial := cache.Counts()
+				if kind.denial {
+					return float64(denial)
+				}
+				return float64(success)
+			}), prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "coredns_cache_evictions_total", Help: "The count of cache entries dropped to make room for new ones.", ConstLabels: labels,
+			}, func() float64 {
+				success, denial := cache.Evictions()
 				if kind.denial {
 					return float64(denial)
 				}
@@ -265,10 +301,16 @@ func counter(p *atomic.Pointer[prometheus.Counter], vec *prometheus.CounterVec, 
 // queryInfo describes how a query came in, for the request labels.
 type queryInfo struct {
 	tcp, v6 bool
+	do      bool // the DNSSEC OK bit
 	plugin  plugin
+	size    int // of the request, in bytes
 }
 
-func (m *Metrics) observe(qtype uint16, q queryInfo, resp []byte, start time.Time) {
+// now is the time to pass to observe as the query's start.
+func (m *Metrics) now() time.Duration { return time.Since(m.epoch) }
+
+// observe counts one answered query that started at start (now).
+func (m *Metrics) observe(qtype uint16, q queryInfo, resp []byte, start time.Duration) {
 	ti := len(monitoredTypes)
 	if qtype < 256 && typeIndex[qtype] != 0 {
 		ti = int(typeIndex[qtype]) - 1
@@ -286,24 +328,33 @@ func (m *Metrics) observe(qtype uint16, q queryInfo, resp []byte, start time.Tim
 		if ti < len(monitoredTypes) {
 			typ = mdns.TypeToString[qtype]
 		}
-		counter(p, m.requests, serverLabel, zoneRoot, noView, [2]string{"udp", "tcp"}[proto], [2]string{"1", "2"}[family], typ)
+		counter(p, m.requests, serverLabel, zoneRoot, noView, protoNames[proto], [2]string{"1", "2"}[family], typ)
 	}
 	(*p.Load()).Inc()
+	if q.do {
+		counter(&m.doCounter, m.doRequests, serverLabel, zoneRoot, noView).Inc()
+	}
 
 	rc := int(resp[3] & 0xF)
 	if rc == 0 && binary.BigEndian.Uint16(resp[10:]) > 0 && isBadVers(resp) {
 		rc = rcodeBadVers
 	}
 	counter(&m.byResponse[q.plugin][rc], m.responses, serverLabel, zoneRoot, noView, rcodeName(rc), pluginNames[q.plugin]).Inc()
-	if !start.IsZero() {
-		o := m.latency.Load()
-		if o == nil {
-			obs := m.duration.WithLabelValues(serverLabel, zoneRoot, noView)
-			o = &obs
-			m.latency.Store(o)
-		}
-		(*o).Observe(time.Since(start).Seconds())
+	observer(&m.latency, m.duration, serverLabel, zoneRoot, noView).Observe((m.now() - start).Seconds())
+	observer(&m.sizes[proto][0], m.requestSize, serverLabel, zoneRoot, noView, protoNames[proto]).Observe(float64(q.size))
+	observer(&m.sizes[proto][1], m.responseSize, serverLabel, zoneRoot, noView, protoNames[proto]).Observe(float64(len(resp)))
+}
+
+// observer returns the observer cached in p, creating it from vec with
+// values on first use.
+func observer(p *atomic.Pointer[prometheus.Observer], vec *prometheus.HistogramVec, values ...string) prometheus.Observer {
+	o := p.Load()
+	if o == nil {
+		obs := vec.WithLabelValues(values...)
+		o = &obs
+		p.Store(o)
 	}
+	return *o
 }
 
 // rcodeName is the rcode's name as CoreDNS's label spells it.

@@ -1,6 +1,7 @@
 package dns
 
 import (
+	"context"
 	"net/netip"
 	"testing"
 	"time"
@@ -13,19 +14,24 @@ import (
 	"github.com/podnet/podnet/dataplane/metricstest"
 )
 
-// corednsMetrics lists the metrics of CoreDNS (v1.12: plugin/metrics/vars,
+// corednsMetrics lists the metrics of CoreDNS (v1.12 and its main branch of
+// August 2026: plugin/metrics/vars,
 // plugin/cache, plugin/forward, plugin/pkg/proxy, plugin/kubernetes/object,
 // plugin/metrics) that dnsd exposes, with their types and label names.
 var corednsMetrics = []metricstest.Metric{
 	{Name: "coredns_dns_requests_total", Type: dto.MetricType_COUNTER, Labels: []string{"server", "zone", "view", "proto", "family", "type"}},
 	{Name: "coredns_dns_responses_total", Type: dto.MetricType_COUNTER, Labels: []string{"server", "zone", "view", "rcode", "plugin"}},
 	{Name: "coredns_dns_request_duration_seconds", Type: dto.MetricType_HISTOGRAM, Labels: []string{"server", "zone", "view"}},
+	{Name: "coredns_dns_request_size_bytes", Type: dto.MetricType_HISTOGRAM, Labels: []string{"server", "zone", "view", "proto"}},
+	{Name: "coredns_dns_response_size_bytes", Type: dto.MetricType_HISTOGRAM, Labels: []string{"server", "zone", "view", "proto"}},
+	{Name: "coredns_dns_do_requests_total", Type: dto.MetricType_COUNTER, Labels: []string{"server", "zone", "view"}},
 	{Name: "coredns_cache_entries", Type: dto.MetricType_GAUGE, Labels: []string{"server", "type", "zones", "view"}},
 	{Name: "coredns_cache_requests_total", Type: dto.MetricType_COUNTER, Labels: []string{"server", "zones", "view"}},
 	{Name: "coredns_cache_hits_total", Type: dto.MetricType_COUNTER, Labels: []string{"server", "type", "zones", "view"}},
 	{Name: "coredns_cache_misses_total", Type: dto.MetricType_COUNTER, Labels: []string{"server", "zones", "view"}},
 	{Name: "coredns_cache_served_stale_total", Type: dto.MetricType_COUNTER, Labels: []string{"server", "zones", "view"}},
 	{Name: "coredns_cache_prefetch_total", Type: dto.MetricType_COUNTER, Labels: []string{"server", "zones", "view"}},
+	{Name: "coredns_cache_evictions_total", Type: dto.MetricType_COUNTER, Labels: []string{"server", "type", "zones", "view"}},
 	{Name: "coredns_proxy_request_duration_seconds", Type: dto.MetricType_HISTOGRAM, Labels: []string{"proxy_name", "to", "rcode"}},
 	{Name: "coredns_proxy_healthcheck_failures_total", Type: dto.MetricType_COUNTER, Labels: []string{"proxy_name", "to"}},
 	{Name: "coredns_forward_healthcheck_broken_total", Type: dto.MetricType_COUNTER},
@@ -59,6 +65,7 @@ func TestMetricsAsCoreDNS(t *testing.T) {
 		TriggerTime: time.Now()})
 	fs.zone.Flush()
 
+	var reqBytes, respBytes float64
 	for _, q := range []struct {
 		name  string
 		qtype uint16
@@ -72,10 +79,17 @@ func TestMetricsAsCoreDNS(t *testing.T) {
 		{"gone.test.", mdns.TypeA, mdns.RcodeNameError},      // dead upstream fails again: down
 		{"gone.test.", mdns.TypeA, mdns.RcodeNameError},      // negative cache
 	} {
-		if m := query(t, fs.srv, q.name, q.qtype, false); m.Rcode != q.rcode {
+		m, reqLen, respLen := exchange(t, fs.srv, new(mdns.Msg).SetQuestion(q.name, q.qtype))
+		if m.Rcode != q.rcode {
 			t.Fatalf("%s %s: rcode %s, want %s", q.name, mdns.TypeToString[q.qtype], mdns.RcodeToString[m.Rcode], mdns.RcodeToString[q.rcode])
 		}
+		reqBytes += float64(reqLen)
+		respBytes += float64(respLen)
 	}
+	// The DNSSEC OK bit is counted.
+	_, reqLen, respLen := exchange(t, fs.srv, new(mdns.Msg).SetQuestion("svc1.testns.svc.cluster.local.", mdns.TypeA).SetEdns0(1232, true))
+	reqBytes += float64(reqLen)
+	respBytes += float64(respLen)
 	h := promhttp.HandlerFor(fs.reg, promhttp.HandlerOpts{})
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -94,9 +108,16 @@ func TestMetricsAsCoreDNS(t *testing.T) {
 		labels []string
 		want   float64
 	}{
-		{"coredns_dns_requests_total", append([]string{"proto", "udp", "family", "1", "type", "A"}, server...), 6},
+		{"coredns_dns_requests_total", append([]string{"proto", "udp", "family", "1", "type", "A"}, server...), 7},
+		{"coredns_dns_do_requests_total", server, 1},
+		// Every query, not a sample: the histograms count all eight.
+		{"coredns_dns_request_duration_seconds", server, 8},
+		{"coredns_dns_request_size_bytes", append([]string{"proto", "udp"}, server...), 8},
+		{"coredns_dns_response_size_bytes", append([]string{"proto", "udp"}, server...), 8},
+		{"coredns_cache_evictions_total", []string{"type", "success"}, 0},
+		{"coredns_cache_evictions_total", []string{"type", "denial"}, 0},
 		{"coredns_dns_requests_total", []string{"type", "other"}, 1},
-		{"coredns_dns_responses_total", append([]string{"rcode", "NOERROR", "plugin", "kubernetes"}, server...), 2},
+		{"coredns_dns_responses_total", append([]string{"rcode", "NOERROR", "plugin", "kubernetes"}, server...), 3},
 		{"coredns_dns_responses_total", []string{"rcode", "NXDOMAIN", "plugin", "kubernetes"}, 1},
 		{"coredns_dns_responses_total", []string{"rcode", "NOERROR", "plugin", "forward"}, 1},
 		{"coredns_dns_responses_total", []string{"rcode", "NOERROR", "plugin", "cache"}, 1},
@@ -118,10 +139,43 @@ func TestMetricsAsCoreDNS(t *testing.T) {
 			t.Errorf("%s%v = %v (found %v), want %v", c.name, c.labels, v, ok, c.want)
 		}
 	}
+	for _, h := range []struct {
+		name string
+		want float64
+	}{{"coredns_dns_request_size_bytes", reqBytes}, {"coredns_dns_response_size_bytes", respBytes}} {
+		if sum := histogramSum(got, h.name); sum != h.want {
+			t.Errorf("%s_sum = %v, want %v (the sizes of the queries sent and answers received)", h.name, sum, h.want)
+		}
+	}
 	if v, _ := metricstest.Value(got, "coredns_proxy_healthcheck_failures_total", "to", dead.String()); v < 1 {
 		t.Errorf("health check failures of the dead upstream: %v, want at least 1", v)
 	}
 	if v, ok := metricstest.Value(got, "coredns_proxy_request_duration_seconds", "to", dead.String()); ok {
 		t.Errorf("unanswered tries of the dead upstream recorded as %v answers", v)
 	}
+}
+
+// exchange sends q to s over UDP and returns the answer and the sizes of
+// both on the wire.
+func exchange(t *testing.T, s *Server, q *mdns.Msg) (answer *mdns.Msg, reqLen, respLen int) {
+	t.Helper()
+	pkt, err := q.Pack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := s.Handle(context.Background(), pkt, false)
+	answer = new(mdns.Msg)
+	if err := answer.Unpack(resp); err != nil {
+		t.Fatalf("%v: answer %x: %v", q.Question, resp, err)
+	}
+	return answer, len(pkt), len(resp)
+}
+
+// histogramSum is the _sum of the one histogram named name.
+func histogramSum(got metricstest.Families, name string) float64 {
+	f, ok := got[name]
+	if !ok || len(f.Metric) != 1 || f.Metric[0].Histogram == nil {
+		return -1
+	}
+	return f.Metric[0].Histogram.GetSampleSum()
 }

@@ -152,10 +152,20 @@ func TestCacheBoundsAndClamps(t *testing.T) {
 	if c.put([]byte("x"), sf) != nil {
 		t.Error("SERVFAIL cached")
 	}
+	success, denial := c.Evictions()
+	if success != 0 || denial != 0 {
+		t.Errorf("evictions before the cache was full: %d, %d", success, denial)
+	}
 	for i := range 1000 {
 		put(fmt.Sprintf("n%d.test.", i), 0, 300)
 	}
 	if n := c.Len(); n > 64+cacheShards {
 		t.Errorf("%d entries in a cache of 64", n)
+	}
+	// Every entry stored and no longer there was evicted, and counted by
+	// its kind (the negative one may or may not have been a victim).
+	success, denial = c.Evictions()
+	if stored := 1003; int(success+denial) != stored-c.Len() || denial > 1 {
+		t.Errorf("evictions: %d positive, %d negative; %d stored, %d left", success, denial, stored, c.Len())
 	}
 }
