@@ -17,8 +17,11 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
+	"github.com/podnet/podnet/dataplane/nodestatus"
 	"github.com/podnet/podnet/dataplane/roottest"
 	"github.com/podnet/podnet/e2e/apiserver"
 	"github.com/podnet/podnet/e2e/image"
@@ -697,5 +700,75 @@ func (c *realCluster) checkNodeRBAC(ctx context.Context) {
 	}
 	if out, err := c.kubectl(ctx, "create", "--as="+sa, "-f", lease); err == nil || !strings.Contains(out, "forbidden") {
 		c.errorf("podnet-node creating a Lease in kube-node-lease: %v %q, want forbidden", err, out)
+	}
+	c.checkOwnNodeOnly(ctx, sa)
+}
+
+// checkOwnNodeOnly: the admission policy of deploy/ lets podnet-node patch
+// the Node it runs on, as proxyd did (NetworkUnavailable=False), and no
+// other Node, nor anything but what proxyd writes.
+func (c *realCluster) checkOwnNodeOnly(ctx context.Context, sa string) {
+	c.t.Helper()
+	node, err := c.admin.CoreV1().Nodes().Get(ctx, c.nodes[0].Name, metav1.GetOptions{})
+	if err != nil {
+		c.fatalf("%v", err)
+	}
+	var cond *corev1.NodeCondition
+	for i := range node.Status.Conditions {
+		if node.Status.Conditions[i].Type == corev1.NodeNetworkUnavailable {
+			cond = &node.Status.Conditions[i]
+		}
+	}
+	if cond == nil || cond.Status != corev1.ConditionFalse || cond.Reason != nodestatus.Reason {
+		c.errorf("node %s NetworkUnavailable: %+v; want False set by proxyd through the admission policy", node.Name, cond)
+	}
+	ghost, err := c.admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "ghost"}}, metav1.CreateOptions{})
+	if err != nil {
+		c.fatalf("create node ghost: %v", err)
+	}
+	defer func() { _ = c.admin.CoreV1().Nodes().Delete(context.Background(), ghost.Name, metav1.DeleteOptions{}) }()
+	condition := func(typ string) []byte {
+		return []byte(`{"status":{"conditions":[{"type":"` + typ + `","status":"False","reason":"` + nodestatus.Reason + `"}]}}`)
+	}
+	// podnet-node as proxyd's pod-bound token presents it: with its node.
+	cfg := c.srv.RestConfig(apiserver.Admin)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: sa, Extra: map[string][]string{"authentication.kubernetes.io/node-name": {node.Name}}}
+	as, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		c.fatalf("%v", err)
+	}
+	// A token of the ServiceAccount bound to no pod names no node.
+	cfg.Impersonate.Extra = nil
+	unbound, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		c.fatalf("%v", err)
+	}
+	if _, err := unbound.CoreV1().Nodes().Patch(ctx, node.Name, types.StrategicMergePatchType, condition("NetworkUnavailable"), metav1.PatchOptions{}, "status"); err == nil || !strings.Contains(err.Error(), "(none) may not change Node") {
+		c.errorf("podnet-node without a node patching Node %s: %v, want it refused", node.Name, err)
+	}
+	for _, p := range []struct {
+		node, what string
+		status     bool
+		patch      []byte
+		want       string // in the refusal; "" lets it through
+	}{
+		{"ghost", "NetworkUnavailable", true, condition("NetworkUnavailable"), "may not change Node ghost"},
+		{"ghost", "unschedulable", false, []byte(`{"spec":{"unschedulable":true}}`), "may not change Node ghost"},
+		{node.Name, "a label", false, []byte(`{"metadata":{"labels":{"podnet.test/stolen":"yes"}}}`), "labels or annotations"},
+		{node.Name, "unschedulable", false, []byte(`{"spec":{"unschedulable":true}}`), "unset podCIDR"},
+		{node.Name, "Ready", true, condition("Ready"), "NetworkUnavailable"},
+		{node.Name, "NetworkUnavailable", true, condition("NetworkUnavailable"), ""},
+	} {
+		var sub []string
+		if p.status {
+			sub = []string{"status"}
+		}
+		_, err := as.CoreV1().Nodes().Patch(ctx, p.node, types.StrategicMergePatchType, p.patch, metav1.PatchOptions{}, sub...)
+		switch {
+		case p.want == "" && err != nil:
+			c.errorf("podnet-node setting %s of its own Node %s: %v, want it let through", p.what, p.node, err)
+		case p.want != "" && (err == nil || !strings.Contains(err.Error(), p.want)):
+			c.errorf("podnet-node setting %s of Node %s: %v, want it refused (%q)", p.what, p.node, err, p.want)
+		}
 	}
 }
