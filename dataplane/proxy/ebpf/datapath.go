@@ -413,6 +413,13 @@ func checkCgroup(dir string) error {
 	return nil
 }
 
+// tcLinkPin names the pin of prog's link on iface: prog@iface, with the
+// dots of a name like podnet.1 written as colons, since bpffs refuses dots
+// in names (EPERM) and interface names never hold a colon.
+func tcLinkPin(prog, iface string) string {
+	return prog + "@" + strings.ReplaceAll(iface, ".", ":")
+}
+
 // TCNodePort is the tc program for traffic from outside, on the ingress
 // of the node's uplinks and of the pod bridge (replies of local pods).
 const TCNodePort = bpf.NodeportProgNodeportIn
@@ -429,7 +436,7 @@ func (d *Datapath) AttachTC(prog, iface string) error {
 	if err != nil {
 		return fmt.Errorf("attach %s: %w", prog, err)
 	}
-	path := filepath.Join(d.pinDir, linksDir, prog+"@"+iface)
+	path := filepath.Join(d.pinDir, linksDir, tcLinkPin(prog, iface))
 	if l, err := link.LoadPinnedLink(path, nil); err == nil {
 		if info, err := l.Info(); err == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ifc.Index {
 			if err := l.Update(p); err != nil {

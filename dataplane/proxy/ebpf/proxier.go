@@ -30,7 +30,14 @@ type Config struct {
 	// Bridge is the pod bridge, where replies of local pods are
 	// translated back ("cbr0"); attached once it exists.
 	Bridge string
-	Logger *slog.Logger
+	// Overlay is the VXLAN device (routing.DefaultDevice, "podnet.1"),
+	// attached once it exists: packets from other nodes' pods arrive
+	// there decapsulated, never seen by the uplink's program, and so do
+	// the replies of flows SNATed to one of this node's pod-network
+	// addresses (a NodePort reached at the cbr0 address) whose backend
+	// sits behind VXLAN.
+	Overlay string
+	Logger  *slog.Logger
 }
 
 // Proxier is the ebpf mode proxy.Backend: the attached programs and the
@@ -40,7 +47,7 @@ type Proxier struct {
 	cfg      Config
 	dp       *Datapath
 	syncer   *Syncer
-	attached map[string]bool // prog@iface with its tc link in place
+	attached map[string]int // prog@iface → the ifindex its tc link is on
 }
 
 var _ proxy.Backend = (*Proxier)(nil)
@@ -53,13 +60,16 @@ func NewProxier(cfg Config) *Proxier {
 	if cfg.Bridge == "" {
 		cfg.Bridge = "cbr0"
 	}
+	if cfg.Overlay == "" {
+		cfg.Overlay = "podnet.1"
+	}
 	if cfg.NodeIP == nil {
 		cfg.NodeIP = func() netip.Addr { return netip.Addr{} }
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Proxier{cfg: cfg, attached: make(map[string]bool)}
+	return &Proxier{cfg: cfg, attached: make(map[string]int)}
 }
 
 // Sync implements proxy.Backend. The first one loads the programs (see
@@ -92,10 +102,11 @@ func (p *Proxier) Sync(ports map[cluster.Key][]*proxy.ServicePort, changed map[c
 	return res, err
 }
 
-// attachTC puts the tc programs on the uplinks and the bridge where they
-// are not yet.
+// attachTC puts the tc programs on the uplinks, the bridge and the
+// overlay where they are not yet, nor since the interface was made anew
+// (the overlay is, when its VXLAN settings change).
 func (p *Proxier) attachTC() {
-	want := map[string]string{p.cfg.Bridge: TCNodePort}
+	want := map[string]string{p.cfg.Bridge: TCNodePort, p.cfg.Overlay: TCNodePort}
 	uplinks := p.cfg.Uplinks
 	if len(uplinks) == 0 {
 		if ifc, ok := ifaceHolding(p.cfg.NodeIP()); ok {
@@ -107,10 +118,8 @@ func (p *Proxier) attachTC() {
 	}
 	for iface, prog := range want {
 		id := prog + "@" + iface
-		if p.attached[id] {
-			continue
-		}
-		if _, err := net.InterfaceByName(iface); err != nil {
+		ifc, err := net.InterfaceByName(iface)
+		if err != nil || p.attached[id] == ifc.Index {
 			continue
 		}
 		if err := p.dp.AttachTC(prog, iface); err != nil {
@@ -118,7 +127,7 @@ func (p *Proxier) attachTC() {
 			continue
 		}
 		p.cfg.Logger.Info("tc program attached", "program", prog, "iface", iface)
-		p.attached[id] = true
+		p.attached[id] = ifc.Index
 	}
 }
 

@@ -688,23 +688,7 @@ func (e *sockEnv) attachTC(dp *Datapath) {
 // tcPrograms counts the tcx ingress programs on up0.
 func (e *sockEnv) tcPrograms() int {
 	e.t.Helper()
-	var n int
-	err := ns.WithNetNSPath(e.nsPath, func(ns.NetNS) error {
-		ifc, err := net.InterfaceByName("up0")
-		if err != nil {
-			return err
-		}
-		res, err := link.QueryPrograms(link.QueryOptions{Target: ifc.Index, Attach: ebpf.AttachTCXIngress})
-		if err != nil {
-			return err
-		}
-		n = len(res.Programs)
-		return nil
-	})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return n
+	return e.tcxIngress("up0")
 }
 
 func cgroupFD(t *testing.T, dir string) int {
