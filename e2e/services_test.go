@@ -494,6 +494,29 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
 		c.eventuallyServes(t, c.c4.NSPath(), "tcp", net.JoinHostPort(n2.IP.String(), "30080"), "web1", "web2")
 	})
 
+	// A NodePort answers on every node address, node1's bridge address
+	// among them, which other nodes route to over their pod routes: from
+	// node4 over VXLAN. Its endpoint on node4 gets the flow SNATed to that
+	// address, so its replies go back over VXLAN too, arriving at node1
+	// decapsulated on the VXLAN device, past the uplink's program.
+	t.Run("NodePort at a node's bridge address, request and replies over VXLAN", func(t *testing.T) {
+		web4, err := l.Node("node4").AddPod(t.Context(), "web4")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := web4.StartEcho(lab.EchoOptions{TCP: []string{":" + svcTCP}}); err != nil {
+			t.Fatal(err)
+		}
+		c.apply(svcDef{name: "np-vxlan", clusterIP: "10.96.1.27", typ: "NodePort",
+			ports:     []svcPort{{name: "tcp", proto: "TCP", port: 80, target: 9090, nodePort: 30087}},
+			endpoints: []svcEndpoint{svcReady(web4)}})
+		addr := net.JoinHostPort(n1.PodCIDR.Addr().Next().String(), "30087")
+		// From node3 (host-gw to node1): the replies come back over VXLAN.
+		c.eventuallyServes(t, c.c3.NSPath(), "tcp", addr, "web4")
+		// From node4: both ways over VXLAN.
+		c.eventuallyServes(t, c.c4.NSPath(), "tcp", addr, "web4")
+	})
+
 	t.Run("externalIPs and load-balancer IPs with source ranges", func(t *testing.T) {
 		if err := l.WriteState("svc-lb.yaml", fmt.Sprintf(`apiVersion: v1
 kind: Service
@@ -991,11 +1014,12 @@ func svcDeleteFrontend(t *testing.T, n *lab.Node, vip netip.AddrPort) {
 }
 
 // checkProxydStatus runs `proxyd status` on node n and compares what it
-// says with the node's routes and, in iptables mode, its NAT rules.
+// says with the node's routes and its NAT rules (iptables mode) or its
+// pinned maps (ebpf mode).
 func checkProxydStatus(t *testing.T, l *lab.Lab, n *lab.Node, mode string) {
 	t.Helper()
 	ctx := t.Context()
-	out, err := n.Exec(ctx, filepath.Join(l.BinDir, "proxyd"), "status", "-o", "json")
+	out, err := n.Exec(ctx, filepath.Join(l.BinDir, "proxyd"), "status", "-o", "json", "--bpf-pin-dir", n.BPFPinDir())
 	if err != nil {
 		t.Fatalf("proxyd status -o json: %v", err)
 	}
@@ -1003,6 +1027,11 @@ func checkProxydStatus(t *testing.T, l *lab.Lab, n *lab.Node, mode string) {
 		Health       agent.HealthStatus `json:"health"`
 		Node         agent.NodeStatus   `json:"node"`
 		ServiceProxy proxy.Status       `json:"serviceProxy"`
+		BPFMaps      *struct {
+			ebpfmode.Programmed
+			Error       string   `json:"error"`
+			Differences []string `json:"differences"`
+		} `json:"bpfMaps"`
 	}
 	if err := json.Unmarshal([]byte(out), &st); err != nil {
 		t.Fatalf("proxyd status -o json: %v\n%s", err, out)
@@ -1011,12 +1040,11 @@ func checkProxydStatus(t *testing.T, l *lab.Lab, n *lab.Node, mode string) {
 		t.Errorf("status: mode %q, healthy %v, podCIDR %q (want %v), last sync %v", st.ServiceProxy.Mode, st.Health.Healthy, st.Node.PodCIDR, n.PodCIDR, st.ServiceProxy.LastSync)
 	}
 	checkPeers(t, n, st.Node.Peers)
-	if mode != "iptables" {
-		// The ebpf mode's maps are not compared (yet): only that the
-		// Services are listed.
-		if len(st.ServiceProxy.Services) == 0 {
-			t.Error("status lists no Services")
+	if mode == "ebpf" {
+		if st.BPFMaps == nil || st.BPFMaps.Error != "" {
+			t.Fatalf("proxyd status in ebpf mode: maps %+v", st.BPFMaps)
 		}
+		checkStatusMaps(t, l, n, st.BPFMaps.Programmed, st.BPFMaps.Differences, len(st.ServiceProxy.Services))
 		return
 	}
 	// Every endpoint the status names is a DNAT target in the rules, and
@@ -1068,6 +1096,82 @@ func checkProxydStatus(t *testing.T, l *lab.Lab, n *lab.Node, mode string) {
 		}
 	}
 	t.Logf("proxyd status on %s:\n%s", n.Name, text)
+}
+
+// checkStatusMaps compares the maps `proxyd status` shows with node n's
+// pinned maps, read here entry by entry: the same frontends with the same
+// backends in the same slots, and nothing that disagrees with the Services
+// the daemon reports.
+func checkStatusMaps(t *testing.T, l *lab.Lab, n *lab.Node, shown ebpfmode.Programmed, differences []string, services int) {
+	t.Helper()
+	var got []string
+	for _, f := range shown.Frontends {
+		got = append(got, fmt.Sprintf("%s/%s %s -> %s", f.Address, f.Protocol, f.Scope, strings.Join(f.Backends, " ")))
+	}
+	slices.Sort(got)
+	want := pinnedFrontends(t, n.BPFPinDir())
+	if !slices.Equal(got, want) {
+		t.Errorf("proxyd status shows the maps as\n%s\nthe pinned maps hold\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if len(shown.Problems)+len(differences) > 0 || services == 0 || len(want) < services {
+		t.Errorf("proxyd status: %d Services, %d frontends in the maps; problems %v; differences %v", services, len(want), shown.Problems, differences)
+	}
+	text, err := n.Exec(t.Context(), filepath.Join(l.BinDir, "proxyd"), "status", "--bpf-pin-dir", n.BPFPinDir())
+	if err != nil {
+		t.Fatalf("proxyd status: %v", err)
+	}
+	if !strings.Contains(text, "BPF maps ("+n.BPFPinDir()+")") || !strings.Contains(text, "default/basic:tcp") {
+		t.Errorf("proxyd status lacks the maps' section:\n%s", text)
+	}
+	t.Logf("proxyd status on %s:\n%s", n.Name, text)
+}
+
+// pinnedFrontends reads the services and backends maps pinned in pinDir:
+// one line per frontend, "address/protocol scope -> backends in slot
+// order", sorted.
+func pinnedFrontends(t *testing.T, pinDir string) []string {
+	t.Helper()
+	load := func(name string) *ebpf.Map {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, name), &ebpf.LoadPinOptions{ReadOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return m
+	}
+	svcs, bes := load(bpf.SockMapServicesV1), load(bpf.SockMapBackendsV1)
+	entries := map[bpf.SockSvcKey]bpf.SockSvcVal{}
+	var k bpf.SockSvcKey
+	var v bpf.SockSvcVal
+	for it := svcs.Iterate(); it.Next(&k, &v); {
+		entries[k] = v
+	}
+	swap := func(p uint16) uint16 { return p<<8 | p>>8 }
+	var out []string
+	for k, v := range entries {
+		if k.Slot != 0 {
+			continue
+		}
+		addr := ""
+		if a := netip.AddrFrom16(k.Addr).Unmap(); k.Addr != [16]byte{} {
+			addr = a.String()
+		}
+		var backends []string
+		for i := uint16(1); i <= v.Count; i++ {
+			sk := k
+			sk.Slot = i
+			var b bpf.SockBackend
+			if err := bes.Lookup(entries[sk].Id, &b); err != nil {
+				t.Fatalf("frontend %s:%d slot %d: %v", addr, swap(k.Port), i, err)
+			}
+			backends = append(backends, netip.AddrPortFrom(netip.AddrFrom16(b.Addr).Unmap(), swap(b.Port)).String())
+		}
+		scope := map[uint8]string{0: "socket", 1: "external"}[k.Scope]
+		proto := map[uint8]string{6: "TCP", 17: "UDP", 132: "SCTP"}[k.Proto]
+		out = append(out, fmt.Sprintf("%s:%d/%s %s -> %s", addr, swap(k.Port), proto, scope, strings.Join(backends, " ")))
+	}
+	slices.Sort(out)
+	return out
 }
 
 // checkPeers compares the peers of `proxyd status` with the node's routes.

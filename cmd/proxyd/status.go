@@ -8,28 +8,41 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/podnet/podnet/dataplane/agent"
 	"github.com/podnet/podnet/dataplane/proxy"
+	"github.com/podnet/podnet/dataplane/proxy/ebpf"
 	"github.com/podnet/podnet/dataplane/status"
 )
 
-// statusReport is what the running proxyd's /status holds.
+// statusReport is what the running proxyd's /status holds and, in ebpf
+// mode, what its pinned maps hold.
 type statusReport struct {
 	Health       agent.HealthStatus `json:"health"`
 	Node         agent.NodeStatus   `json:"node"`
 	ServiceProxy proxy.Status       `json:"serviceProxy"`
+	// BPFMaps is read by proxyd status itself, from the pins.
+	BPFMaps *bpfMaps `json:"bpfMaps,omitempty"`
 }
 
 // runStatus is `proxyd status`: it asks the proxyd running on this node
-// (its metrics port) what it has programmed and prints it.
+// (its metrics port) what it has programmed and prints it; in ebpf mode
+// beside what the maps pinned in --bpf-pin-dir hold.
 func runStatus(args []string, stdout io.Writer) int {
-	c, code, ok := status.ParseCommand("proxyd status", "metrics-bind-address", "127.0.0.1:10249", args)
+	pinDir := ebpf.DefaultPinDir
+	c, code, ok := status.ParseCommand("proxyd status", "metrics-bind-address", "127.0.0.1:10249", args, func(fs *pflag.FlagSet) {
+		fs.StringVar(&pinDir, "bpf-pin-dir", pinDir, "ebpf mode: where the running proxyd pins its maps")
+	})
 	if !ok {
 		return code
 	}
 	var r statusReport
 	if !c.Fetch(&r) {
 		return 1
+	}
+	if r.ServiceProxy.Mode == ebpf.Mode.Name {
+		r.BPFMaps = readBPFMaps(pinDir, r.ServiceProxy.Services)
 	}
 	if c.JSON {
 		status.PrintJSON(stdout, r)
@@ -113,6 +126,9 @@ func printStatus(out io.Writer, r statusReport, now time.Time) {
 		}
 	}
 	w.Flush()
+	if r.BPFMaps != nil {
+		printBPFMaps(out, r.BPFMaps)
+	}
 }
 
 func endpoints(p proxy.PortStatus) string {

@@ -93,11 +93,15 @@ type Command struct {
 }
 
 // ParseCommand parses a status subcommand's flags: addrFlag (the daemon's
-// metrics address, defaultAddr if not given) and -o text|json. With ok
-// false the command is over and exits with code (usage printed or refused).
-func ParseCommand(name, addrFlag, defaultAddr string, args []string) (c Command, code int, ok bool) {
+// metrics address, defaultAddr if not given), -o text|json and whatever
+// more flags register adds. With ok false the command is over and exits
+// with code (usage printed or refused).
+func ParseCommand(name, addrFlag, defaultAddr string, args []string, register ...func(*pflag.FlagSet)) (c Command, code int, ok bool) {
 	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
 	c.Name = name
+	for _, r := range register {
+		r(fs)
+	}
 	fs.StringVar(&c.Addr, addrFlag, defaultAddr, "the metrics address of the daemon to ask")
 	output := fs.StringP("output", "o", "text", "text or json")
 	if err := fs.Parse(args); err != nil {

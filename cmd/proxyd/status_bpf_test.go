@@ -1,0 +1,68 @@
+package main
+
+import (
+	"bytes"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/podnet/podnet/dataplane/proxy"
+	"github.com/podnet/podnet/dataplane/proxy/ebpf"
+)
+
+// proxyd status in ebpf mode joins the maps' frontends to the Service ports
+// of the daemon's report, and says where the two disagree.
+func TestStatusBPFMaps(t *testing.T) {
+	both := []string{"10.244.1.5:8080", "10.244.2.5:8080"}
+	p := &ebpf.Programmed{PinDir: "/pins", Backends: 4, NodeAddrs: []string{"192.168.10.11"}, SNAT: "192.168.10.11", Frontends: []ebpf.ProgrammedFrontend{
+		{Address: "10.96.0.20:80", Protocol: "TCP", Scope: "socket", Backends: both},
+		{Address: "10.96.9.9:80", Protocol: "TCP", Scope: "socket", Backends: []string{"10.244.3.3:80"}},
+		{Address: ":30080", Protocol: "TCP", Scope: "external", Flags: []string{"local"}, Backends: both[:1], Maglev: 1},
+		{Address: ":30080", Protocol: "TCP", Scope: "socket", Backends: both},
+	}}
+	services := []proxy.ServiceStatus{
+		{Namespace: "default", Name: "gone", Ports: []proxy.PortStatus{{Protocol: "TCP", Frontends: []string{"10.96.0.30:80"},
+			Endpoints: []proxy.EndpointStatus{{Address: "10.244.4.4:80", Cluster: true}}}}},
+		{Namespace: "default", Name: "web", Ports: []proxy.PortStatus{{Name: "http", Protocol: "TCP", Frontends: []string{"10.96.0.20:80", ":30080"},
+			Endpoints: []proxy.EndpointStatus{{Address: both[0], Cluster: true, Local: true}, {Address: both[1], Cluster: true}}}}},
+	}
+	m := compareBPFMaps(p, services)
+	wantDiff := []string{
+		"default/gone TCP: frontend 10.96.0.30:80 is not in the maps",
+		"default/gone TCP: endpoints [10.244.4.4:80], the maps' backends []",
+		"frontend 10.96.9.9:80/TCP (socket) is in the maps but of no Service proxyd reports",
+	}
+	if !slices.Equal(m.Differences, wantDiff) {
+		t.Errorf("differences:\n%s\nwant:\n%s", strings.Join(m.Differences, "\n"), strings.Join(wantDiff, "\n"))
+	}
+	wantOwners := [][]string{{"default/web:http"}, nil, {"default/web:http"}, {"default/web:http"}}
+	if !slices.EqualFunc(m.Owners, wantOwners, slices.Equal) {
+		t.Errorf("owners %v, want %v", m.Owners, wantOwners)
+	}
+
+	var out bytes.Buffer
+	printStatus(&out, statusReport{ServiceProxy: proxy.Status{Mode: "ebpf", Services: services}, BPFMaps: m}, time.Now())
+	text := out.String()
+	for _, line := range [][]string{
+		{"BPF", "maps", "(/pins):", "4", "frontends,", "4", "backends;", "NodePorts", "on", "192.168.10.11;", "SNAT", "to", "192.168.10.11"},
+		{"default/web:http", "10.96.0.20:80/TCP", "socket", "10.244.1.5:8080", "10.244.2.5:8080"},
+		{"default/web:http", ":30080/TCP", "external", "local", "maglev/1", "10.244.1.5:8080"},
+		{"-", "10.96.9.9:80/TCP", "socket", "10.244.3.3:80"},
+		{"default/gone", "TCP:", "frontend", "10.96.0.30:80", "is", "not", "in", "the", "maps"},
+	} {
+		if !hasLine(text, line) {
+			t.Errorf("proxyd status lacks the line %q:\n%s", strings.Join(line, " "), text)
+		}
+	}
+}
+
+// hasLine says whether text has a line of exactly these fields.
+func hasLine(text string, fields []string) bool {
+	for _, l := range strings.Split(text, "\n") {
+		if slices.Equal(strings.Fields(l), fields) {
+			return true
+		}
+	}
+	return false
+}
