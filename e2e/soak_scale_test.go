@@ -162,7 +162,7 @@ func TestSoakScale(t *testing.T) {
 			d.rss>>20, goal>>20, usStr(d.p50), usStr(d.p99), d.queries))
 	soakRow(t, "6 scale, simulated",
 		fmt.Sprintf("%d Nodes, %d Services × %d endpoints (state directory)", c.nodes, c.services, c.endpoints),
-		"one Node added and removed 5 times per backend", "0 (every route, neighbour and FDB entry checked; every DNS answer checked)",
+		fmt.Sprintf("one Node added and removed %d times per backend", soakSize(2, 5)), "0 (every route, neighbour and FDB entry checked; every DNS answer checked)",
 		strings.Join(figures, "; "))
 }
 
@@ -246,9 +246,11 @@ func scaleProxyd(t *testing.T, l *lab.Lab, n *lab.Node, c scaleCluster, backend 
 	}
 	extra := c.nodes + 10 // an index no other node has
 	want := scalePodCIDR(extra)
-	for range 5 {
+	for range soakSize(2, 5) {
 		for _, add := range []bool{true, false} {
-			time.Sleep(1200 * time.Millisecond) // past --min-sync-period
+			// Past --min-sync-period and the full sync our own changes'
+			// netlink events ask for a second later.
+			time.Sleep(2500 * time.Millisecond)
 			before := len(scaleSyncs(p.Output()))
 			drain(events)
 			at := time.Now()

@@ -18,7 +18,9 @@ import (
 	"log/slog"
 	"net/netip"
 	"reflect"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -353,8 +355,17 @@ type nodeNet struct {
 	watch   func(ctx context.Context, changed chan<- struct{}) error
 	metrics *metrics
 
-	lastPlan    string
+	lastSkipped []string
 	lastProblem string
+	// needFull asks the next sync to compare everything with the kernel:
+	// netlink said something changed. A Node change alone only updates
+	// what differs from the last plan put in place, so one Node among
+	// 5,000 costs its own few netlink calls, not a dump of every peer's.
+	needFull atomic.Bool
+	// lastFull is when the last full sync started, and cfg its routing
+	// config (the underlay found then).
+	lastFull time.Time
+	cfg      routing.Config
 	status      netStatus
 	// routed, when set, is closed after the first sync that put every
 	// route in place.
@@ -395,6 +406,7 @@ func (n *nodeNet) run(ctx context.Context) error {
 			r.Trigger()
 		}
 	})
+	n.needFull.Store(true)
 	netlinkChanged := make(chan struct{}, 1)
 	if n.watch != nil {
 		go func() {
@@ -409,6 +421,7 @@ func (n *nodeNet) run(ctx context.Context) error {
 			case <-ctx.Done():
 				return
 			case <-netlinkChanged:
+				n.needFull.Store(true)
 				r.Trigger()
 			}
 		}
@@ -419,10 +432,13 @@ func (n *nodeNet) run(ctx context.Context) error {
 }
 
 // sync does one reconciliation and records its outcome in health and
-// metrics.
+// metrics. It is full when netlink reported a change, after a failed sync
+// and at least every SyncPeriod; otherwise (Nodes changed) it updates the
+// routes from the last plan.
 func (n *nodeNet) sync() {
 	start := time.Now()
-	changes, err := n.syncOnce()
+	full := n.needFull.Swap(false) || n.lastProblem != "" || start.Sub(n.lastFull) >= n.o.SyncPeriod
+	changes, err := n.syncOnce(full)
 	took := time.Since(start)
 	n.metrics.syncs.Inc()
 	n.metrics.syncDuration.Observe(took.Seconds())
@@ -499,8 +515,12 @@ func netlinkLinks(h *netlink.Handle) ([]Link, error) {
 }
 
 // syncOnce reconciles the node network once and returns how many kernel
-// objects it changed.
-func (n *nodeNet) syncOnce() (int, error) {
+// objects it changed. A full sync finds the underlay, makes sure of the
+// sysctls and iptables chains and compares the routes, neighbours and FDB
+// entries with the kernel's; otherwise only the routing plan is updated,
+// from the last one put in place, with the last full sync's underlay
+// (unless this node's address changed).
+func (n *nodeNet) syncOnce(full bool) (int, error) {
 	self := n.store.Node(n.o.NodeName)
 	if self == nil {
 		return 0, fmt.Errorf("node %q is not in the cluster state", n.o.NodeName)
@@ -509,6 +529,10 @@ func (n *nodeNet) syncOnce() (int, error) {
 	if !ok {
 		return 0, fmt.Errorf("node %q has no IPv4 InternalIP", n.o.NodeName)
 	}
+	if !full && !n.lastFull.IsZero() && ip == n.cfg.NodeIP {
+		return n.syncRoutes(n.cfg, false)
+	}
+	n.lastFull = time.Now()
 	u, err := n.underlay(ip)
 	if err != nil {
 		return 0, err
@@ -520,6 +544,7 @@ func (n *nodeNet) syncOnce() (int, error) {
 	if err := cfg.Validate(); err != nil {
 		return 0, err
 	}
+	n.cfg = cfg
 	var errs []error
 	if err := hostnet.EnsureSysctls(n.sysctl, n.mod); err != nil {
 		errs = append(errs, err)
@@ -529,18 +554,30 @@ func (n *nodeNet) syncOnce() (int, error) {
 	} else if changed {
 		n.log.Info("iptables chains written", "chains", []string{hostnet.ChainPostrouting, hostnet.ChainForward})
 	}
+	changes, err := n.syncRoutes(cfg, true)
+	return changes, errors.Join(append(errs, err)...)
+}
 
+// syncRoutes puts the routing plan for the current Nodes in place, full
+// (compared with the kernel) or updated from the last plan, and writes
+// the node config.
+func (n *nodeNet) syncRoutes(cfg routing.Config, full bool) (int, error) {
 	plan := routing.Compute(cfg, n.store.Nodes())
-	if s := plan.String(); s != n.lastPlan {
-		n.lastPlan = s
+	if !slices.Equal(plan.Skipped, n.lastSkipped) {
+		n.lastSkipped = plan.Skipped
 		for _, sk := range plan.Skipped {
 			n.log.Warn("peer not routed", "reason", sk)
 		}
 	}
-	changes, err := n.rec.Apply(plan)
+	apply := n.rec.Update
+	if full {
+		apply = n.rec.Apply
+	}
+	changes, err := apply(plan)
 	n.status.record(plan, err)
 	logChanges(n.log, changes)
 	n.metrics.changes.Add(float64(len(changes)))
+	var errs []error
 	if err != nil {
 		errs = append(errs, fmt.Errorf("routes: %w", err))
 	}

@@ -103,7 +103,7 @@ func TestSyncOnce(t *testing.T) {
 	n, store := newTestNodeNet(t, routing.BackendAuto, k, ipt)
 
 	// Not in the state yet: not ready, and nothing written.
-	if _, err := n.syncOnce(); err == nil || !strings.Contains(err.Error(), "not in the cluster state") {
+	if _, err := n.syncOnce(true); err == nil || !strings.Contains(err.Error(), "not in the cluster state") {
 		t.Fatalf("err = %v", err)
 	}
 	// Present, no podCIDR: routes to peers already, but not ready and no
@@ -111,7 +111,7 @@ func TestSyncOnce(t *testing.T) {
 	store.Upsert(testNode("node1", "192.168.10.11", ""))
 	store.Upsert(testNode("node2", "192.168.10.12", "10.244.2.0/24"))
 	store.Upsert(testNode("node4", "192.168.20.11", "10.244.4.0/24"))
-	_, err := n.syncOnce()
+	_, err := n.syncOnce(true)
 	if err == nil || !strings.Contains(err.Error(), `"node1" has no spec.podCIDR yet`) {
 		t.Fatalf("err = %v", err)
 	}
@@ -122,7 +122,7 @@ func TestSyncOnce(t *testing.T) {
 	// The podCIDR arrives: ready, node config with the VXLAN MTU, sysctls
 	// on, chains in place.
 	store.Upsert(testNode("node1", "192.168.10.11", "10.244.1.0/24"))
-	if _, err := n.syncOnce(); err != nil {
+	if _, err := n.syncOnce(true); err != nil {
 		t.Fatal(err)
 	}
 	cfg, err := nodeconfig.Read(n.o.NodeConfigPath)
@@ -156,7 +156,7 @@ func TestSyncOnce(t *testing.T) {
 	for _, node := range store.Nodes() {
 		store2.Upsert(node)
 	}
-	if _, err := n2.syncOnce(); err != nil {
+	if _, err := n2.syncOnce(true); err != nil {
 		t.Fatal(err)
 	}
 	if k.Mutations != mutations || ipt.Writes != writes {
@@ -165,7 +165,7 @@ func TestSyncOnce(t *testing.T) {
 
 	// A deleted peer takes its route, neighbour and FDB entry with it.
 	store.Delete(cluster.KindNode, cluster.Key{Name: "node4"})
-	if _, err := n.syncOnce(); err != nil {
+	if _, err := n.syncOnce(true); err != nil {
 		t.Fatal(err)
 	}
 	if d := k.Dump(); strings.Contains(d, "10.244.4.0") || strings.Contains(d, "192.168.20.11") {
@@ -177,7 +177,7 @@ func TestSyncOnceHostGWWritesUnderlayMTU(t *testing.T) {
 	k := routing.NewFakeKernel(map[string]netip.Prefix{"eth0": netip.MustParsePrefix("192.168.10.0/24")})
 	n, store := newTestNodeNet(t, routing.BackendHostGW, k, hostnet.NewFakeIPTables())
 	store.Upsert(testNode("node1", "192.168.10.11", "10.244.1.0/24"))
-	if _, err := n.syncOnce(); err != nil {
+	if _, err := n.syncOnce(true); err != nil {
 		t.Fatal(err)
 	}
 	cfg, err := nodeconfig.Read(n.o.NodeConfigPath)
@@ -186,5 +186,42 @@ func TestSyncOnceHostGWWritesUnderlayMTU(t *testing.T) {
 	}
 	if strings.Contains(k.Dump(), "podnet.1") {
 		t.Errorf("host-gw made a VXLAN device:\n%s", k.Dump())
+	}
+}
+
+// TestNodeChangeIsIncremental: a Node added changes only its own entries
+// and reads nothing back from the kernel or iptables; what changed behind
+// podnet's back is repaired by the next full sync (netlink reported it).
+func TestNodeChangeIsIncremental(t *testing.T) {
+	k := routing.NewFakeKernel(map[string]netip.Prefix{"eth0": netip.MustParsePrefix("192.168.10.0/24")})
+	ipt := hostnet.NewFakeIPTables()
+	n, store := newTestNodeNet(t, routing.BackendAuto, k, ipt)
+	store.Upsert(testNode("node1", "192.168.10.11", "10.244.1.0/24"))
+	store.Upsert(testNode("node2", "192.168.10.12", "10.244.2.0/24"))
+	store.Upsert(testNode("node4", "192.168.20.11", "10.244.4.0/24"))
+	n.sync()
+	if n.lastProblem != "" {
+		t.Fatal(n.lastProblem)
+	}
+	node2 := routing.Route{Dst: netip.MustParsePrefix("10.244.2.0/24"), Gw: netip.MustParseAddr("192.168.10.12"), Dev: "eth0"}
+	if err := k.DeleteRoute(node2); err != nil {
+		t.Fatal(err)
+	}
+	delete(ipt.Chains, "nat/"+hostnet.ChainPostrouting)
+
+	store.Upsert(testNode("node3", "192.168.10.13", "10.244.3.0/24"))
+	mutations := k.Mutations
+	n.sync()
+	if k.Mutations != mutations+1 || !strings.Contains(k.Dump(), "route 10.244.3.0/24 via 192.168.10.13 dev eth0") {
+		t.Errorf("node3 added: %d changes, kernel:\n%s", k.Mutations-mutations, k.Dump())
+	}
+	if strings.Contains(k.Dump(), "10.244.2.0/24") || ipt.Chains["nat/"+hostnet.ChainPostrouting] != nil {
+		t.Errorf("a Node change compared everything with the kernel:\n%s\n%s", k.Dump(), ipt.Dump())
+	}
+
+	n.needFull.Store(true)
+	n.sync()
+	if !strings.Contains(k.Dump(), "route 10.244.2.0/24 via 192.168.10.12 dev eth0") || ipt.Chains["nat/"+hostnet.ChainPostrouting] == nil {
+		t.Errorf("the full sync did not repair:\n%s\n%s", k.Dump(), ipt.Dump())
 	}
 }

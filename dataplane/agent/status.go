@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"net/netip"
 	"sync"
 	"time"
 
@@ -101,15 +102,17 @@ func (n *nodeNet) report(stale func() error) NodeStatus {
 	if lastErr != nil {
 		ns.LastError = lastErr.Error()
 	}
+	routes := make(map[netip.Prefix]routing.Route, len(plan.Routes))
+	for _, r := range plan.Routes {
+		routes[r.Dst] = r
+	}
 	for _, p := range plan.Peers {
 		ps := PeerStatus{Name: p.Name, NodeIP: p.NodeIP.String(), PodCIDR: p.PodCIDR.String(), Backend: "host-gw"}
 		if p.VXLAN {
 			ps.Backend = "vxlan"
 		}
-		for _, r := range plan.Routes {
-			if r.Dst == p.PodCIDR {
-				ps.Route = r.String()
-			}
+		if r, ok := routes[p.PodCIDR]; ok {
+			ps.Route = r.String()
 		}
 		ns.Peers = append(ns.Peers, ps)
 	}

@@ -117,6 +117,85 @@ func TestRouterStates(t *testing.T) {
 	}
 }
 
+// TestUpdateMatchesApply walks random sequences of clusters (peers coming,
+// going, moving between the segments, changing podCIDR, and the fixed
+// states above with their config changes) with Update on one kernel and
+// Apply on another: after every step both kernels hold the same state,
+// and Update changed no more than Apply did.
+func TestUpdateMatchesApply(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	randomNodes := func() []*cluster.Node {
+		nodes := []*cluster.Node{self}
+		for i := range 30 {
+			if rng.IntN(3) == 0 {
+				continue
+			}
+			seg := 10 + 10*rng.IntN(2)
+			nodes = append(nodes, node(fmt.Sprintf("n%02d", i), fmt.Sprintf("192.168.%d.%d", seg, 100+i), fmt.Sprintf("10.244.%d.0/24", 100+i+rng.IntN(2)*50)))
+		}
+		return nodes
+	}
+	for round := range 20 {
+		ku, ka := newFake(), newFake()
+		ru := &Reconciler{Kernel: ku, Device: DefaultDevice}
+		ra := &Reconciler{Kernel: ka, Device: DefaultDevice}
+		for step := range 15 {
+			cfg, nodes := config(BackendAuto), randomNodes()
+			if rng.IntN(4) == 0 {
+				s := states[rng.IntN(len(states))]
+				cfg, nodes = s.cfg, s.nodes
+			}
+			ku.SetMTU("eth0", cfg.UnderlayMTU)
+			ka.SetMTU("eth0", cfg.UnderlayMTU)
+			p := Compute(cfg, nodes)
+			before := ku.Mutations
+			if _, err := ru.Update(p); err != nil {
+				t.Fatalf("round %d step %d: update: %v", round, step, err)
+			}
+			updated := ku.Mutations - before
+			before = ka.Mutations
+			if _, err := ra.Apply(p); err != nil {
+				t.Fatalf("round %d step %d: apply: %v", round, step, err)
+			}
+			if got, want := ku.Dump(), ka.Dump(); got != want {
+				t.Fatalf("round %d step %d: after Update\n%s\nafter Apply\n%s", round, step, got, want)
+			}
+			if applied := ka.Mutations - before; updated > applied {
+				t.Errorf("round %d step %d: Update made %d changes, Apply %d", round, step, updated, applied)
+			}
+		}
+	}
+}
+
+// TestUpdateAfterAnErrorIsApply: once a change failed, Update no longer
+// trusts its record of the kernel and compares with the kernel itself.
+func TestUpdateAfterAnErrorIsApply(t *testing.T) {
+	k := newFake()
+	r := &Reconciler{Kernel: k, Device: DefaultDevice}
+	p := Compute(config(BackendAuto), []*cluster.Node{self, node2, node4})
+	if _, err := r.Update(p); err != nil {
+		t.Fatal(err)
+	}
+	want := k.Dump()
+	// Behind the reconciler's back: Update alone does not see it...
+	_ = k.DeleteRoute(p.Routes[0])
+	if changes, err := r.Update(p); err != nil || len(changes) != 0 {
+		t.Fatalf("update of an unchanged plan: %q, %v", changes, err)
+	}
+	// ...but a failed change makes the next Update a full Apply.
+	bad := Compute(config(BackendAuto), []*cluster.Node{self, node2, node4, node("far", "192.168.10.50", "10.244.50.0/24")})
+	bad.Routes = append(bad.Routes, Route{Dst: netip.MustParsePrefix("10.244.60.0/24"), Gw: netip.MustParseAddr("192.168.10.60"), Dev: "missing0"})
+	if _, err := r.Update(bad); err == nil {
+		t.Fatal("route through a missing device: no error")
+	}
+	if _, err := r.Update(p); err != nil {
+		t.Fatal(err)
+	}
+	if got := k.Dump(); got != want {
+		t.Fatalf("after the full Apply\n%s\nwant\n%s", got, want)
+	}
+}
+
 // TestReconcileRepairs breaks the kernel state the ways an operator or
 // another agent might and checks Apply puts back exactly what is missing.
 func TestReconcileRepairs(t *testing.T) {

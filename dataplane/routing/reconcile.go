@@ -36,21 +36,141 @@ type Reconciler struct {
 	Kernel Kernel
 	// Device is the VXLAN device name to remove when a plan has none.
 	Device string
+
+	// applied is the plan the last Apply or Update put in place without
+	// an error; nil when there is none.
+	applied *Plan
 }
 
 // Apply changes the kernel to hold p, touching only what differs. It
 // returns what it changed (for logs and tests) and every error it met; it
 // keeps going after an error so one bad entry does not block the rest.
 func (r *Reconciler) Apply(p Plan) ([]string, error) {
-	var changes []string
-	var errs []error
-	do := func(what string, err error) {
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", what, err))
-			return
-		}
-		changes = append(changes, what)
+	changes, err := r.apply(p)
+	r.remember(p, err)
+	return changes, err
+}
+
+// remember records p as the kernel's state when it was put in place
+// without an error, and forgets any plan otherwise.
+func (r *Reconciler) remember(p Plan, err error) {
+	r.applied = nil
+	if err == nil {
+		r.applied = &p
 	}
+}
+
+// Update changes the kernel from the plan last put in place to p, touching
+// only the entries in which the two differ and reading nothing back: one
+// Node added or removed costs its own few netlink calls instead of a dump
+// of every peer's entries. When no plan is known to be in place (none yet,
+// or the last Apply or Update met an error) or the device differs, it is
+// Apply. Changes made behind podnet's back are for Apply to repair.
+func (r *Reconciler) Update(p Plan) ([]string, error) {
+	old := r.applied
+	if old == nil || !sameDevice(old.Device, p.Device) {
+		return r.Apply(p)
+	}
+	var c changeLog
+	do := c.do
+	// Forwarding state before the routes that need it; removals after,
+	// in the reverse order.
+	oldFDB, newFDB := fdbSet(old.FDB), fdbSet(p.FDB)
+	for _, f := range p.FDB {
+		if !oldFDB[keyOf(f)] {
+			do("add fdb "+f.String(), r.Kernel.SetFDB(f))
+		}
+	}
+	oldNeigh, newNeigh := neighByIP(old.Neighs), neighByIP(p.Neighs)
+	for _, n := range p.Neighs {
+		if h, ok := oldNeigh[n.IP]; !ok || !bytes.Equal(h.MAC, n.MAC) {
+			do("set neigh "+n.String(), r.Kernel.SetNeigh(n))
+		}
+	}
+	oldRoute, newRoute := routeByDst(old.Routes), routeByDst(p.Routes)
+	for _, rt := range p.Routes {
+		if h, ok := oldRoute[rt.Dst]; !ok || h != rt {
+			do("replace route "+rt.String(), r.Kernel.ReplaceRoute(rt))
+		}
+	}
+	for _, rt := range old.Routes {
+		if _, ok := newRoute[rt.Dst]; !ok {
+			do("delete route "+rt.String(), r.Kernel.DeleteRoute(rt))
+		}
+	}
+	for _, n := range old.Neighs {
+		if _, ok := newNeigh[n.IP]; !ok {
+			do("delete neigh "+n.String(), r.Kernel.DeleteNeigh(n))
+		}
+	}
+	for _, f := range old.FDB {
+		if !newFDB[keyOf(f)] {
+			do("delete fdb "+f.String(), r.Kernel.DeleteFDB(f))
+		}
+	}
+	err := errors.Join(c.errs...)
+	r.remember(p, err)
+	return c.changes, err
+}
+
+// changeLog collects what a reconciliation changed and the errors it met.
+type changeLog struct {
+	changes []string
+	errs    []error
+}
+
+// do records one change, or its error.
+func (c *changeLog) do(what string, err error) {
+	if err != nil {
+		c.errs = append(c.errs, fmt.Errorf("%s: %w", what, err))
+		return
+	}
+	c.changes = append(c.changes, what)
+}
+
+func sameDevice(a, b *VXLANDevice) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return sameIdentity(*a, *b) && a.Name == b.Name && a.MTU == b.MTU && bytes.Equal(a.MAC, b.MAC) && a.Addr == b.Addr && a.Up == b.Up
+}
+
+// fdbKey identifies an FDB entry without formatting it.
+type fdbKey struct {
+	mac string
+	dst netip.Addr
+}
+
+func keyOf(f FDB) fdbKey { return fdbKey{string(f.MAC), f.Dst} }
+
+func fdbSet(fs []FDB) map[fdbKey]bool {
+	m := make(map[fdbKey]bool, len(fs))
+	for _, f := range fs {
+		m[keyOf(f)] = true
+	}
+	return m
+}
+
+func neighByIP(ns []Neigh) map[netip.Addr]Neigh {
+	m := make(map[netip.Addr]Neigh, len(ns))
+	for _, n := range ns {
+		m[n.IP] = n
+	}
+	return m
+}
+
+func routeByDst(rs []Route) map[netip.Prefix]Route {
+	m := make(map[netip.Prefix]Route, len(rs))
+	for _, r := range rs {
+		m[r.Dst] = r
+	}
+	return m
+}
+
+// apply is Apply without remembering the plan.
+func (r *Reconciler) apply(p Plan) ([]string, error) {
+	var c changeLog
+	do := c.do
 
 	devName := r.Device
 	if p.Device != nil {
@@ -60,6 +180,7 @@ func (r *Reconciler) Apply(p Plan) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read link %s: %w", devName, err)
 	}
+
 	devReady := false
 	switch want := p.Device; {
 	case want == nil:
@@ -90,84 +211,72 @@ func (r *Reconciler) Apply(p Plan) ([]string, error) {
 	// Forwarding state first, so a route never points at an unresolvable
 	// next hop; removals after, in the reverse order.
 	if p.Device != nil && devReady {
-		r.syncFDB(p, do, &errs)
-		r.syncNeighs(p, do, &errs)
+		r.syncFDB(p, &c)
+		r.syncNeighs(p, &c)
 	}
-	r.syncRoutes(p, do, &errs)
-	return changes, errors.Join(errs...)
+	r.syncRoutes(p, &c)
+	return c.changes, errors.Join(c.errs...)
 }
 
 func sameIdentity(a, b VXLANDevice) bool {
 	return a.VNI == b.VNI && a.Port == b.Port && a.Local == b.Local && a.Parent == b.Parent && a.Learning == b.Learning
 }
 
-func (r *Reconciler) syncFDB(p Plan, do func(string, error), errs *[]error) {
+func (r *Reconciler) syncFDB(p Plan, c *changeLog) {
+	do := c.do
 	have, err := r.Kernel.FDB(p.Device.Name)
 	if err != nil {
-		*errs = append(*errs, fmt.Errorf("list fdb: %w", err))
+		c.errs = append(c.errs, fmt.Errorf("list fdb: %w", err))
 		return
 	}
-	haveSet := make(map[string]bool)
-	for _, f := range have {
-		haveSet[f.String()] = true
-	}
-	wantSet := make(map[string]bool)
+	haveSet, wantSet := fdbSet(have), fdbSet(p.FDB)
 	for _, f := range p.FDB {
-		wantSet[f.String()] = true
-		if !haveSet[f.String()] {
+		if !haveSet[keyOf(f)] {
 			do("add fdb "+f.String(), r.Kernel.SetFDB(f))
 		}
 	}
 	for _, f := range have {
-		if !wantSet[f.String()] {
+		if !wantSet[keyOf(f)] {
 			do("delete fdb "+f.String(), r.Kernel.DeleteFDB(f))
 		}
 	}
 }
 
-func (r *Reconciler) syncNeighs(p Plan, do func(string, error), errs *[]error) {
+func (r *Reconciler) syncNeighs(p Plan, c *changeLog) {
+	do := c.do
 	have, err := r.Kernel.Neighs(p.Device.Name)
 	if err != nil {
-		*errs = append(*errs, fmt.Errorf("list neighbours: %w", err))
+		c.errs = append(c.errs, fmt.Errorf("list neighbours: %w", err))
 		return
 	}
-	haveByIP := make(map[netip.Addr]Neigh)
-	for _, n := range have {
-		haveByIP[n.IP] = n
-	}
-	wantIP := make(map[netip.Addr]bool)
+	haveByIP, want := neighByIP(have), neighByIP(p.Neighs)
 	for _, n := range p.Neighs {
-		wantIP[n.IP] = true
 		if h, ok := haveByIP[n.IP]; !ok || !bytes.Equal(h.MAC, n.MAC) {
 			do("set neigh "+n.String(), r.Kernel.SetNeigh(n))
 		}
 	}
 	for _, n := range have {
-		if !wantIP[n.IP] {
+		if _, ok := want[n.IP]; !ok {
 			do("delete neigh "+n.String(), r.Kernel.DeleteNeigh(n))
 		}
 	}
 }
 
-func (r *Reconciler) syncRoutes(p Plan, do func(string, error), errs *[]error) {
+func (r *Reconciler) syncRoutes(p Plan, c *changeLog) {
+	do := c.do
 	have, err := r.Kernel.Routes()
 	if err != nil {
-		*errs = append(*errs, fmt.Errorf("list routes: %w", err))
+		c.errs = append(c.errs, fmt.Errorf("list routes: %w", err))
 		return
 	}
-	haveByDst := make(map[netip.Prefix]Route)
-	for _, rt := range have {
-		haveByDst[rt.Dst] = rt
-	}
-	wantDst := make(map[netip.Prefix]bool)
+	haveByDst, want := routeByDst(have), routeByDst(p.Routes)
 	for _, rt := range p.Routes {
-		wantDst[rt.Dst] = true
 		if h, ok := haveByDst[rt.Dst]; !ok || h != rt {
 			do("replace route "+rt.String(), r.Kernel.ReplaceRoute(rt))
 		}
 	}
 	for _, rt := range have {
-		if !wantDst[rt.Dst] {
+		if _, ok := want[rt.Dst]; !ok {
 			do("delete route "+rt.String(), r.Kernel.DeleteRoute(rt))
 		}
 	}
