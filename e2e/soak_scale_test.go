@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -196,7 +197,11 @@ func scaleProxyd(t *testing.T, l *lab.Lab, n *lab.Node, c scaleCluster, backend 
 	t.Helper()
 	var r scaleResult
 	start := time.Now()
-	p, err := n.StartProxyd(t.Context(), "--backend", backend, "--cluster-cidr", scaleClusterCIDR.String(),
+	// Not StartProxyd: reading the state takes longer than its wait for
+	// the node config.
+	p, err := n.Start("proxyd", filepath.Join(l.BinDir, "proxyd"), "--node-name", n.Name, "--state-dir", l.StateDir(),
+		"--node-config", n.NodeConfigPath(), "--bpf-cgroup", n.BPFCgroup(), "--bpf-pin-dir", n.BPFPinDir(),
+		"--backend", backend, "--cluster-cidr", scaleClusterCIDR.String(),
 		"--log-format", "json", "--metrics-bind-address", "127.0.0.1:10249", "--healthz-bind-address", "")
 	if err != nil {
 		t.Fatal(err)
@@ -206,13 +211,12 @@ func scaleProxyd(t *testing.T, l *lab.Lab, n *lab.Node, c scaleCluster, backend 
 			t.Errorf("proxyd: %v", err)
 		}
 	}()
-	label := map[string]string{"host-gw": "host-gw", "vxlan": "vxlan"}[backend]
-	deadline := time.Now().Add(time.Duration(soakSize(2, 10))*time.Minute)
+	deadline := time.Now().Add(time.Duration(soakSize(2, 10)) * time.Minute)
 	for {
 		code, body, err := svcHTTPGet(n.NSPath(), "127.0.0.1:10249/metrics")
 		if err == nil && code == 200 {
 			fams := metricstest.Parse(t, body)
-			peers, _ := metricstest.Value(fams, "podnet_peers", "backend", label)
+			peers, _ := metricstest.Value(fams, "podnet_peers", "backend", backend)
 			ports, _ := metricstest.Value(fams, "podnet_proxy_service_ports")
 			full, _ := metricstest.Value(fams, "kubeproxy_sync_full_proxy_rules_duration_seconds")
 			synced := scaleSyncs(p.Output())
@@ -437,7 +441,7 @@ type dnsdResult struct {
 func scaleDnsd(t *testing.T, l *lab.Lab, c scaleCluster) dnsdResult {
 	t.Helper()
 	n := l.Nodes[0]
-	p, err := n.Start("dnsd", l.BinDir+"/dnsd", "--state-dir", l.StateDir(), "--listen", "127.0.0.1:53",
+	p, err := n.Start("dnsd", filepath.Join(l.BinDir, "dnsd"), "--state-dir", l.StateDir(), "--listen", "127.0.0.1:53",
 		"--upstream", "127.0.0.1:5399", "--metrics-address", "", "--health-address", "", "--ready-address", "127.0.0.1:8181")
 	if err != nil {
 		t.Fatal(err)

@@ -366,7 +366,7 @@ type nodeNet struct {
 	// config (the underlay found then).
 	lastFull time.Time
 	cfg      routing.Config
-	status      netStatus
+	status   netStatus
 	// routed, when set, is closed after the first sync that put every
 	// route in place.
 	routed     chan struct{}

@@ -20,7 +20,12 @@ import (
 // newTestNS creates a network namespace with "eth0" (a veth; this kernel
 // may lack the dummy driver) holding
 // 192.168.10.11/24 and returns a netlink handle into it.
-func newTestNS(t *testing.T) (string, *netlink.Handle, netns.NsHandle) {
+func newTestNS(t testing.TB) (string, *netlink.Handle, netns.NsHandle) {
+	return newTestNSWith(t, "192.168.10.11/24")
+}
+
+// newTestNSWith is newTestNS with eth0 holding addr.
+func newTestNSWith(t testing.TB, addr string) (string, *netlink.Handle, netns.NsHandle) {
 	t.Helper()
 	roottest.Require(t)
 	name := fmt.Sprintf("podnet-rt-%d-%d", os.Getpid(), time.Now().UnixNano()%1e6)
@@ -42,8 +47,8 @@ func newTestNS(t *testing.T) (string, *netlink.Handle, netns.NsHandle) {
 	if err := h.LinkAdd(eth0); err != nil {
 		t.Fatal(err)
 	}
-	addr, _ := netlink.ParseAddr("192.168.10.11/24")
-	if err := h.AddrAdd(eth0, addr); err != nil {
+	a, _ := netlink.ParseAddr(addr)
+	if err := h.AddrAdd(eth0, a); err != nil {
 		t.Fatal(err)
 	}
 	if err := h.LinkSetUp(eth0); err != nil {

@@ -202,9 +202,15 @@ func Compute(c Config, nodes []*cluster.Node) Plan {
 	}
 	// Two nodes claiming one podCIDR: the first by name keeps it, so the
 	// kernel never sees two routes for one prefix.
-	owner := make(map[netip.Prefix]string)
+	owner := make(map[netip.Prefix]string, len(nodes))
 	sorted := slices.Clone(nodes)
 	slices.SortFunc(sorted, func(a, b *cluster.Node) int { return strings.Compare(a.Name, b.Name) })
+	p.Peers = make([]Peer, 0, len(nodes))
+	p.Routes = make([]Route, 0, len(nodes))
+	if c.Backend != BackendHostGW {
+		p.Neighs = make([]Neigh, 0, len(nodes))
+		p.FDB = make([]FDB, 0, len(nodes))
+	}
 	for _, n := range sorted {
 		if n.Name == c.NodeName {
 			continue

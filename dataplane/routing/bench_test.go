@@ -1,0 +1,159 @@
+package routing
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+)
+
+// scalePeers are n nodes on 192.168.0.0/16 (node1 is 192.168.0.11), the
+// i-th with podCIDR 10.128.0.0/10's i-th /24.
+func scalePeers(n int) []*cluster.Node {
+	nodes := make([]*cluster.Node, n)
+	for i := range nodes {
+		ip := netip.AddrFrom4([4]byte{192, 168, byte((11 + i) >> 8), byte(11 + i)})
+		cidr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(128 + i>>8), byte(i), 0}), 24)
+		nodes[i] = &cluster.Node{Name: fmt.Sprintf("node%05d", i+1), InternalIPs: []netip.Addr{ip}, PodCIDRs: []netip.Prefix{cidr}}
+	}
+	return nodes
+}
+
+func scaleConfig(b Backend) Config {
+	return Config{
+		NodeName: "node00001", Backend: b, NodeIP: netip.MustParseAddr("192.168.0.11"),
+		NodeSubnet: netip.MustParsePrefix("192.168.0.0/16"), Iface: "eth0", UnderlayMTU: 1500,
+		Device: DefaultDevice, VNI: DefaultVNI, Port: DefaultPort,
+	}
+}
+
+// BenchmarkApplyAtScale programs the routes (and with VXLAN the neighbour
+// and FDB entries) to 4,999 peers into a namespace of its own: "program"
+// into an empty node, "resync" a full Apply that finds nothing to change,
+// "one node" an Update adding one Node and one removing it again, and
+// "bare" the same kernel objects added by plain netlink calls with no
+// reconciler at all (the floor of this library and kernel).
+func BenchmarkApplyAtScale(b *testing.B) {
+	const n = 5000
+	nodes := scalePeers(n)
+	for _, backend := range []Backend{BackendHostGW, BackendVXLAN} {
+		cfg := scaleConfig(backend)
+		plan := Compute(cfg, nodes)
+		b.Run(string(backend)+"/program", func(b *testing.B) {
+			_, h, _ := newTestNSWith(b, "192.168.0.11/16")
+			r := &Reconciler{Kernel: NewNetlinkKernel(h), Device: DefaultDevice}
+			for b.Loop() {
+				b.StopTimer()
+				if _, err := r.Apply(Plan{}); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				if _, err := r.Apply(Compute(cfg, nodes)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(string(backend)+"/resync", func(b *testing.B) {
+			_, h, _ := newTestNSWith(b, "192.168.0.11/16")
+			r := &Reconciler{Kernel: NewNetlinkKernel(h), Device: DefaultDevice}
+			if _, err := r.Apply(plan); err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				if c, err := r.Apply(Compute(cfg, nodes)); err != nil || len(c) != 0 {
+					b.Fatal(c, err)
+				}
+			}
+		})
+		b.Run(string(backend)+"/one node", func(b *testing.B) {
+			_, h, _ := newTestNSWith(b, "192.168.0.11/16")
+			r := &Reconciler{Kernel: NewNetlinkKernel(h), Device: DefaultDevice}
+			if _, err := r.Apply(plan); err != nil {
+				b.Fatal(err)
+			}
+			more := append(scalePeers(n+1)[n:], nodes...)
+			for b.Loop() {
+				for _, ns := range [][]*cluster.Node{more, nodes} {
+					if c, err := r.Update(Compute(cfg, ns)); err != nil || len(c) == 0 {
+						b.Fatal(c, err)
+					}
+				}
+			}
+		})
+		b.Run(string(backend)+"/bare", func(b *testing.B) {
+			_, h, _ := newTestNSWith(b, "192.168.0.11/16")
+			r := &Reconciler{Kernel: NewNetlinkKernel(h), Device: DefaultDevice}
+			for b.Loop() {
+				b.StopTimer()
+				if _, err := r.Apply(Plan{Device: plan.Device}); err != nil {
+					b.Fatal(err)
+				}
+				eth0, _ := h.LinkByName("eth0")
+				idx := eth0.Attrs().Index
+				if plan.Device != nil {
+					dev, _ := h.LinkByName(DefaultDevice)
+					idx = dev.Attrs().Index
+				}
+				b.StartTimer()
+				bareAdd(b, h, plan, idx)
+			}
+		})
+	}
+}
+
+// bareAdd adds plan's FDB, neighbour and route entries with one netlink
+// call each and nothing else.
+func bareAdd(b *testing.B, h *netlink.Handle, plan Plan, idx int) {
+	for _, f := range plan.FDB {
+		if err := h.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, State: netlink.NUD_PERMANENT,
+			Flags: netlink.NTF_SELF, IP: f.Dst.AsSlice(), HardwareAddr: f.MAC}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, n := range plan.Neighs {
+		if err := h.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+			IP: n.IP.AsSlice(), HardwareAddr: n.MAC}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, r := range plan.Routes {
+		nr := &netlink.Route{LinkIndex: idx, Dst: &net.IPNet{IP: r.Dst.Addr().AsSlice(), Mask: net.CIDRMask(r.Dst.Bits(), 32)},
+			Gw: r.Gw.AsSlice(), Protocol: Protocol, Table: unix.RT_TABLE_MAIN}
+		if r.Onlink {
+			nr.Flags = int(netlink.FLAG_ONLINK)
+		}
+		if err := h.RouteReplace(nr); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkNodeChange is the Go side of one Node added and removed
+// among 5,000 (the plan computed, diffed with the last), on the fake kernel.
+func BenchmarkNodeChange(b *testing.B) {
+	const n = 5000
+	nodes := scalePeers(n)
+	more := append(scalePeers(n+1)[n:], nodes...)
+	for _, backend := range []Backend{BackendHostGW, BackendVXLAN} {
+		cfg := scaleConfig(backend)
+		b.Run(string(backend), func(b *testing.B) {
+			k := NewFakeKernel(map[string]netip.Prefix{"eth0": cfg.NodeSubnet})
+			r := &Reconciler{Kernel: k, Device: DefaultDevice}
+			if _, err := r.Apply(Compute(cfg, nodes)); err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				for _, ns := range [][]*cluster.Node{more, nodes} {
+					if c, err := r.Update(Compute(cfg, ns)); err != nil || len(c) == 0 {
+						b.Fatal(c, err)
+					}
+				}
+			}
+		})
+	}
+}
