@@ -163,9 +163,14 @@ func TestSoakScale(t *testing.T) {
 			d.rss>>20, goal>>20, usStr(d.p50), usStr(d.p99), d.queries))
 	soakRow(t, "6 scale, simulated",
 		fmt.Sprintf("%d Nodes, %d Services × %d endpoints (state directory)", c.nodes, c.services, c.endpoints),
-		fmt.Sprintf("one Node added and removed %d times per backend", soakSize(2, 5)), "0 (every route, neighbour and FDB entry checked; every DNS answer checked)",
+		fmt.Sprintf("one Node added and removed %d times per backend", scaleRounds()), "0 (every route, neighbour and FDB entry checked; every DNS answer checked)",
 		strings.Join(figures, "; "))
 }
+
+// scaleRounds is how often one Node is added and removed: the medians of
+// 3 (make test) or 5 (make soak) are asserted, so one sync delayed by the
+// box's other work does not fail the goal.
+func scaleRounds() int { return soakSize(3, 5) }
 
 func msStr(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/1e6) }
 func usStr(d time.Duration) string { return fmt.Sprintf("%.0f µs", float64(d)/1e3) }
@@ -250,11 +255,11 @@ func scaleProxyd(t *testing.T, l *lab.Lab, n *lab.Node, c scaleCluster, backend 
 	}
 	extra := c.nodes + 10 // an index no other node has
 	want := scalePodCIDR(extra)
-	for range soakSize(2, 5) {
+	for range scaleRounds() {
 		for _, add := range []bool{true, false} {
 			// Past --min-sync-period and the full sync our own changes'
 			// netlink events ask for a second later.
-			time.Sleep(2500 * time.Millisecond)
+			time.Sleep(time.Duration(soakSize(1500, 2500)) * time.Millisecond)
 			before := len(scaleSyncs(p.Output()))
 			drain(events)
 			at := time.Now()
@@ -460,6 +465,9 @@ func scaleDnsd(t *testing.T, l *lab.Lab, c scaleCluster) dnsdResult {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	// Once ready, dnsd returns the garbage of the load to the system; RSS
+	// is read when that is done.
+	time.Sleep(5 * time.Second)
 	var r dnsdResult
 	r.rss = procRSS(strconv.Itoa(p.Pid())) << 10
 	r.queries = soakSize(500, 2000)

@@ -202,14 +202,18 @@ const rebuildInterval = 5 * time.Millisecond
 
 // Run applies store changes to the index until ctx ends, at most one Flush
 // per rebuildInterval: changes arriving meanwhile are applied together.
+// Nothing is built before the store has synced: every answer is SERVFAIL
+// until then whatever the index holds, and flushing while the first state
+// streams in only made garbage (a copy of the whole index every few
+// milliseconds; at 10,000 Services × 10 endpoints, ~80 MB of heap left
+// fragmented after the load).
 func (z *Zone) Run(ctx context.Context) {
-	go func() {
-		select {
-		case <-z.store.Synced():
-			z.rebuild.Trigger()
-		case <-ctx.Done():
-		}
-	}()
+	select {
+	case <-z.store.Synced():
+	case <-ctx.Done():
+		return
+	}
+	z.rebuild.Trigger()
 	z.rebuild.Run(ctx)
 }
 
