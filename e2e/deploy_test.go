@@ -32,6 +32,14 @@ func makefileRelease(t *testing.T) string {
 	if m == nil {
 		t.Fatal("../Makefile sets no RELEASE")
 	}
+	// make image tags what it builds with the release.
+	var imageTag string
+	if tag := regexp.MustCompile(`(?m)^IMAGE_TAG\s*\??=\s*(\S+)\s*$`).FindSubmatch(mk); tag != nil {
+		imageTag = string(tag[1])
+	}
+	if want := podnetImageRepo + ":$(RELEASE)"; imageTag != want {
+		t.Errorf("../Makefile: IMAGE_TAG is %q, want %q", imageTag, want)
+	}
 	return string(m[1])
 }
 
