@@ -42,3 +42,20 @@ func TestInitUsage(t *testing.T) {
 		t.Errorf("proxyd init --help: exit %d, %q", code, errOut.String())
 	}
 }
+
+// The podCIDR claims go to the pod's namespace (the DaemonSet's downward
+// API), else podnet's, where deploy/'s Role lets proxyd write Leases.
+func TestClaimNamespaceDefault(t *testing.T) {
+	t.Setenv("POD_NAMESPACE", "")
+	if got := claimNamespace(); got != "podnet-system" {
+		t.Errorf("without POD_NAMESPACE: %q, want podnet-system", got)
+	}
+	t.Setenv("POD_NAMESPACE", "elsewhere")
+	if got := claimNamespace(); got != "elsewhere" {
+		t.Errorf("with POD_NAMESPACE=elsewhere: %q", got)
+	}
+	var f flags
+	if err := f.flagSet().Parse(nil); err != nil || f.o.ClaimNamespace != "elsewhere" {
+		t.Errorf("--claim-namespace default %q (%v), want $POD_NAMESPACE", f.o.ClaimNamespace, err)
+	}
+}
