@@ -15,6 +15,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/podnet/podnet/dataplane/ipt"
 	"github.com/podnet/podnet/e2e/image"
 	"github.com/podnet/podnet/e2e/realnode"
 )
@@ -266,5 +267,15 @@ func installBaseline(kubeProxy string) func(context.Context, *realCluster, strin
 		if _, err := c.admin.AppsV1().Deployments("kube-system").Get(ctx, "podnet-dns", metav1.GetOptions{}); err == nil {
 			t.Fatal("podnet-dns is installed beside CoreDNS")
 		}
+		// kube-proxy's chains hold kube-dns; proxyd's (PODSVC-) are absent.
+		c.waitFor(time.Minute, "kube-proxy's rules for kube-dns and none of proxyd's on every node", func(ctx context.Context) (bool, string) {
+			for _, n := range c.nodes {
+				out, err := n.Exec(ctx, "iptables-save", "-t", "nat")
+				if err != nil || !strings.Contains(out, "KUBE-SERVICES -d 10.96.0.10/32") || strings.Contains(out, ipt.ServiceChainPrefix) {
+					return false, fmt.Sprintf("%s: %v\n%s", n.Name, err, out)
+				}
+			}
+			return true, ""
+		})
 	}
 }
