@@ -1,7 +1,6 @@
 package ebpf
 
 import (
-	"hash/fnv"
 	"net/netip"
 
 	"github.com/podnet/podnet/bpf"
@@ -31,13 +30,12 @@ func maglev(eps []netip.AddrPort, ids []uint32) maglevTable {
 	}
 	offset := make([]uint64, n)
 	skip := make([]uint64, n)
+	var buf [64]byte
 	for i, ep := range eps {
-		name := ep.String()
-		h1, h2 := fnv.New64a(), fnv.New64()
-		h1.Write([]byte(name))
-		h2.Write([]byte(name))
-		offset[i] = h1.Sum64() % uint64(maglevM)
-		skip[i] = h2.Sum64()%uint64(maglevM-1) + 1
+		name := ep.AppendTo(buf[:0])
+		h1, h2 := fnv64(name)
+		offset[i] = h1 % uint64(maglevM)
+		skip[i] = h2%uint64(maglevM-1) + 1
 	}
 	// Backends take turns in name order, so the table does not depend on
 	// the order eps come in.
@@ -46,23 +44,43 @@ func maglev(eps []netip.AddrPort, ids []uint32) maglevTable {
 		order[i] = i
 	}
 	sortByName(order, eps)
-	filled := make([]bool, maglevM)
-	next := make([]uint64, n)
+	// pos[i] is entry next of backend i's permutation, offset + next*skip
+	// mod M, stepped by adding skip (< M) rather than computed with a
+	// division each time.
+	var filled [maglevM]bool
+	pos := offset
+	step := func(i int) uint64 {
+		c := pos[i]
+		if pos[i] += skip[i]; pos[i] >= uint64(maglevM) {
+			pos[i] -= uint64(maglevM)
+		}
+		return c
+	}
 	for claimed := 0; ; {
 		for _, i := range order {
-			c := (offset[i] + next[i]*skip[i]) % uint64(maglevM)
+			c := step(i)
 			for filled[c] {
-				next[i]++
-				c = (offset[i] + next[i]*skip[i]) % uint64(maglevM)
+				c = step(i)
 			}
 			t.Ids[c] = ids[i]
 			filled[c] = true
-			next[i]++
 			if claimed++; claimed == maglevM {
 				return t
 			}
 		}
 	}
+}
+
+// fnv64 is FNV-1a and FNV-1 (64 bits) of b, as hash/fnv computes them,
+// without the allocations of two hash.Hash64 per backend.
+func fnv64(b []byte) (fnv1a, fnv1 uint64) {
+	const offset, prime = 14695981039346656037, 1099511628211
+	fnv1a, fnv1 = offset, offset
+	for _, c := range b {
+		fnv1a = (fnv1a ^ uint64(c)) * prime
+		fnv1 = fnv1*prime ^ uint64(c)
+	}
+	return fnv1a, fnv1
 }
 
 func sortByName(order []int, eps []netip.AddrPort) {

@@ -2,6 +2,7 @@ package ebpf
 
 import (
 	"fmt"
+	"hash/fnv"
 	"net/netip"
 	"testing"
 )
@@ -52,6 +53,52 @@ func TestMaglev(t *testing.T) {
 	for _, id := range less.Ids {
 		if id == ids[3] {
 			t.Fatal("the removed backend is still in the table")
+		}
+	}
+}
+
+// fnv64 is hash/fnv's FNV-1a and FNV-1: every node must compute the same
+// tables, older proxyds included.
+func TestFNV64(t *testing.T) {
+	for _, name := range []string{"", "10.244.1.2:8080", "[fd00::1]:53"} {
+		a, b := fnv.New64a(), fnv.New64()
+		a.Write([]byte(name))
+		b.Write([]byte(name))
+		if h1, h2 := fnv64([]byte(name)); h1 != a.Sum64() || h2 != b.Sum64() {
+			t.Errorf("fnv64(%q) = %x, %x; hash/fnv %x, %x", name, h1, h2, a.Sum64(), b.Sum64())
+		}
+	}
+}
+
+func BenchmarkMaglev(b *testing.B) {
+	eps, ids := maglevEPs(10)
+	for b.Loop() {
+		maglev(eps, ids)
+	}
+}
+
+// The tables are those earlier proxyds computed (a weighted sum of the
+// entries, and the first eight): nodes of two versions side by side still
+// send a flow to the same backend.
+func TestMaglevStable(t *testing.T) {
+	for _, g := range []struct {
+		n     int
+		sum   uint64
+		first [8]uint32
+	}{
+		{1, 52173100, [8]uint32{100, 100, 100, 100, 100, 100, 100, 100}},
+		{2, 52427913, [8]uint32{101, 101, 101, 100, 101, 101, 101, 100}},
+		{3, 52686527, [8]uint32{101, 101, 102, 100, 102, 101, 101, 102}},
+		{10, 54501742, [8]uint32{106, 106, 104, 106, 107, 106, 106, 106}},
+		{37, 61692059, [8]uint32{106, 116, 106, 106, 107, 113, 130, 106}},
+	} {
+		tab := maglev(maglevEPs(g.n))
+		var sum uint64
+		for i, id := range tab.Ids {
+			sum += uint64(i+1) * uint64(id)
+		}
+		if sum != g.sum || [8]uint32(tab.Ids[:8]) != g.first {
+			t.Errorf("%d backends: sum %d, first %v; want %d, %v", g.n, sum, tab.Ids[:8], g.sum, g.first)
 		}
 	}
 }
