@@ -168,23 +168,13 @@ func sourceRanges(sp *proxy.ServicePort, id uint32, into []rangeKey) []rangeKey 
 	return into
 }
 
-// slot is one endpoint of an endpoint set, in slot order: slot i+1 of
-// every frontend using the set names backend id.
-type slot struct {
-	addr [16]byte
-	port uint16 // network byte order, as the maps hold it
-	dup  bool   // an earlier slot names the same endpoint, and backend
-	id   uint32
-}
-
-func (sl slot) addrPort() netip.AddrPort {
-	return netip.AddrPortFrom(addrFrom16(sl.addr), be16(sl.port))
-}
-
-// endpointSet is one service id of a port and its backends.
+// endpointSet is one service id of a port and its backends: backend
+// ids[i] is the set's endpoint i (of the ServicePort's cluster or local
+// endpoints), named by slot i+1 of every frontend using the set.
 type endpointSet struct {
-	id    uint32 // 0: the port does not use the set
-	slots []slot
+	id   uint32 // 0: the port does not use the set
+	ids  []uint32
+	dups []int // slots naming an endpoint an earlier slot names; mostly nil
 }
 
 // frontend is one slot 0 entry a port holds; its slots are those of the
@@ -196,25 +186,34 @@ type frontend struct {
 }
 
 // portEntries is every map entry one ServicePort owns, held as compactly
-// as the syncer can keep 10,000s of them: the slot and backend entries are
-// derived from the sets, and Maglev tables (4 KiB each) are recomputed
-// when wanted. Maps of entries per port were 29 MB of proxyd's live heap at
-// 10,000 Services × 10 endpoints (BENCHMARKS.md).
+// as the syncer can keep 10,000s of them: the ids it handed out and the
+// frontends it holds; addresses are read from the ServicePort, which is
+// never changed once built, and Maglev tables (4 KiB each) are recomputed
+// when wanted. Maps of entries per port were 29 MB of proxyd's live heap
+// at 10,000 Services × 10 endpoints (BENCHMARKS.md).
 type portEntries struct {
-	name   proxy.PortName
-	proto  uint8
+	sp     *proxy.ServicePort
 	sets   [2]endpointSet // by set
 	fronts []frontend
 	ranges []rangeKey
+	lost   bool // a frontend of sp went to another port
 }
 
-func (pe *portEntries) set(id uint32) *endpointSet {
+// set returns the set with service id id.
+func (pe *portEntries) set(id uint32) (set, *endpointSet) {
 	for i := range pe.sets {
 		if pe.sets[i].id == id {
-			return &pe.sets[i]
+			return set(i), &pe.sets[i]
 		}
 	}
-	return nil
+	return 0, nil
+}
+
+func endpointsOf(sp *proxy.ServicePort, s set) []proxy.Endpoint {
+	if s == setLocal {
+		return sp.LocalEndpoints
+	}
+	return sp.ClusterEndpoints
 }
 
 // services yields the frontend and slot entries.
@@ -223,10 +222,11 @@ func (pe *portEntries) services(yield func(svcKey, svcVal) bool) {
 		if !yield(f.key, f.val) {
 			return
 		}
-		for i, sl := range pe.set(f.val.Id).slots {
+		_, st := pe.set(f.val.Id)
+		for i, id := range st.ids {
 			k := f.key
 			k.Slot = uint16(i + 1)
-			if !yield(k, svcVal{Id: sl.id}) {
+			if !yield(k, svcVal{Id: id}) {
 				return
 			}
 		}
@@ -235,9 +235,14 @@ func (pe *portEntries) services(yield func(svcKey, svcVal) bool) {
 
 // backends yields the backend entries.
 func (pe *portEntries) backends(yield func(uint32, backend) bool) {
-	for _, st := range pe.sets {
-		for _, sl := range st.slots {
-			if !sl.dup && !yield(sl.id, backend{Addr: sl.addr, Port: sl.port, Proto: pe.proto, Svc: st.id}) {
+	proto := protoNum(pe.sp.Protocol)
+	for s, st := range pe.sets {
+		eps := endpointsOf(pe.sp, set(s))
+		for i, id := range st.ids {
+			if st.dups != nil && slices.Contains(st.dups, i) {
+				continue
+			}
+			if !yield(id, backend{Addr: addr16(eps[i].Addr), Port: be16(eps[i].Port), Proto: proto, Svc: st.id}) {
 				return
 			}
 		}
@@ -256,16 +261,16 @@ func (pe *portEntries) rangeEntries(yield func(rangeKey, uint8) bool) {
 // maglev yields the Maglev table of every set an external frontend uses,
 // when it has backends.
 func (pe *portEntries) maglev(yield func(uint32, maglevTable) bool) {
-	for _, st := range pe.sets {
-		if len(st.slots) == 0 || !slices.ContainsFunc(pe.fronts, func(f frontend) bool { return f.ext && f.val.Id == st.id }) {
+	for s, st := range pe.sets {
+		if len(st.ids) == 0 || !slices.ContainsFunc(pe.fronts, func(f frontend) bool { return f.ext && f.val.Id == st.id }) {
 			continue
 		}
-		eps := make([]netip.AddrPort, len(st.slots))
-		bids := make([]uint32, len(st.slots))
-		for i, sl := range st.slots {
-			eps[i], bids[i] = sl.addrPort(), sl.id
+		eps := endpointsOf(pe.sp, set(s))
+		aps := make([]netip.AddrPort, len(eps))
+		for i, e := range eps {
+			aps[i] = e.AddrPort()
 		}
-		if !yield(st.id, maglev(eps, bids)) {
+		if !yield(st.id, maglev(aps, st.ids)) {
 			return
 		}
 	}
@@ -284,11 +289,12 @@ type idSource interface {
 // one external IP and port) is left to it, and the ones sp gets are
 // recorded; lost hears of the ones it did not get.
 func desiredPort(sp *proxy.ServicePort, src idSource, owner map[svcKey]*portEntries, lost func(svcKey)) *portEntries {
-	pe := &portEntries{name: sp.Name, proto: protoNum(sp.Protocol)}
+	pe := &portEntries{sp: sp}
 	fes := frontends(sp)
 	pe.fronts = make([]frontend, 0, len(fes))
 	for _, fe := range fes {
-		if o, ok := owner[fe.key]; ok && o.name != sp.Name {
+		if o, ok := owner[fe.key]; ok && o.sp.Name != sp.Name {
+			pe.lost = true
 			if lost != nil {
 				lost(fe.key)
 			}
@@ -298,12 +304,12 @@ func desiredPort(sp *proxy.ServicePort, src idSource, owner map[svcKey]*portEntr
 		st := &pe.sets[fe.set]
 		if st.id == 0 {
 			st.id = src.serviceID(sp.Name, fe.set, fe.key)
-			st.slots = slotsOf(sp, fe.set, st.id, src)
+			st.ids, st.dups = backendIDs(endpointsOf(sp, fe.set), st.id, src)
 		}
 		if fe.flags&feSrcRange != 0 {
 			pe.ranges = sourceRanges(sp, st.id, pe.ranges)
 		}
-		f := frontend{key: fe.key, val: svcVal{Id: st.id, Count: uint16(len(st.slots)), Flags: fe.flags, Affinity: fe.affinity}, ext: fe.key.Scope == scopeExt}
+		f := frontend{key: fe.key, val: svcVal{Id: st.id, Count: uint16(len(st.ids)), Flags: fe.flags, Affinity: fe.affinity}, ext: fe.key.Scope == scopeExt}
 		// One key listed twice (an address both external and a load
 		// balancer's): the last one counts, as in a map.
 		if i := slices.IndexFunc(pe.fronts, func(o frontend) bool { return o.key == f.key }); i >= 0 {
@@ -315,21 +321,35 @@ func desiredPort(sp *proxy.ServicePort, src idSource, owner map[svcKey]*portEntr
 	return pe
 }
 
-// slotsOf names the backends of sp's endpoint set s, service id svc. An
-// endpoint listed twice gets one backend.
-func slotsOf(sp *proxy.ServicePort, s set, svc uint32, src idSource) []slot {
-	eps := sp.ClusterEndpoints
-	if s == setLocal {
-		eps = sp.LocalEndpoints
+// reuse tells whether a full sync can keep pe, built from the same
+// ServicePort in an earlier sync, as it is: it got every frontend then,
+// and no port before it in this sync has taken one. It then holds them
+// again.
+func (pe *portEntries) reuse(sp *proxy.ServicePort, owner map[svcKey]*portEntries) bool {
+	if pe == nil || pe.sp != sp || pe.lost {
+		return false
 	}
-	out := make([]slot, len(eps))
+	for _, f := range pe.fronts {
+		if _, ok := owner[f.key]; ok {
+			return false
+		}
+	}
+	for _, f := range pe.fronts {
+		owner[f.key] = pe
+	}
+	return true
+}
+
+// backendIDs names the backends of eps, service id svc. An endpoint
+// listed twice gets one backend; dups are the later places.
+func backendIDs(eps []proxy.Endpoint, svc uint32, src idSource) (ids []uint32, dups []int) {
+	ids = make([]uint32, len(eps))
 	var seen map[netip.AddrPort]int // for large sets only
 	if len(eps) > 16 {
 		seen = make(map[netip.AddrPort]int, len(eps))
 	}
 	for i, e := range eps {
 		ap := e.AddrPort()
-		out[i] = slot{addr: addr16(ap.Addr()), port: be16(ap.Port())}
 		j := -1
 		if seen != nil {
 			if k, ok := seen[ap]; ok {
@@ -338,15 +358,16 @@ func slotsOf(sp *proxy.ServicePort, s set, svc uint32, src idSource) []slot {
 				seen[ap] = i
 			}
 		} else {
-			j = slices.IndexFunc(out[:i], func(o slot) bool { return o.addr == out[i].addr && o.port == out[i].port })
+			j = slices.IndexFunc(eps[:i], func(o proxy.Endpoint) bool { return o.AddrPort() == ap })
 		}
 		if j >= 0 {
-			out[i].dup, out[i].id = true, out[j].id
+			ids[i] = ids[j]
+			dups = append(dups, i)
 		} else {
-			out[i].id = src.backendID(svc, ap, i)
+			ids[i] = src.backendID(svc, ap, i)
 		}
 	}
-	return out
+	return ids, dups
 }
 
 // batch is entries to write in one go.

@@ -95,7 +95,7 @@ func (s *Syncer) Sync(ports map[cluster.Key][]*proxy.ServicePort, changed map[cl
 // held returns the entries the port name of Service k held; nil if none.
 func (s *Syncer) held(k cluster.Key, name proxy.PortName) *portEntries {
 	for _, pe := range s.byKey[k] {
-		if pe.name == name {
+		if pe.sp.Name == name {
 			return pe
 		}
 	}
@@ -138,15 +138,17 @@ func (p previous) serviceID(_ proxy.PortName, st set, fe svcKey) uint32 {
 
 func (p previous) backendID(svc uint32, ep netip.AddrPort, i int) uint32 {
 	if p.port != nil {
-		if st := p.port.set(svc); st != nil {
-			a, port := addr16(ep.Addr()), be16(ep.Port())
-			is := func(sl slot) bool { return sl.addr == a && sl.port == port }
-			// The endpoints mostly come in the same order as before.
-			if i < len(st.slots) && is(st.slots[i]) {
-				return st.slots[i].id
+		if s, st := p.port.set(svc); st != nil {
+			eps := endpointsOf(p.port.sp, s)
+			// The endpoints come sorted: mostly in the same place as
+			// before, or one further or back.
+			for _, j := range [3]int{i, i - 1, i + 1} {
+				if j >= 0 && j < len(eps) && eps[j].AddrPort() == ep {
+					return st.ids[j]
+				}
 			}
-			if j := slices.IndexFunc(st.slots, is); j >= 0 {
-				return st.slots[j].id
+			if j := slices.IndexFunc(eps, func(e proxy.Endpoint) bool { return e.AddrPort() == ep }); j >= 0 {
+				return st.ids[j]
 			}
 		}
 	}
@@ -302,7 +304,12 @@ func (s *Syncer) full(ports map[cluster.Key][]*proxy.ServicePort) error {
 	for _, k := range sortedKeys(ports) {
 		pes := make([]*portEntries, 0, len(ports[k]))
 		for _, sp := range ports[k] {
-			pe := desiredPort(sp, previous{s: s, port: s.held(k, sp.Name), kernel: kernel}, owner, s.lose(sp))
+			// Ports unchanged since the last sync keep their entries:
+			// a periodic full sync then allocates little.
+			pe := s.held(k, sp.Name)
+			if !pe.reuse(sp, owner) {
+				pe = desiredPort(sp, previous{s: s, port: pe, kernel: kernel}, owner, s.lose(sp))
+			}
 			if kernel != nil {
 				for _, st := range pe.sets {
 					s.taken[st.id] = true
@@ -386,7 +393,7 @@ func (s *Syncer) release(changed map[cluster.Key]bool) map[cluster.Key]bool {
 		queue = queue[1:]
 		for _, pe := range s.byKey[k] {
 			for _, f := range pe.fronts {
-				if o := s.owner[f.key]; o == nil || o.name != pe.name {
+				if o := s.owner[f.key]; o != pe {
 					continue
 				}
 				delete(s.owner, f.key)

@@ -227,7 +227,7 @@ func TestSyncFailureThenFullRepair(t *testing.T) {
 		t.Fatal("sync into a full map succeeded")
 	}
 	b.Max = 100
-	ports[key("a")][0].ClusterEndpoints = ports[key("a")][0].ClusterEndpoints[:1]
+	ports[key("a")] = []*proxy.ServicePort{clusterIPPort("a", "10.96.0.10", 80, cluster.TCP, ep("10.244.1.2", 80, true))}
 	if _, err := sy.Sync(ports, map[cluster.Key]bool{key("a"): true}, false); err != nil {
 		t.Fatal(err)
 	}
