@@ -197,6 +197,91 @@ type portEntries struct {
 	fronts []frontend
 	ranges []rangeKey
 	lost   bool // a frontend of sp went to another port
+	seen   int  // entries a full sync found in the maps
+}
+
+// count returns how many service, backend and other (source range,
+// Maglev) entries pe holds.
+func (pe *portEntries) count() (services, backends, others int) {
+	for _, f := range pe.fronts {
+		_, st := pe.set(f.val.Id)
+		services += 1 + len(st.ids)
+	}
+	for _, st := range pe.sets {
+		backends += len(st.ids) - len(st.dups)
+		if pe.external(st) {
+			others++
+		}
+	}
+	return services, backends, others + len(pe.ranges)
+}
+
+// external tells whether st has a Maglev table: an external frontend uses
+// it and it has backends.
+func (pe *portEntries) external(st endpointSet) bool {
+	return len(st.ids) > 0 && slices.ContainsFunc(pe.fronts, func(f frontend) bool { return f.ext && f.val.Id == st.id })
+}
+
+// serviceAt returns the value pe wants at k; false if none. pe may be nil.
+func (pe *portEntries) serviceAt(k svcKey) (svcVal, bool) {
+	if pe == nil {
+		return svcVal{}, false
+	}
+	fk := k
+	fk.Slot = 0
+	i := slices.IndexFunc(pe.fronts, func(f frontend) bool { return f.key == fk })
+	if i < 0 {
+		return svcVal{}, false
+	}
+	f := pe.fronts[i]
+	if k.Slot == 0 {
+		return f.val, true
+	}
+	_, st := pe.set(f.val.Id)
+	if int(k.Slot) > len(st.ids) {
+		return svcVal{}, false
+	}
+	return svcVal{Id: st.ids[k.Slot-1]}, true
+}
+
+// backendAt returns the backend pe wants at id, of service id svc; false
+// if none. pe may be nil.
+func (pe *portEntries) backendAt(id, svc uint32) (backend, bool) {
+	if pe == nil {
+		return backend{}, false
+	}
+	s, st := pe.set(svc)
+	if st == nil {
+		return backend{}, false
+	}
+	i := slices.Index(st.ids, id)
+	if i < 0 {
+		return backend{}, false
+	}
+	e := endpointsOf(pe.sp, s)[i]
+	return backend{Addr: addr16(e.Addr), Port: be16(e.Port), Proto: protoNum(pe.sp.Protocol), Svc: svc}, true
+}
+
+// maglevOf returns the Maglev table pe wants for service id svc; false if
+// none. pe may be nil.
+func (pe *portEntries) maglevOf(svc uint32) (maglevTable, bool) {
+	if pe == nil {
+		return maglevTable{}, false
+	}
+	s, st := pe.set(svc)
+	if st == nil || !pe.external(*st) {
+		return maglevTable{}, false
+	}
+	return st.maglev(endpointsOf(pe.sp, s)), true
+}
+
+// maglev computes the set's table.
+func (st endpointSet) maglev(eps []proxy.Endpoint) maglevTable {
+	aps := make([]netip.AddrPort, len(eps))
+	for i, e := range eps {
+		aps[i] = e.AddrPort()
+	}
+	return maglev(aps, st.ids)
 }
 
 // set returns the set with service id id.
@@ -262,15 +347,7 @@ func (pe *portEntries) rangeEntries(yield func(rangeKey, uint8) bool) {
 // when it has backends.
 func (pe *portEntries) maglev(yield func(uint32, maglevTable) bool) {
 	for s, st := range pe.sets {
-		if len(st.ids) == 0 || !slices.ContainsFunc(pe.fronts, func(f frontend) bool { return f.ext && f.val.Id == st.id }) {
-			continue
-		}
-		eps := endpointsOf(pe.sp, set(s))
-		aps := make([]netip.AddrPort, len(eps))
-		for i, e := range eps {
-			aps[i] = e.AddrPort()
-		}
-		if !yield(st.id, maglev(aps, st.ids)) {
+		if pe.external(st) && !yield(st.id, st.maglev(endpointsOf(pe.sp, set(s)))) {
 			return
 		}
 	}

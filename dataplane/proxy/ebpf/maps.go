@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"syscall"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 
@@ -20,6 +21,8 @@ type Table[K comparable, V any] interface {
 	Delete(keys []K) error
 	// Dump returns every entry.
 	Dump() (map[K]V, error)
+	// Each calls fn with every entry, reading them in batches.
+	Each(fn func(K, V)) error
 }
 
 // Maps are the tables the proxy programs.
@@ -64,19 +67,29 @@ func (t kernelTable[K, V]) Delete(keys []K) error {
 
 func (t kernelTable[K, V]) Dump() (map[K]V, error) {
 	out := make(map[K]V)
+	if err := t.Each(func(k K, v V) { out[k] = v }); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (t kernelTable[K, V]) Each(fn func(K, V)) error {
 	var cursor ebpf.MapBatchCursor
-	keys := make([]K, batchSize)
-	vals := make([]V, batchSize)
+	// Up to batchSize entries a read, and 1 MiB (256 Maglev tables).
+	var v V
+	n := max(1, min(batchSize, (1<<20)/int(max(unsafe.Sizeof(v), 1))))
+	keys := make([]K, n)
+	vals := make([]V, n)
 	for {
 		n, err := t.m.BatchLookup(&cursor, keys, vals, nil)
 		for i := range n {
-			out[keys[i]] = vals[i]
+			fn(keys[i], vals[i])
 		}
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return out, nil
+			return nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("dump map %s: %w", t.name(), err)
+			return fmt.Errorf("read map %s: %w", t.name(), err)
 		}
 	}
 }
@@ -137,6 +150,13 @@ func (t *FakeTable[K, V]) Delete(keys []K) error {
 		if t.OnChange != nil {
 			t.OnChange("del")
 		}
+	}
+	return nil
+}
+
+func (t *FakeTable[K, V]) Each(fn func(K, V)) error {
+	for k, v := range t.Entries {
+		fn(k, v)
 	}
 	return nil
 }

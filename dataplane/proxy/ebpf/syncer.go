@@ -113,7 +113,7 @@ type previous struct {
 // kernelIDs are the ids found in the maps when the syncer had no state of
 // its own (a restart): reusing them keeps entries, and affinity, in place.
 type kernelIDs struct {
-	services map[svcKey]svcVal // the services map; frontends are slot 0
+	services map[svcKey]svcVal // the frontends (slot 0)
 	backends map[kernelBackend]uint32
 }
 
@@ -170,37 +170,11 @@ func (s *Syncer) freshID() uint32 {
 // where taken collects the service ids handed out so far.
 func (s *Syncer) idTaken(id uint32) bool { return s.taken[id] }
 
-// kernelState is what a full sync found in the maps. Entries are removed
-// as the sync meets them; what is left at the end is unwanted.
-type kernelState struct {
-	services map[svcKey]svcVal
-	backends map[uint32]backend
-	ranges   map[rangeKey]uint8
-	maglev   map[uint32]maglevTable
-}
-
-func (s *Syncer) dump() (*kernelState, error) {
-	var k kernelState
-	var err error
-	if k.services, err = s.maps.Services.Dump(); err != nil {
-		return nil, err
-	}
-	if k.backends, err = s.maps.Backends.Dump(); err != nil {
-		return nil, err
-	}
-	if k.ranges, err = s.maps.Ranges.Dump(); err != nil {
-		return nil, err
-	}
-	if k.maglev, err = s.maps.Maglev.Dump(); err != nil {
-		return nil, err
-	}
-	return &k, nil
-}
-
-// fullSync is the state of one full sync: the kernel's entries not yet
-// met, the writes wanted so far.
+// fullSync is the state of one full sync: the ports it wants, by service
+// id, and the writes and deletes found so far.
 type fullSync struct {
-	have     *kernelState
+	bySvc    map[uint32]*portEntries
+	held     int // entries in the services map
 	d        diff
 	services int
 	backends int
@@ -210,85 +184,110 @@ type fullSync struct {
 	staleUDP []netip.AddrPort
 }
 
-// want records pe's entries, writing those the kernel does not hold as
-// they are.
+// compare reads what the maps hold, in batches, and matches every entry
+// to the port wanting it (through the frontend's owner, or the service
+// id): entries nobody wants are deleted, wrong ones rewritten, and each
+// port counts those it found. No map of either side's 200,000 entries is
+// built: a periodic full sync at 10,000 Services × 10 allocated 15 MB of
+// such maps (BENCHMARKS.md).
+func (f *fullSync) compare(m *Maps, owner map[svcKey]*portEntries) error {
+	err := m.Services.Each(func(k svcKey, v svcVal) {
+		f.held++
+		fk := k
+		fk.Slot = 0
+		pe := owner[fk]
+		want, ok := pe.serviceAt(k)
+		if !ok {
+			f.d.delService(k)
+			return
+		}
+		pe.seen++
+		if v != want {
+			f.d.putService(k, want)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if err := m.Backends.Each(func(id uint32, b backend) {
+		pe := f.bySvc[b.Svc]
+		want, ok := pe.backendAt(id, b.Svc)
+		if !ok {
+			f.d.delBackends = append(f.d.delBackends, id)
+			if b.Proto == 17 {
+				f.staleUDP = append(f.staleUDP, backendAddr(b))
+			}
+			return
+		}
+		pe.seen++
+		if b != want {
+			f.d.putBackends.add(id, want)
+			if b.Proto == 17 {
+				f.staleUDP = append(f.staleUDP, backendAddr(b))
+			}
+		}
+	}); err != nil {
+		return err
+	}
+	if err := m.Ranges.Each(func(k rangeKey, _ uint8) {
+		if pe := f.bySvc[k.Svc]; pe != nil && slices.Contains(pe.ranges, k) {
+			pe.seen++
+			return
+		}
+		f.d.delRanges = append(f.d.delRanges, k)
+	}); err != nil {
+		return err
+	}
+	return m.Maglev.Each(func(id uint32, t maglevTable) {
+		pe := f.bySvc[id]
+		want, ok := pe.maglevOf(id)
+		if !ok {
+			f.d.delMaglev = append(f.d.delMaglev, id)
+			return
+		}
+		pe.seen++
+		if t != want {
+			f.d.putMaglev.add(id, want)
+		}
+	})
+}
+
+// want counts pe's entries and writes them all unless the kernel held
+// every one (right or rewritten by compare): writing one again is
+// harmless, and a port missing entries is rare but after a load into
+// empty maps.
 func (f *fullSync) want(pe *portEntries) {
-	for id, b := range pe.backends {
-		f.backends++
-		if b.Proto == 17 {
+	nS, nB, nO := pe.count()
+	f.services += nS
+	f.backends += nB
+	if pe.sp.Protocol == cluster.UDP {
+		for _, b := range pe.backends {
 			f.udpRefs[backendAddr(b)]++
 		}
-		if o, ok := f.have.backends[id]; ok {
-			delete(f.have.backends, id)
-			if o == b {
-				continue
-			}
-			if o.Proto == 17 {
-				f.staleUDP = append(f.staleUDP, backendAddr(o))
-			}
-		}
+	}
+	if pe.seen == nS+nB+nO {
+		return
+	}
+	for id, b := range pe.backends {
 		f.d.putBackends.add(id, b)
 	}
 	for k, v := range pe.services {
-		f.services++
-		if o, ok := f.have.services[k]; ok {
-			delete(f.have.services, k)
-			if o == v {
-				continue
-			}
-		}
 		f.d.putService(k, v)
 	}
 	for k := range pe.rangeEntries {
-		if _, ok := f.have.ranges[k]; ok {
-			delete(f.have.ranges, k)
-			continue
-		}
 		f.d.putRanges.add(k, 1)
 	}
 	for id, t := range pe.maglev {
-		if o, ok := f.have.maglev[id]; ok {
-			delete(f.have.maglev, id)
-			if o == t {
-				continue
-			}
-		}
 		f.d.putMaglev.add(id, t)
 	}
 }
 
-// unwanted records deleting what the kernel holds and nothing wanted.
-func (f *fullSync) unwanted() {
-	for k := range f.have.services {
-		f.d.delService(k)
-	}
-	for id, b := range f.have.backends {
-		f.d.delBackends = append(f.d.delBackends, id)
-		if b.Proto == 17 {
-			f.staleUDP = append(f.staleUDP, backendAddr(b))
-		}
-	}
-	for k := range f.have.ranges {
-		f.d.delRanges = append(f.d.delRanges, k)
-	}
-	for id := range f.have.maglev {
-		f.d.delMaglev = append(f.d.delMaglev, id)
-	}
-}
-
 func (s *Syncer) full(ports map[cluster.Key][]*proxy.ServicePort) error {
-	have, err := s.dump()
-	if err != nil {
-		return err
-	}
 	var kernel *kernelIDs
 	if s.byKey == nil {
-		kernel = adopt(have.services, have.backends)
-		for _, v := range have.services {
-			s.nextID = max(s.nextID, v.Id+1)
-		}
-		for id, be := range have.backends {
-			s.nextID = max(s.nextID, id+1, be.Svc+1)
+		var err error
+		if kernel, err = s.adopt(); err != nil {
+			return err
 		}
 		s.taken = make(map[uint32]bool)
 		defer func() { s.taken = nil }()
@@ -297,10 +296,8 @@ func (s *Syncer) full(ports map[cluster.Key][]*proxy.ServicePort) error {
 
 	byKey := make(map[cluster.Key][]*portEntries, len(ports))
 	owner := make(map[svcKey]*portEntries, len(ports))
-	f := &fullSync{have: have, udpRefs: make(map[netip.AddrPort]int)}
-	if len(have.backends) == 0 {
-		f.d.reserve(ports)
-	}
+	f := &fullSync{bySvc: make(map[uint32]*portEntries, len(ports)), udpRefs: make(map[netip.AddrPort]int)}
+	var all []*portEntries
 	for _, k := range sortedKeys(ports) {
 		pes := make([]*portEntries, 0, len(ports[k]))
 		for _, sp := range ports[k] {
@@ -310,17 +307,29 @@ func (s *Syncer) full(ports map[cluster.Key][]*proxy.ServicePort) error {
 			if !pe.reuse(sp, owner) {
 				pe = desiredPort(sp, previous{s: s, port: pe, kernel: kernel}, owner, s.lose(sp))
 			}
-			if kernel != nil {
-				for _, st := range pe.sets {
-					s.taken[st.id] = true
+			pe.seen = 0
+			for _, st := range pe.sets {
+				if st.id != 0 {
+					f.bySvc[st.id] = pe
+					if kernel != nil {
+						s.taken[st.id] = true
+					}
 				}
 			}
 			pes = append(pes, pe)
-			f.want(pe)
+			all = append(all, pe)
 		}
 		byKey[k] = pes
 	}
-	f.unwanted()
+	if err := f.compare(s.maps, owner); err != nil {
+		return err
+	}
+	if f.held == 0 {
+		f.d.reserve(ports)
+	}
+	for _, pe := range all {
+		f.want(pe)
+	}
 	if err := f.d.apply(s.maps); err != nil {
 		return err
 	}
@@ -358,13 +367,25 @@ func sortedKeys(ports map[cluster.Key][]*proxy.ServicePort) []cluster.Key {
 	return out
 }
 
-// adopt indexes the ids of the entries in the maps.
-func adopt(haveS map[svcKey]svcVal, haveB map[uint32]backend) *kernelIDs {
-	k := &kernelIDs{services: haveS, backends: make(map[kernelBackend]uint32, len(haveB))}
-	for id, be := range haveB {
-		k.backends[kernelBackend{be.Svc, be.Addr, be.Port}] = id
+// adopt reads the ids of the entries in the maps, for a syncer that has
+// none of its own (a restart), and hands out new ids above them.
+func (s *Syncer) adopt() (*kernelIDs, error) {
+	k := &kernelIDs{services: make(map[svcKey]svcVal), backends: make(map[kernelBackend]uint32)}
+	if err := s.maps.Services.Each(func(key svcKey, v svcVal) {
+		s.nextID = max(s.nextID, v.Id+1)
+		if key.Slot == 0 {
+			k.services[key] = v
+		}
+	}); err != nil {
+		return nil, err
 	}
-	return k
+	if err := s.maps.Backends.Each(func(id uint32, be backend) {
+		s.nextID = max(s.nextID, id+1, be.Svc+1)
+		k.backends[kernelBackend{be.Svc, be.Addr, be.Port}] = id
+	}); err != nil {
+		return nil, err
+	}
+	return k, nil
 }
 
 // lose returns the callback recording that sp did not get a frontend.

@@ -396,3 +396,86 @@ func checkMaglev(t *testing.T, m *Maps, s *FakeTable[svcKey, svcVal], b *FakeTab
 		}
 	}
 }
+
+// A periodic full sync puts back what someone changed in the maps behind
+// the syncer's back (entries deleted, rewritten, added), and only that;
+// the next one writes nothing.
+func TestFullSyncRepairsDrift(t *testing.T) {
+	maps, s, b := NewFakeMaps()
+	sy := NewSyncer(maps, nil)
+	np := clusterIPPort("np", "10.96.0.20", 80, cluster.UDP, ep("10.244.1.5", 8080, true), ep("10.244.2.5", 8080, false), ep("10.244.3.5", 8080, false))
+	np.NodePort = 30080
+	np.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("198.51.100.1")}
+	np.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}
+	ports := map[cluster.Key][]*proxy.ServicePort{
+		key("a"):  {clusterIPPort("a", "10.96.0.10", 53, cluster.UDP, ep("10.244.1.2", 5353, true))},
+		key("np"): {np},
+	}
+	if _, err := sy.Sync(ports, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	want := view(t, s, b)
+	ranges := maps.Ranges.(*FakeTable[rangeKey, uint8])
+	tables := maps.Maglev.(*FakeTable[uint32, maglevTable])
+	wantRanges, wantTables := len(ranges.Entries), len(tables.Entries)
+
+	garbageIP := addr16(netip.MustParseAddr("10.96.9.9"))
+	for _, drift := range []struct {
+		what   string
+		change func()
+	}{
+		{"a slot deleted", func() {
+			for k := range s.Entries {
+				if k.Slot == 2 {
+					delete(s.Entries, k)
+					return
+				}
+			}
+		}},
+		{"a backend rewritten", func() {
+			for id, be := range b.Entries {
+				be.Port++
+				b.Entries[id] = be
+				return
+			}
+		}},
+		{"a frontend, slot and UDP backend added", func() {
+			s.Entries[svcKey{Addr: garbageIP, Port: be16(80), Proto: 6}] = svcVal{Id: 999, Count: 1}
+			s.Entries[svcKey{Addr: garbageIP, Port: be16(80), Proto: 6, Slot: 1}] = svcVal{Id: 998}
+			b.Entries[998] = backend{Proto: 17, Port: be16(1), Svc: 999}
+		}},
+		{"a Maglev table deleted", func() {
+			for id := range tables.Entries {
+				delete(tables.Entries, id)
+				return
+			}
+		}},
+		{"a source range added", func() { ranges.Entries[rangeKey{Prefixlen: 32 + 96 + 8, Svc: 12345}] = 1 }},
+	} {
+		drift.change()
+		if _, err := sy.Sync(ports, nil, true); err != nil {
+			t.Fatal(err)
+		}
+		if got := view(t, s, b); !slices.Equal(got, want) {
+			t.Errorf("%s, then a full sync:\n%s\nwant:\n%s", drift.what, strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
+		if g := garbage(s, b); len(g) > 0 {
+			t.Errorf("%s, then a full sync: left behind %v", drift.what, g)
+		}
+		if len(ranges.Entries) != wantRanges || len(tables.Entries) != wantTables {
+			t.Errorf("%s, then a full sync: %d source ranges and %d Maglev tables, want %d and %d", drift.what, len(ranges.Entries), len(tables.Entries), wantRanges, wantTables)
+		}
+		checkMaglev(t, maps, s, b)
+	}
+	// The garbage backend removed was UDP: its endpoint is reported.
+	if removed := sy.TakeRemovedUDP(); !slices.Contains(removed, netip.AddrPortFrom(netip.Addr{}, 1)) {
+		t.Errorf("removed UDP endpoints %v, want the garbage backend's among them", removed)
+	}
+	s.Log, b.Log = nil, nil
+	if _, err := sy.Sync(ports, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Log)+len(b.Log) != 0 {
+		t.Errorf("a full sync after the repair wrote %v %v", s.Log, b.Log)
+	}
+}
