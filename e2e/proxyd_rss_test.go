@@ -18,8 +18,8 @@ import (
 
 // BenchmarkProxydRSS measures the resident memory of a real proxyd holding
 // 10,000 ClusterIP Services × 10 endpoints from the state directory, in
-// iptables and in ebpf mode side by side, on node1 of a lab: once the
-// first full sync is done, and again after five more full syncs (run every
+// iptables and in ebpf mode side by side, on node1 of a lab: 2 s after the
+// first full sync, and again after five more full syncs (run every
 // 5 s here, 30 s by default), where the garbage of the periodic syncs has
 // had time to build up. It runs only with PODNET_BENCH=1, as
 // scripts/bench-services.sh sets it.
@@ -41,8 +41,10 @@ func BenchmarkProxydRSS(b *testing.B) {
 	modes := strings.Fields(cmp.Or(os.Getenv("PODNET_BENCH_MODES"), "ebpf iptables"))
 	rounds, _ := strconv.Atoi(os.Getenv("PODNET_BENCH_ROUNDS"))
 	rounds = max(rounds, 1)
+	lab.ProxydReadyTimeout = 2 * time.Minute // reading 20,000 objects
 	l := lab.Start(b, lab.Options{})
 	bins := strings.Fields(cmp.Or(os.Getenv("PODNET_BENCH_RSS_BINS"), l.BinDir))
+	defer func(dir string) { l.BinDir = dir }(l.BinDir)
 	var y strings.Builder
 	for i := range services {
 		vip := fmt.Sprintf("10.%d.%d.%d", 96+i/65000, i/250%260, i%250+1)
@@ -91,6 +93,9 @@ func BenchmarkProxydRSS(b *testing.B) {
 				}
 				metric(mode, "podnet_proxy_service_ports", services)
 				took := time.Since(start)
+				// What follows the sync (conntrack, returning the start-up
+				// garbage) is done.
+				time.Sleep(2 * time.Second)
 				pid := strconv.Itoa(p.Pid())
 				first := procRSS(pid)
 				metric(mode, "kubeproxy_sync_full_proxy_rules_duration_seconds", 1+laterSyncs)

@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,9 +17,11 @@ import (
 
 // BenchmarkServiceThroughput measures iperf3 TCP throughput from a pod on
 // node1 to a pod on node2 through a ClusterIP and to the pod address
-// directly, and from the outside through node1's NodePort, with proxyd in
-// iptables and in ebpf mode, in one run. It runs only with PODNET_BENCH=1,
-// as scripts/bench-services.sh sets it.
+// directly, and from the outside through node1's NodePort, and TCP_RR
+// (round trips of one byte over one connection, `podnet-lab rr`) from the
+// pod through the ClusterIP and to the pod address, with proxyd in
+// iptables and in ebpf mode, in one run, the modes alternating by round.
+// It runs only with PODNET_BENCH=1, as scripts/bench-services.sh sets it.
 func BenchmarkServiceThroughput(b *testing.B) {
 	if os.Getenv("PODNET_BENCH") == "" {
 		b.Skip("set PODNET_BENCH=1, as scripts/bench-services.sh does")
@@ -62,21 +66,27 @@ func BenchmarkServiceThroughput(b *testing.B) {
 	if err := l.WriteState("svc-iperf.yaml", fmt.Sprintf(`apiVersion: v1
 kind: Service
 metadata: {name: iperf, namespace: default}
-spec: {type: NodePort, clusterIP: 10.96.5.1, clusterIPs: [10.96.5.1], ports: [{name: t, protocol: TCP, port: 5201, targetPort: 5201, nodePort: 30201}]}
+spec: {type: NodePort, clusterIP: 10.96.5.1, clusterIPs: [10.96.5.1], ports: [{name: t, protocol: TCP, port: 5201, targetPort: 5201, nodePort: 30201}, {name: rr, protocol: TCP, port: 5202, targetPort: 5202}]}
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 addressType: IPv4
 metadata: {name: iperf-x, namespace: default, labels: {kubernetes.io/service-name: iperf}}
-ports: [{name: t, protocol: TCP, port: 5201}]
+ports: [{name: t, protocol: TCP, port: 5201}, {name: rr, protocol: TCP, port: 5202}]
 endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
 `, dst.IP)); err != nil {
 		b.Fatal(err)
 	}
+	echo, err := dst.StartEcho(lab.EchoOptions{TCP: []string{":5202"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = echo.Stop() }()
 	nodePort := netip.AddrPortFrom(n1.IP, 30201)
 	type path struct{ mode, what string }
 	results := map[path][]float64{}
-	var order []path
+	rr := map[path][]float64{}
+	var order, rrOrder []path
 	for r := 0; r < rounds; r++ {
 		for _, mode := range []string{"iptables", "ebpf"} {
 			switchTo(mode)
@@ -101,11 +111,37 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
 				}
 				results[k] = append(results[k], benchIperf(b, secs, podServer(dst), p.client, p.addr, extra...))
 			}
+			// TCP_RR, ClusterIP and pod address in turns (their order
+			// flipping every round).
+			targets := []struct{ what, addr string }{{"pod IP directly", dst.IP.String() + ":5202"}, {"ClusterIP", "10.96.5.1:5202"}}
+			if r%2 == 1 {
+				slices.Reverse(targets)
+			}
+			for _, t := range targets {
+				k := path{mode, t.what}
+				if r == 0 {
+					rrOrder = append(rrOrder, k)
+				}
+				rate, err := src.RequestRate(ctx, t.addr, time.Duration(secs)*time.Second)
+				if err != nil {
+					b.Fatal(err)
+				}
+				rr[k] = append(rr[k], rate)
+			}
 		}
 	}
 	fmt.Printf("| mode | path | TCP throughput, median of %d × %d s | rounds |\n|---|---|---|---|\n", rounds, secs)
 	for _, k := range order {
 		fmt.Printf("| %s | %s | %.2f Gbit/s | %s |\n", k.mode, k.what, benchMedian(results[k])/1e9, benchFmt(results[k]))
+	}
+	fmt.Printf("\n| mode | path | TCP_RR round trips/s, median of %d × %d s | ÷ pod IP of the same mode | rounds |\n|---|---|---|---|---|\n", rounds, secs)
+	for _, k := range rrOrder {
+		var each []string
+		for _, v := range rr[k] {
+			each = append(each, fmt.Sprintf("%.0f", v))
+		}
+		base := benchMedian(rr[path{k.mode, "pod IP directly"}])
+		fmt.Printf("| %s | %s | %.0f | %.3f× | %s |\n", k.mode, k.what, benchMedian(rr[k]), benchMedian(rr[k])/base, strings.Join(each, " "))
 	}
 	for _, p := range procs {
 		_ = p.Stop()

@@ -199,3 +199,32 @@ func Probe(ctx context.Context, proto, addr string, timeout time.Duration) (stri
 		return "", fmt.Errorf("probe: unknown protocol %q (want http, tcp or udp)", proto)
 	}
 }
+
+// RequestResponse measures TCP_RR against the echo server at addr: over one
+// connection, one byte out and its echo back, as many times as fit in d.
+// It returns the number of round trips and the time they took.
+func RequestResponse(ctx context.Context, addr string, d time.Duration) (int, time.Duration, error) {
+	var dialer net.Dialer
+	c, err := dialer.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return 0, 0, fmt.Errorf("request/response %s: %w", addr, err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(d + 5*time.Second))
+	r := bufio.NewReader(c)
+	if _, err := r.ReadString('\n'); err != nil { // the server's greeting
+		return 0, 0, fmt.Errorf("request/response %s: %w", addr, err)
+	}
+	req := []byte{'x'}
+	start := time.Now()
+	n := 0
+	for ; time.Since(start) < d; n++ {
+		if _, err := c.Write(req); err != nil {
+			return n, time.Since(start), fmt.Errorf("request/response %s: %w", addr, err)
+		}
+		if _, err := r.ReadByte(); err != nil {
+			return n, time.Since(start), fmt.Errorf("request/response %s: %w", addr, err)
+		}
+	}
+	return n, time.Since(start), nil
+}

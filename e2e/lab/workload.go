@@ -83,8 +83,26 @@ func probeWith(ctx context.Context, l *Lab, proto, addr string, exec func(contex
 	return strings.TrimSpace(out), nil
 }
 
+// RequestRate runs TCP_RR (`podnet-lab rr`, see RequestResponse) from
+// inside the pod, with a real process in the node's cgroup, against the
+// echo server at addr for d, and returns the round trips per second.
+func (p *Pod) RequestRate(ctx context.Context, addr string, d time.Duration) (float64, error) {
+	out, err := p.Exec(ctx, p.Node.lab.labBinary(), "rr", "--duration", d.String(), addr)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s", err, strings.TrimSpace(out))
+	}
+	var n int
+	var secs float64
+	if _, err := fmt.Sscanf(strings.TrimSpace(out), "%d round trips in %fs", &n, &secs); err != nil || secs <= 0 {
+		return 0, fmt.Errorf("podnet-lab rr: unexpected output %q", out)
+	}
+	return float64(n) / secs, nil
+}
+
 // ProxydReadyTimeout bounds how long StartProxyd waits for the node config.
-const ProxydReadyTimeout = 10 * time.Second
+// proxyd writes it once the whole cluster state is read: a benchmark
+// holding 10,000 Services on a loaded machine raises it.
+var ProxydReadyTimeout = 10 * time.Second
 
 // StartProxyd runs the node agent (BinDir/proxyd) on the node, wired to the
 // lab: --node-name, --state-dir and --node-config point at the node and the

@@ -11,6 +11,7 @@
 //
 //	podnet-lab serve --name NAME [--http ADDR] [--tcp ADDR] [--udp ADDR]
 //	podnet-lab probe [--timeout D] http|tcp|udp HOST:PORT
+//	podnet-lab rr [--duration D] HOST:PORT
 package main
 
 import (
@@ -38,6 +39,9 @@ run by the lab inside pods and nodes:
                                              echo server: answers "NAME CLIENT_IP:PORT"
   podnet-lab probe [--timeout 2s] http|tcp|udp HOST:PORT
                                              prints the echo server's answer
+  podnet-lab rr [--duration 5s] HOST:PORT   TCP_RR against the echo server's TCP port:
+                                             one byte each way over one connection,
+                                             prints "N round trips in Ss"
 `
 
 func main() {
@@ -63,6 +67,8 @@ func main() {
 		err = serveCmd(ctx, os.Args[2:])
 	case "probe":
 		err = probeCmd(ctx, os.Args[2:])
+	case "rr":
+		err = rrCmd(ctx, os.Args[2:])
 	case "--version", "version":
 		fmt.Println("podnet-lab", version.String())
 	case "-h", "--help", "help":
@@ -137,5 +143,25 @@ func probeCmd(ctx context.Context, args []string) error {
 		return err
 	}
 	fmt.Println(answer)
+	return nil
+}
+
+func rrCmd(ctx context.Context, args []string) error {
+	fs := pflag.NewFlagSet("rr", pflag.ContinueOnError)
+	d := fs.Duration("duration", 5*time.Second, "how long to run")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return errors.New("rr: want HOST:PORT")
+	}
+	if *d <= 0 || *d > 5*time.Minute {
+		return fmt.Errorf("rr: --duration %v: want 0 < duration <= 5m", *d)
+	}
+	n, took, err := lab.RequestResponse(ctx, fs.Arg(0), *d)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%d round trips in %.3fs\n", n, took.Seconds())
 	return nil
 }
