@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -164,6 +165,8 @@ func (c *realCluster) runConformance(t *testing.T, e2eTest, focus string) map[st
 		t.Fatal(err)
 	}
 	report := filepath.Join(dir, "report")
+	// Every spec's steps and logs, passed or not (to explain a difference).
+	verbose := os.Getenv("PODNET_CONFORMANCE_VERBOSE") != ""
 	// The suite stops itself (and writes its report) before go test's
 	// deadline would kill it.
 	budget := 120 * time.Minute
@@ -176,11 +179,15 @@ func (c *realCluster) runConformance(t *testing.T, e2eTest, focus string) map[st
 	out, err := c.cp.Host.Exec(ctx, "env", "KUBE_TEST_REPO_LIST="+repoList, e2eTest,
 		"--kubeconfig="+c.adminKC, "--provider=local", "--kubectl-path="+c.bins.Kubectl,
 		"--ginkgo.focus="+focus, "--ginkgo.skip=\\[Serial\\]|\\[Disruptive\\]",
-		"--ginkgo.timeout="+budget.Round(time.Second).String(), "--ginkgo.no-color", "--ginkgo.v=false",
+		"--ginkgo.timeout="+budget.Round(time.Second).String(), "--ginkgo.no-color", "--ginkgo.v="+strconv.FormatBool(verbose),
 		"--report-dir="+report, "--allowed-not-ready-nodes=0", "--system-pods-startup-timeout=2m",
 		"--non-blocking-taints=node-role.kubernetes.io/control-plane",
 	)
-	t.Logf("e2e.test ran %v: %v\n%s", time.Since(start).Round(time.Second), err, tailLines(out, 80))
+	tail := 80
+	if verbose {
+		tail = 2000
+	}
+	t.Logf("e2e.test ran %v: %v\n%s", time.Since(start).Round(time.Second), err, tailLines(out, tail))
 	results := readJUnit(t, report, regexp.MustCompile(focus))
 	var rows []string
 	count := map[string]int{}
