@@ -488,7 +488,10 @@ func TestRoundRobin(t *testing.T) {
 		ups = append(ups, u.addr)
 		seen = append(seen, u)
 	}
-	fs := newForwardingServer(t, ForwardOptions{Upstreams: ups, Policy: PolicyRoundRobin}, CacheOptions{})
+	// Tries long enough that no query is retried on the other upstream on
+	// a loaded machine (a 300 ms try timed out once in CI, 3 and 2 queries).
+	fs := newForwardingServer(t, ForwardOptions{Upstreams: ups, Policy: PolicyRoundRobin,
+		TryTimeout: 3 * time.Second, Deadline: 6 * time.Second}, CacheOptions{})
 	for i := range 4 {
 		query(t, fs.srv, fmt.Sprintf("rr%d.test.", i), mdns.TypeA, false)
 	}
