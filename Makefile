@@ -83,14 +83,16 @@ $(CONTAINERD_ROOT)/usr/bin/containerd:
 # Three real nodes running podnet (two on one segment, one across the
 # router): TestRealNodes (pod to pod over host-gw and VXLAN, ClusterIP,
 # NodePort, kubectl exec and logs, a DaemonSet rolling update under traffic,
-# kubelet and containerd killed and restarted with a pod's containers lost),
+# kubelet and containerd killed and restarted with a pod's containers lost;
+# TestRealNodesEBPF the same with deploy/ebpf),
 # then the Kubernetes network conformance tests (e2e/conformance_test.go)
 # against such a lab and, at the same time, against the baseline lab
 # (kube-proxy and CoreDNS in place of proxyd's Service proxy and dnsd):
 # e2e.test and agnhost of the same release, from the same tools module (go
 # test -c as upstream builds it, with its build tags; -vet=off, or go vet
 # alone takes many minutes). The whole run took 18 minutes on a loaded
-# 2-core machine; the timeout keeps it within a CI job.
+# 2-core machine (TestRealNodesEBPF adds 6); the timeout keeps it within a
+# CI job.
 E2E_TEST := $(APISERVER_CACHE)/e2e.test-$(APISERVER_VERSION)
 AGNHOST := $(APISERVER_CACHE)/agnhost-$(APISERVER_VERSION)
 $(E2E_TEST) $(AGNHOST) &:
@@ -126,7 +128,7 @@ conformance: deps build apiserver image kube-node $(E2E_TEST) $(AGNHOST) $(KUBE_
 	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) PODNET_IMAGE=$(CURDIR)/$(IMAGE) \
 	PODNET_E2E_TEST=$(E2E_TEST) PODNET_AGNHOST=$(AGNHOST) PODNET_CONFORMANCE_FOCUS='$(CONFORMANCE_FOCUS)' \
 	PODNET_KUBE_PROXY=$(KUBE_PROXY) PODNET_COREDNS=$(COREDNS) \
-		$(GO) test -tags conformance -count=1 -timeout 45m -v -run '^(TestRealNodes|TestConformance)$$' ./e2e/
+		$(GO) test -tags conformance -count=1 -timeout 45m -v -run '^(TestRealNodes|TestRealNodesEBPF|TestConformance)$$' ./e2e/
 
 # podnet's image as a docker-archive tarball (`ctr images import`, `docker
 # load`), without a Docker engine: the final stage of the Dockerfile read by

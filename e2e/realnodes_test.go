@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -84,8 +85,19 @@ spec:
 // update of podnet's DaemonSet to a new image under steady Service traffic
 // without a failed request, and a node whose kubelet and containerd are
 // stopped and restarted getting its pods back without leaking addresses.
-func TestRealNodes(t *testing.T) {
-	c := startRealCluster(t, realNodes())
+func TestRealNodes(t *testing.T) { testRealNodes(t, nil) }
+
+// TestRealNodesEBPF is TestRealNodes with the Service proxy in ebpf mode
+// (deploy/ebpf): the ClusterIP through socket LB on every node, the
+// NodePort through the tc programs on real nodes' uplinks and VXLAN
+// devices, the rolling update taking over the pinned maps without a
+// failed request, and no Service rule in any node's iptables.
+func TestRealNodesEBPF(t *testing.T) { testRealNodes(t, []string{"ebpf"}) }
+
+// testRealNodes is TestRealNodes with podnet installed with the given
+// components of deploy/.
+func testRealNodes(t *testing.T, components []string) {
+	c := startRealClusterOpts(t, realNodes(), realClusterOptions{components: components})
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
 	names := []string{"node1", "node2", "node3"}
@@ -154,6 +166,17 @@ func TestRealNodes(t *testing.T) {
 			t.Errorf("kubectl logs %s: %q, %v", webs.Items[0].Name, out, err)
 		}
 	})
+
+	if slices.Contains(components, "ebpf") {
+		t.Run("no Service rule in any node's iptables", func(t *testing.T) {
+			for _, n := range c.nodes {
+				out, err := n.Exec(ctx, "iptables-save")
+				if err != nil || strings.Contains(out, "PODSVC") || strings.Contains(out, svc.Spec.ClusterIP) {
+					c.errorf("iptables-save on %s in ebpf mode: %v\n%s", n.Name, err, out)
+				}
+			}
+		})
+	}
 
 	t.Run("DaemonSet rolling update under traffic", func(t *testing.T) {
 		c.rollingUpdate(ctx, t)

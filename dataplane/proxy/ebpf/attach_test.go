@@ -4,6 +4,7 @@ import (
 	"net"
 	"os/exec"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -16,8 +17,9 @@ import (
 
 // The tc program goes on every path traffic from outside a node takes in:
 // the uplink, the pod bridge and the VXLAN device (decapsulated packets
-// never meet the uplink's program), and onto a device made anew after the
-// first attach.
+// never meet the uplink's program); onto an interface that appears later
+// (the bridge with the first pod) or is made anew at once, not at the
+// next full sync.
 func TestProxierAttachesTC(t *testing.T) {
 	e := newSockEnv(t)
 	ip := func(args ...string) {
@@ -26,7 +28,6 @@ func TestProxierAttachesTC(t *testing.T) {
 			t.Fatalf("ip %v: %v: %s", args, err, out)
 		}
 	}
-	ip("link", "add", "cbr0", "type", "bridge")
 	vxlan := func() {
 		ip("link", "add", routing.DefaultDevice, "type", "vxlan", "id", "1", "dstport", "8472", "nolearning")
 		ip("link", "set", routing.DefaultDevice, "up")
@@ -44,23 +45,30 @@ func TestProxierAttachesTC(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	want := func(when string) {
+	// want waits up to 2 s for one program on each of ifaces.
+	want := func(when string, ifaces ...string) {
 		t.Helper()
-		for _, iface := range []string{"up0", "cbr0", routing.DefaultDevice} {
-			if n := e.tcxIngress(iface); n != 1 {
+		deadline := time.Now().Add(2 * time.Second)
+		for _, iface := range ifaces {
+			n := e.tcxIngress(iface)
+			for ; n != 1 && time.Now().Before(deadline); n = e.tcxIngress(iface) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if n != 1 {
 				t.Errorf("%s: %d tc programs on %s, want 1", when, n, iface)
 			}
 		}
 	}
 	sync()
-	want("first sync")
+	want("first sync", "up0", routing.DefaultDevice)
+	ip("link", "add", "cbr0", "type", "bridge")
+	want("the bridge made after the first sync, no sync since", "cbr0")
 	// The agent recreates the VXLAN device when its settings change.
 	ip("link", "del", routing.DefaultDevice)
 	vxlan()
+	want("the VXLAN device made anew, no sync since", routing.DefaultDevice)
 	sync()
-	want("full sync after the VXLAN device was made anew")
-	sync()
-	want("another full sync")
+	want("a full sync", "up0", "cbr0", routing.DefaultDevice)
 }
 
 // name is the test namespace's name.

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"sync"
 
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/proxy"
@@ -44,10 +45,14 @@ type Config struct {
 // syncer filling their maps. Nothing is loaded or attached before the
 // first Sync.
 type Proxier struct {
-	cfg      Config
-	dp       *Datapath
-	syncer   *Syncer
+	cfg    Config
+	dp     *Datapath
+	syncer *Syncer
+	// tcMu guards attached and the tc attaching, done by Sync and by
+	// the link watch.
+	tcMu     sync.Mutex
 	attached map[string]int // prog@iface → the ifindex its tc link is on
+	watch    *linkWatch
 }
 
 var _ proxy.Backend = (*Proxier)(nil)
@@ -84,6 +89,10 @@ func (p *Proxier) Sync(ports map[cluster.Key][]*proxy.ServicePort, changed map[c
 		npa, nodeIP := p.cfg.NodePortAddresses, p.cfg.NodeIP
 		p.dp, p.syncer = dp, NewSyncer(dp.Maps, func() ([]netip.Addr, error) { return NodeAddrs(npa, nodeIP()) })
 		full = true
+		if p.watch, err = watchLinks(p.linkAppeared); err != nil {
+			// Full syncs still attach, only later.
+			p.cfg.Logger.Warn("tc programs attach at full syncs only", "err", err)
+		}
 	}
 	res, err := p.syncer.Sync(ports, changed, full)
 	if removed := p.syncer.TakeRemovedUDP(); len(removed) > 0 {
@@ -93,7 +102,7 @@ func (p *Proxier) Sync(ports map[cluster.Key][]*proxy.ServicePort, changed map[c
 			p.cfg.Logger.Debug("destroyed UDP sockets connected to removed endpoints", "endpoints", removed, "namespaces", n)
 		}
 	}
-	if err == nil && (full || len(p.attached) == 0) {
+	if err == nil && (full || p.noneAttached()) {
 		// The uplink may be unknown and the bridge missing until the node
 		// and its first pod exist: retried on every full sync, never
 		// failing the socket LB.
@@ -106,6 +115,8 @@ func (p *Proxier) Sync(ports map[cluster.Key][]*proxy.ServicePort, changed map[c
 // overlay where they are not yet, nor since the interface was made anew
 // (the overlay is, when its VXLAN settings change).
 func (p *Proxier) attachTC() {
+	p.tcMu.Lock()
+	defer p.tcMu.Unlock()
 	want := map[string]string{p.cfg.Bridge: TCNodePort, p.cfg.Overlay: TCNodePort}
 	uplinks := p.cfg.Uplinks
 	if len(uplinks) == 0 {
@@ -131,6 +142,21 @@ func (p *Proxier) attachTC() {
 	}
 }
 
+// linkAppeared attaches the tc programs when name is an interface they
+// belong on by name (the uplink found by its address is there from the
+// start; a full sync catches it up).
+func (p *Proxier) linkAppeared(name string) {
+	if name == p.cfg.Bridge || name == p.cfg.Overlay || slices.Contains(p.cfg.Uplinks, name) {
+		p.attachTC()
+	}
+}
+
+func (p *Proxier) noneAttached() bool {
+	p.tcMu.Lock()
+	defer p.tcMu.Unlock()
+	return len(p.attached) == 0
+}
+
 // ifaceHolding names the interface holding ip.
 func ifaceHolding(ip netip.Addr) (string, bool) {
 	if !ip.IsValid() {
@@ -154,6 +180,10 @@ func ifaceHolding(ip netip.Addr) (string, bool) {
 // Close releases the process's handles; programs stay attached and keep
 // serving what the maps hold.
 func (p *Proxier) Close() error {
+	if p.watch != nil {
+		p.watch.stop()
+		p.watch = nil
+	}
 	if p.dp == nil {
 		return nil
 	}
