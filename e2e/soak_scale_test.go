@@ -194,6 +194,9 @@ type scaleResult struct {
 	// One Node added and removed: the sync's own time, and the time from
 	// the file's change to the route's event from the kernel.
 	addSync, delSync, addSeen, delSeen []time.Duration
+	// fullSyncs counts the Node changes that met a full sync (the
+	// periodic one, or one netlink asked for) rather than an update.
+	fullSyncs int
 }
 
 // scaleProxyd runs proxyd with backend on n until every peer and Service is
@@ -292,6 +295,9 @@ func scaleProxyd(t *testing.T, l *lab.Lab, n *lab.Node, c scaleCluster, backend 
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
+			if sync.full {
+				r.fullSyncs++
+			}
 			if add {
 				r.addSync, r.addSeen = append(r.addSync, sync.took), append(r.addSeen, seen)
 			} else {
@@ -300,8 +306,8 @@ func scaleProxyd(t *testing.T, l *lab.Lab, n *lab.Node, c scaleCluster, backend 
 		}
 	}
 	scaleCheckKernel(t, h, c, n, backend)
-	t.Logf("%s: ready %v, routes %v, Services %v, RSS %d MiB (%d MiB at the first sync), Node added %v (seen %v), removed %v (seen %v)",
-		backend, r.ready, r.routes, r.services, r.rss>>20, r.peakRSS>>20, r.addSync, r.addSeen, r.delSync, r.delSeen)
+	t.Logf("%s: ready %v, routes %v, Services %v, RSS %d MiB (%d MiB at the first sync), Node added %v (seen %v), removed %v (seen %v), %d of them by a full sync",
+		backend, r.ready, r.routes, r.services, r.rss>>20, r.peakRSS>>20, r.addSync, r.addSeen, r.delSync, r.delSeen, r.fullSyncs)
 	return r
 }
 
@@ -345,6 +351,7 @@ func waitRoute(events <-chan netlink.RouteUpdate, dst netip.Prefix, add bool, si
 type scaleSync struct {
 	changes int
 	took    time.Duration
+	full    bool // compared everything with the kernel
 }
 
 func scaleSyncs(out string) []scaleSync {
@@ -359,9 +366,10 @@ func scaleSyncs(out string) []scaleSync {
 		var e struct {
 			Changes int   `json:"changes"`
 			Took    int64 `json:"took"`
+			Full    bool  `json:"full"`
 		}
 		if json.Unmarshal([]byte(line), &e) == nil {
-			s = append(s, scaleSync{e.Changes, time.Duration(e.Took)})
+			s = append(s, scaleSync{e.Changes, time.Duration(e.Took), e.Full})
 		}
 	}
 	return s

@@ -366,7 +366,10 @@ type nodeNet struct {
 	// config (the underlay found then).
 	lastFull time.Time
 	cfg      routing.Config
-	status   netStatus
+	// syncStart is when the current sync started (lastFull when it is
+	// a full one).
+	syncStart time.Time
+	status    netStatus
 	// routed, when set, is closed after the first sync that put every
 	// route in place.
 	routed     chan struct{}
@@ -438,12 +441,13 @@ func (n *nodeNet) run(ctx context.Context) error {
 func (n *nodeNet) sync() {
 	start := time.Now()
 	full := n.needFull.Swap(false) || n.lastProblem != "" || start.Sub(n.lastFull) >= n.o.SyncPeriod
+	n.syncStart = start
 	changes, err := n.syncOnce(full)
 	took := time.Since(start)
 	n.metrics.syncs.Inc()
 	n.metrics.syncDuration.Observe(took.Seconds())
 	if changes > 0 {
-		n.log.Info("node network synced", "changes", changes, "took", took)
+		n.log.Info("node network synced", "changes", changes, "took", took, "full", n.lastFull.Equal(n.syncStart))
 	}
 	if err != nil {
 		n.metrics.syncErrors.Inc()
@@ -533,6 +537,7 @@ func (n *nodeNet) syncOnce(full bool) (int, error) {
 		return n.syncRoutes(n.cfg, false)
 	}
 	n.lastFull = time.Now()
+	n.syncStart = n.lastFull
 	u, err := n.underlay(ip)
 	if err != nil {
 		return 0, err

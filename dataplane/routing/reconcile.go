@@ -38,8 +38,8 @@ type Reconciler struct {
 	Device string
 
 	// applied is the plan the last Apply or Update put in place without
-	// an error; nil when there is none.
-	applied *Plan
+	// an error, with its index; nil when there is none.
+	applied *indexedPlan
 }
 
 // Apply changes the kernel to hold p, touching only what differs. It
@@ -56,7 +56,7 @@ func (r *Reconciler) Apply(p Plan) ([]string, error) {
 func (r *Reconciler) remember(p Plan, err error) {
 	r.applied = nil
 	if err == nil {
-		r.applied = &p
+		r.applied = indexPlan(p)
 	}
 }
 
@@ -71,45 +71,46 @@ func (r *Reconciler) Update(p Plan) ([]string, error) {
 	if old == nil || !sameDevice(old.Device, p.Device) {
 		return r.Apply(p)
 	}
+	np := indexPlan(p)
 	var c changeLog
 	do := c.do
 	// Forwarding state before the routes that need it; removals after,
 	// in the reverse order.
-	oldFDB, newFDB := fdbSet(old.FDB), fdbSet(p.FDB)
 	for _, f := range p.FDB {
-		if !oldFDB[keyOf(f)] {
+		if _, ok := old.fdb[keyOf(f)]; !ok {
 			do("add fdb "+f.String(), r.Kernel.SetFDB(f))
 		}
 	}
-	oldNeigh, newNeigh := neighByIP(old.Neighs), neighByIP(p.Neighs)
 	for _, n := range p.Neighs {
-		if h, ok := oldNeigh[n.IP]; !ok || !bytes.Equal(h.MAC, n.MAC) {
+		if i, ok := old.neigh[n.IP]; !ok || !bytes.Equal(old.Neighs[i].MAC, n.MAC) {
 			do("set neigh "+n.String(), r.Kernel.SetNeigh(n))
 		}
 	}
-	oldRoute, newRoute := routeByDst(old.Routes), routeByDst(p.Routes)
 	for _, rt := range p.Routes {
-		if h, ok := oldRoute[rt.Dst]; !ok || h != rt {
+		if i, ok := old.route[rt.Dst]; !ok || old.Routes[i] != rt {
 			do("replace route "+rt.String(), r.Kernel.ReplaceRoute(rt))
 		}
 	}
 	for _, rt := range old.Routes {
-		if _, ok := newRoute[rt.Dst]; !ok {
+		if _, ok := np.route[rt.Dst]; !ok {
 			do("delete route "+rt.String(), r.Kernel.DeleteRoute(rt))
 		}
 	}
 	for _, n := range old.Neighs {
-		if _, ok := newNeigh[n.IP]; !ok {
+		if _, ok := np.neigh[n.IP]; !ok {
 			do("delete neigh "+n.String(), r.Kernel.DeleteNeigh(n))
 		}
 	}
 	for _, f := range old.FDB {
-		if !newFDB[keyOf(f)] {
+		if _, ok := np.fdb[keyOf(f)]; !ok {
 			do("delete fdb "+f.String(), r.Kernel.DeleteFDB(f))
 		}
 	}
 	err := errors.Join(c.errs...)
-	r.remember(p, err)
+	r.applied = nil
+	if err == nil {
+		r.applied = np
+	}
 	return c.changes, err
 }
 
@@ -128,6 +129,31 @@ func (c *changeLog) do(what string, err error) {
 	c.changes = append(c.changes, what)
 }
 
+// indexedPlan is a plan with its entries indexed by what identifies them
+// in the kernel, built once when the plan is put in place so that the
+// next Update indexes only its own plan.
+type indexedPlan struct {
+	Plan
+	fdb   map[fdbKey]int
+	neigh map[netip.Addr]int
+	route map[netip.Prefix]int
+}
+
+func indexPlan(p Plan) *indexedPlan {
+	ip := &indexedPlan{Plan: p, fdb: make(map[fdbKey]int, len(p.FDB)),
+		neigh: make(map[netip.Addr]int, len(p.Neighs)), route: make(map[netip.Prefix]int, len(p.Routes))}
+	for i, f := range p.FDB {
+		ip.fdb[keyOf(f)] = i
+	}
+	for i, n := range p.Neighs {
+		ip.neigh[n.IP] = i
+	}
+	for i, r := range p.Routes {
+		ip.route[r.Dst] = i
+	}
+	return ip
+}
+
 func sameDevice(a, b *VXLANDevice) bool {
 	if a == nil || b == nil {
 		return a == b
@@ -135,13 +161,18 @@ func sameDevice(a, b *VXLANDevice) bool {
 	return sameIdentity(*a, *b) && a.Name == b.Name && a.MTU == b.MTU && bytes.Equal(a.MAC, b.MAC) && a.Addr == b.Addr && a.Up == b.Up
 }
 
-// fdbKey identifies an FDB entry without formatting it.
+// fdbKey identifies an FDB entry without formatting or allocating: the
+// MAC of a VXLAN FDB entry is an Ethernet address.
 type fdbKey struct {
-	mac string
+	mac [6]byte
 	dst netip.Addr
 }
 
-func keyOf(f FDB) fdbKey { return fdbKey{string(f.MAC), f.Dst} }
+func keyOf(f FDB) fdbKey {
+	k := fdbKey{dst: f.Dst}
+	copy(k.mac[:], f.MAC)
+	return k
+}
 
 func fdbSet(fs []FDB) map[fdbKey]bool {
 	m := make(map[fdbKey]bool, len(fs))
