@@ -14,10 +14,10 @@ import (
 // map, buffer and informer cache to the size the churn needs; a leak adds
 // to the second what the first left behind.
 //
-// Settled means after the daemon's next garbage collection (the Go runtime
-// forces one every two minutes at the latest), once the RSS has stopped
-// falling: until then the RSS holds the churn's garbage, and how much of it
-// depends on where in its GC cycle the churn happened to end.
+// Settled means once the RSS has stopped falling, and after the daemon's
+// next garbage collection from then on (the Go runtime forces one every two
+// minutes at the latest): a GC during the churn's last changes leaves them
+// in the live heap it reports.
 
 // rssProc is a daemon whose resident memory is watched; metrics returns its
 // Prometheus /metrics text (the Go collector's series are read from it).
@@ -62,27 +62,16 @@ func goLiveHeapKiB(metrics string) int {
 	return int(metricSums(strings.NewReader(metrics))["go_memstats_next_gc_bytes"] / 2 / 1024)
 }
 
-// settleRSS waits for a GC of every process after the call, then samples
-// their RSS every rssEvery until none fell by more than rssFallKiB over the
-// last rssQuiet (at most limit in all), then takes rssSamples more and
-// returns each one's median and spread.
+// settleRSS samples the processes' RSS every rssEvery until none fell by
+// more than rssFallKiB over the last rssQuiet, then waits for a GC of every
+// process that began after that (an idle daemon's, so the live heap it
+// leaves holds no churn in flight), at most limit in all, then takes
+// rssSamples more and returns each one's median and spread.
 func settleRSS(t *testing.T, procs []rssProc, limit time.Duration) []rssSettled {
 	t.Helper()
 	start := time.Now()
-	gcs := make([]float64, len(procs))
-	for i, p := range procs {
-		gcs[i] = goGCs(p.metrics())
-	}
 	var hist [][]int // per sample, per process
 	window := int(rssQuiet / rssEvery)
-	collected := func() bool {
-		for i, p := range procs {
-			if goGCs(p.metrics()) <= gcs[i] {
-				return false
-			}
-		}
-		return true
-	}
 	quiet := func() bool {
 		if len(hist) <= window {
 			return false
@@ -106,29 +95,38 @@ func settleRSS(t *testing.T, procs []rssProc, limit time.Duration) []rssSettled 
 		}
 		return s
 	}
-	gcAt := time.Duration(0)
-	for time.Since(start) < limit {
+	for !quiet() && time.Since(start) < limit {
 		hist = append(hist, sample())
-		if gcAt == 0 && collected() {
-			gcAt = time.Since(start)
-			hist = hist[:0] // quiet counts from the GC on
-		}
-		if gcAt != 0 && quiet() {
-			break
-		}
 		time.Sleep(rssEvery)
 	}
-	if gcAt == 0 || !quiet() {
-		t.Errorf("RSS not settled after %v (a GC after the churn: %v)", limit, gcAt != 0)
+	quietAt := time.Since(start)
+	gcs := make([]float64, len(procs))
+	for i, p := range procs {
+		gcs[i] = goGCs(p.metrics())
+	}
+	collected := func() bool {
+		for i, p := range procs {
+			if goGCs(p.metrics()) <= gcs[i] {
+				return false
+			}
+		}
+		return true
+	}
+	for !collected() && time.Since(start) < limit {
+		time.Sleep(rssEvery)
+	}
+	if !quiet() || !collected() {
+		t.Errorf("RSS not settled after %v (quiet: %v, a GC after that: %v)", limit, quiet(), collected())
 	}
 	after := time.Since(start)
-	// The trace, every 5 s, shows how the RSS came down after the GC.
+	// The trace, every 5 s, shows how the RSS came down.
 	for i, p := range procs {
 		var trace []string
 		for j := 0; j < len(hist); j += int(5 * time.Second / rssEvery) {
 			trace = append(trace, fmt.Sprintf("%.1f", float64(hist[j][i])/1024))
 		}
-		t.Logf("%s: GC %v after the churn; RSS from then on (MiB, every 5 s): %s", p.name, gcAt.Round(time.Second), strings.Join(trace, " "))
+		t.Logf("%s: RSS quiet %v after the churn, a GC %v after that; RSS until quiet (MiB, every 5 s): %s",
+			p.name, quietAt.Round(time.Second), (after - quietAt).Round(time.Second), strings.Join(trace, " "))
 	}
 	per := make([][]int, len(procs))
 	for range rssSamples {
