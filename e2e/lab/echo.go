@@ -200,31 +200,44 @@ func Probe(ctx context.Context, proto, addr string, timeout time.Duration) (stri
 	}
 }
 
-// RequestResponse measures TCP_RR against the echo server at addr: over one
-// connection, one byte out and its echo back, as many times as fit in d.
-// It returns the number of round trips and the time they took.
-func RequestResponse(ctx context.Context, addr string, d time.Duration) (int, time.Duration, error) {
+// RequestResponse measures TCP_RR against the echo servers at addrs: over
+// one connection to each, one byte out and its echo back, for d in all
+// per address. The connections take turns of slice, so the load of a
+// shared machine falls on all of them alike. It returns the round trips
+// per address and the time they took.
+func RequestResponse(ctx context.Context, addrs []string, d, slice time.Duration) ([]int, []time.Duration, error) {
 	var dialer net.Dialer
-	c, err := dialer.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return 0, 0, fmt.Errorf("request/response %s: %w", addr, err)
+	conns := make([]net.Conn, len(addrs))
+	readers := make([]*bufio.Reader, len(addrs))
+	for i, addr := range addrs {
+		c, err := dialer.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, nil, fmt.Errorf("request/response %s: %w", addr, err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(time.Duration(len(addrs))*d + 10*time.Second))
+		conns[i], readers[i] = c, bufio.NewReader(c)
+		if _, err := readers[i].ReadString('\n'); err != nil { // the server's greeting
+			return nil, nil, fmt.Errorf("request/response %s: %w", addr, err)
+		}
 	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(d + 5*time.Second))
-	r := bufio.NewReader(c)
-	if _, err := r.ReadString('\n'); err != nil { // the server's greeting
-		return 0, 0, fmt.Errorf("request/response %s: %w", addr, err)
-	}
+	n := make([]int, len(addrs))
+	took := make([]time.Duration, len(addrs))
 	req := []byte{'x'}
-	start := time.Now()
-	n := 0
-	for ; time.Since(start) < d; n++ {
-		if _, err := c.Write(req); err != nil {
-			return n, time.Since(start), fmt.Errorf("request/response %s: %w", addr, err)
-		}
-		if _, err := r.ReadByte(); err != nil {
-			return n, time.Since(start), fmt.Errorf("request/response %s: %w", addr, err)
+	for took[len(addrs)-1] < d {
+		for i, c := range conns {
+			start := time.Now()
+			for time.Since(start) < min(slice, d-took[i]) {
+				if _, err := c.Write(req); err != nil {
+					return nil, nil, fmt.Errorf("request/response %s: %w", addrs[i], err)
+				}
+				if _, err := readers[i].ReadByte(); err != nil {
+					return nil, nil, fmt.Errorf("request/response %s: %w", addrs[i], err)
+				}
+				n[i]++
+			}
+			took[i] += time.Since(start)
 		}
 	}
-	return n, time.Since(start), nil
+	return n, took, nil
 }

@@ -83,20 +83,30 @@ func probeWith(ctx context.Context, l *Lab, proto, addr string, exec func(contex
 	return strings.TrimSpace(out), nil
 }
 
-// RequestRate runs TCP_RR (`podnet-lab rr`, see RequestResponse) from
+// RequestRates runs TCP_RR (`podnet-lab rr`, see RequestResponse) from
 // inside the pod, with a real process in the node's cgroup, against the
-// echo server at addr for d, and returns the round trips per second.
-func (p *Pod) RequestRate(ctx context.Context, addr string, d time.Duration) (float64, error) {
-	out, err := p.Exec(ctx, p.Node.lab.labBinary(), "rr", "--duration", d.String(), addr)
+// echo servers at addrs for d each, in turns of 250 ms, and returns the
+// round trips per second of each.
+func (p *Pod) RequestRates(ctx context.Context, addrs []string, d time.Duration) ([]float64, error) {
+	out, err := p.Exec(ctx, append([]string{p.Node.lab.labBinary(), "rr", "--duration", d.String()}, addrs...)...)
 	if err != nil {
-		return 0, fmt.Errorf("%w: %s", err, strings.TrimSpace(out))
+		return nil, fmt.Errorf("%w: %s", err, strings.TrimSpace(out))
 	}
-	var n int
-	var secs float64
-	if _, err := fmt.Sscanf(strings.TrimSpace(out), "%d round trips in %fs", &n, &secs); err != nil || secs <= 0 {
-		return 0, fmt.Errorf("podnet-lab rr: unexpected output %q", out)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != len(addrs) {
+		return nil, fmt.Errorf("podnet-lab rr: unexpected output %q", out)
 	}
-	return float64(n) / secs, nil
+	rates := make([]float64, len(addrs))
+	for i, line := range lines {
+		var addr string
+		var n int
+		var secs float64
+		if _, err := fmt.Sscanf(line, "%s %d round trips in %fs", &addr, &n, &secs); err != nil || addr != addrs[i] || secs <= 0 {
+			return nil, fmt.Errorf("podnet-lab rr: unexpected output %q", out)
+		}
+		rates[i] = float64(n) / secs
+	}
+	return rates, nil
 }
 
 // ProxydReadyTimeout bounds how long StartProxyd waits for the node config.

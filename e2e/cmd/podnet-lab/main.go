@@ -11,7 +11,7 @@
 //
 //	podnet-lab serve --name NAME [--http ADDR] [--tcp ADDR] [--udp ADDR]
 //	podnet-lab probe [--timeout D] http|tcp|udp HOST:PORT
-//	podnet-lab rr [--duration D] HOST:PORT
+//	podnet-lab rr [--duration D] [--slice D] HOST:PORT...
 package main
 
 import (
@@ -39,9 +39,10 @@ run by the lab inside pods and nodes:
                                              echo server: answers "NAME CLIENT_IP:PORT"
   podnet-lab probe [--timeout 2s] http|tcp|udp HOST:PORT
                                              prints the echo server's answer
-  podnet-lab rr [--duration 5s] HOST:PORT   TCP_RR against the echo server's TCP port:
-                                             one byte each way over one connection,
-                                             prints "N round trips in Ss"
+  podnet-lab rr [--duration 5s] [--slice 250ms] HOST:PORT...
+                                             TCP_RR against echo servers' TCP ports: one byte
+                                             each way over one connection to each, taking
+                                             turns; prints "HOST:PORT N round trips in Ss" each
 `
 
 func main() {
@@ -148,20 +149,26 @@ func probeCmd(ctx context.Context, args []string) error {
 
 func rrCmd(ctx context.Context, args []string) error {
 	fs := pflag.NewFlagSet("rr", pflag.ContinueOnError)
-	d := fs.Duration("duration", 5*time.Second, "how long to run")
+	d := fs.Duration("duration", 5*time.Second, "how long to run against each address")
+	slice := fs.Duration("slice", 250*time.Millisecond, "how long one connection runs before the next one's turn")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if fs.NArg() != 1 {
-		return errors.New("rr: want HOST:PORT")
+	if fs.NArg() == 0 {
+		return errors.New("rr: want HOST:PORT...")
 	}
 	if *d <= 0 || *d > 5*time.Minute {
 		return fmt.Errorf("rr: --duration %v: want 0 < duration <= 5m", *d)
 	}
-	n, took, err := lab.RequestResponse(ctx, fs.Arg(0), *d)
+	if *slice <= 0 || *slice > *d {
+		return fmt.Errorf("rr: --slice %v: want 0 < slice <= duration", *slice)
+	}
+	n, took, err := lab.RequestResponse(ctx, fs.Args(), *d, *slice)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("%d round trips in %.3fs\n", n, took.Seconds())
+	for i, addr := range fs.Args() {
+		fmt.Printf("%s %d round trips in %.3fs\n", addr, n[i], took[i].Seconds())
+	}
 	return nil
 }
