@@ -60,7 +60,8 @@ fi
 grep -E '^(\||$)' "$out"
 
 # TCP throughput through a ClusterIP, to the pod directly, and from the
-# outside through a NodePort, both modes (iperf3; 3 rounds of 5 s).
+# outside through a NodePort, both modes (iperf3; 3 rounds of 5 s), and
+# TCP_RR through the ClusterIP against the pod address (podnet-lab rr).
 echo
 PODNET_BENCH=1 PODNET_BIN="${PODNET_BIN:-$PWD/bin}" \
 	go test -count=1 -timeout 30m -run '^$' -bench '^BenchmarkServiceThroughput$' -benchtime 1x -v ./e2e/ >"$out" 2>&1 || rc=$?
