@@ -40,11 +40,11 @@ type churnTimes struct {
 	wg                               sync.WaitGroup
 }
 
-// time polls cond every 20 ms, for 15 s at most, from when the write was
+// time polls cond every 20 ms, for 30 s at most, from when the write was
 // acknowledged, and records how long it took to hold into *into.
 func (c *churnTimes) time(what string, into *[]time.Duration, written time.Time, cond func() bool) {
 	c.wg.Go(func() {
-		for time.Since(written) < 15*time.Second {
+		for time.Since(written) < 30*time.Second {
 			if cond() {
 				c.mu.Lock()
 				*into = append(*into, time.Since(written))
@@ -167,7 +167,7 @@ func TestSoakServiceChurnAPI(t *testing.T) {
 		}
 	}
 	k.createService(ctx, kubeLabNS, "stable", "10.96.101.1", []svcPortSpec{{"http", corev1.ProtocolTCP, 80, 8080}}, web1, web2)
-	waitUntil(t, 10*time.Second, func() bool {
+	waitUntil(t, 30*time.Second, func() bool {
 		return k.reaches("10.96.101.1:80", "web1") || k.reaches("10.96.101.1:80", "web2")
 	}, "the stable Service")
 	if _, err := k.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: soakChurnNS}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -215,7 +215,7 @@ func TestSoakServiceChurnAPI(t *testing.T) {
 
 	stableTotal, stableFailed, _ := soakSummary(t, []*soakLoad{stable}, 50)
 	if len(times.missed) > 0 {
-		t.Errorf("%d timed writes did not take effect within 15 s: %v", len(times.missed), times.missed)
+		t.Errorf("%d timed writes did not take effect within 30 s: %v", len(times.missed), times.missed)
 	}
 	memory := churnMemory(t, procs, before, settled)
 	p95 := func(ds []time.Duration) string { return percentile(ds, 0.95).Round(time.Millisecond).String() }
@@ -400,7 +400,7 @@ func TestSoakAPIOutage(t *testing.T) {
 			_ = soakDeleteService(ctx, k.admin, name)
 		}
 	})
-	waitUntil(t, 10*time.Second, func() bool {
+	waitUntil(t, 30*time.Second, func() bool {
 		return (k.reaches("10.96.102.1:80", "web1") || k.reaches("10.96.102.1:80", "web2")) && k.reaches("10.96.102.2:80", "web1") &&
 			k.reaches("10.96.102.3:80", "web1") && k.resolves(fqdn("doomed"), "10.96.102.3")
 	}, "the Services before the outage")
