@@ -3,8 +3,8 @@
 
 GO       ?= go
 # The release this tree builds: the image tag `make image` writes and the
-# one deploy/ installs (deploy/kustomization.yaml and deploy/podnet.yaml
-# name it; e2e/deploy_test.go fails when they disagree).
+# one deploy/ installs (deploy/base/kustomization.yaml and
+# deploy/base/podnet.yaml name it; e2e/deploy_test.go fails when they disagree).
 RELEASE  := v0.1.0
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -s -w -X github.com/podnet/podnet/dataplane/version.Version=$(VERSION)

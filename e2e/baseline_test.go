@@ -252,7 +252,7 @@ func installBaseline(kubeProxy string) func(context.Context, *realCluster, strin
 				t.Fatal(err)
 			}
 		}
-		c.applyPodnet(ctx, podnetTar, nil, baselineKustomization)
+		c.applyPodnet(ctx, podnetTar, "", baselineKustomization)
 		c.applyYAML(ctx, corednsYAML)
 		c.waitNetworkUp("coredns")
 		c.waitFor(time.Minute, "kube-proxy's /healthz on every node", func(ctx context.Context) (bool, string) {

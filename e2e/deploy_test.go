@@ -3,19 +3,25 @@ package e2e
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/podnet/podnet/e2e/realnode"
 )
 
 // podnetImageRepo is the image every podnet container runs.
@@ -316,5 +322,83 @@ func TestDeployRBAC(t *testing.T) {
 		if _, found := slices.BinarySearchFunc(got, w, cmp); !found {
 			t.Errorf("deploy/ does not grant %s %q on %s in %q, which podnet needs", w.subject, w.verb, w.resource, w.namespace)
 		}
+	}
+}
+
+// TestDeployVariants builds deploy/ and deploy/ebpf as kubectl apply -k
+// does (kubectl kustomize) and checks each says what README says of it:
+// the base runs proxyd in iptables mode; the ebpf variant is the same
+// objects with proxyd in ebpf mode (the last --proxy-mode wins), hostPID,
+// privileged, and the node's bpffs mounted Bidirectional.
+func TestDeployVariants(t *testing.T) {
+	bins, err := realnode.FindBinaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	build := func(dir string) []map[string]any {
+		t.Helper()
+		out, err := exec.Command(bins.Kubectl, "kustomize", dir).CombinedOutput()
+		if err != nil {
+			t.Fatalf("kubectl kustomize %s: %v\n%s", dir, err, out)
+		}
+		var docs []map[string]any
+		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
+		for {
+			var doc map[string]any
+			if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
+				return docs
+			} else if err != nil {
+				t.Fatalf("kubectl kustomize %s: %v", dir, err)
+			}
+			docs = append(docs, doc)
+		}
+	}
+	proxyd := func(dir string, docs []map[string]any) (mode string, hostPID, privileged, bidirectional bool) {
+		t.Helper()
+		for _, d := range docs {
+			if d["kind"] != "DaemonSet" {
+				continue
+			}
+			var ds appsv1.DaemonSet
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(d, &ds); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range ds.Spec.Template.Spec.Containers {
+				if c.Name != "proxyd" {
+					continue
+				}
+				for _, a := range c.Command {
+					if m, ok := strings.CutPrefix(a, "--proxy-mode="); ok {
+						mode = m
+					}
+				}
+				for _, m := range c.VolumeMounts {
+					bidirectional = bidirectional || (m.MountPath == "/sys/fs/bpf" && m.MountPropagation != nil && *m.MountPropagation == corev1.MountPropagationBidirectional)
+				}
+				privileged = c.SecurityContext != nil && c.SecurityContext.Privileged != nil && *c.SecurityContext.Privileged
+				return mode, ds.Spec.Template.Spec.HostPID, privileged, bidirectional
+			}
+		}
+		t.Fatalf("%s builds no DaemonSet with a proxyd container", dir)
+		return
+	}
+	base, variant := build("../deploy"), build("../deploy/ebpf")
+	if mode, pid, priv, bidi := proxyd("deploy", base); mode != "iptables" || pid || priv || bidi {
+		t.Errorf("deploy/: proxyd mode %q, hostPID %v, privileged %v, bpffs Bidirectional %v; want iptables and none of them", mode, pid, priv, bidi)
+	}
+	if mode, pid, priv, bidi := proxyd("deploy/ebpf", variant); mode != "ebpf" || !pid || !priv || !bidi {
+		t.Errorf("deploy/ebpf: proxyd mode %q, hostPID %v, privileged %v, bpffs Bidirectional %v; want ebpf and all of them", mode, pid, priv, bidi)
+	}
+	names := func(docs []map[string]any) []string {
+		var out []string
+		for _, d := range docs {
+			md, _ := d["metadata"].(map[string]any)
+			out = append(out, fmt.Sprintf("%v %v/%v", d["kind"], md["namespace"], md["name"]))
+		}
+		slices.Sort(out)
+		return out
+	}
+	if b, v := names(base), names(variant); !slices.Equal(b, v) {
+		t.Errorf("deploy/ebpf installs other objects than deploy/:\n%v\n%v", v, b)
 	}
 }

@@ -113,7 +113,7 @@ func startControlPlane(logf func(string, ...any)) error {
 		return false
 	}); err != nil {
 		closeControlPlane()
-		return fmt.Errorf("apply RBAC of deploy/podnet.yaml: %w", err)
+		return fmt.Errorf("apply RBAC of deploy/base/podnet.yaml: %w", err)
 	}
 	return nil
 }
@@ -135,9 +135,10 @@ func closeControlPlane() {
 // kubeAPIAddr is where lab nodes reach the API server: on segment A.
 var kubeAPIAddr = netip.MustParsePrefix("192.168.10.2/24")
 
-// manifests returns every object in deploy/*.yaml (not the kustomization).
+// manifests returns every object in deploy/base/*.yaml (not the
+// kustomization): what kubectl apply -k deploy/ installs.
 func manifests() ([]*unstructured.Unstructured, error) {
-	files, err := filepath.Glob("../deploy/*.yaml")
+	files, err := filepath.Glob("../deploy/base/*.yaml")
 	if err != nil {
 		return nil, err
 	}
@@ -164,7 +165,7 @@ func manifests() ([]*unstructured.Unstructured, error) {
 		}
 	}
 	if len(objs) == 0 {
-		return nil, errors.New("no objects in deploy/*.yaml")
+		return nil, errors.New("no objects in deploy/base/*.yaml")
 	}
 	return objs, nil
 }

@@ -34,7 +34,7 @@ func TestRealNodeEBPF(t *testing.T) {
 	}
 	before := cgroupConnectProgs(t, hostRoot)
 	c := startRealClusterOpts(t, []lab.NodeSpec{{Name: "node1", IP: netip.MustParsePrefix("192.168.10.11/24")}},
-		realClusterOptions{components: []string{"ebpf"}})
+		realClusterOptions{variant: "ebpf"})
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	n := c.nodes[0]

@@ -91,9 +91,9 @@ type realClusterOptions struct {
 	// extraImages builds more images for the nodes once the control
 	// plane is up.
 	extraImages func(*realCluster) []string
-	// components are kustomize components of deploy/ ("ebpf" for
-	// deploy/ebpf), installed with it.
-	components []string
+	// variant is the kustomization of deploy/ installed: "" for deploy/
+	// itself, "ebpf" for deploy/ebpf.
+	variant string
 	// users are more identities of the API server (name → group).
 	users map[string]string
 	// install puts the network on the started nodes instead of
@@ -227,7 +227,7 @@ func startRealClusterOpts(t *testing.T, nodes []lab.NodeSpec, o realClusterOptio
 	if o.install != nil {
 		o.install(ctx, c, podnetTar)
 	} else {
-		c.installPodnet(ctx, podnetTar, o.components)
+		c.installPodnet(ctx, podnetTar, o.variant)
 	}
 	c.routePodCIDRs(ctx)
 	return c
@@ -372,16 +372,16 @@ func (c *realCluster) kubectl(ctx context.Context, args ...string) (string, erro
 }
 
 // installPodnet does what README's "Deploy on a cluster" says, with the
-// given components of deploy/ (README, "Service proxy in ebpf mode").
-func (c *realCluster) installPodnet(ctx context.Context, imageTar string, components []string) {
-	c.applyPodnet(ctx, imageTar, components, "")
+// given variant of deploy/ ("ebpf": README, "Service proxy in ebpf mode").
+func (c *realCluster) installPodnet(ctx context.Context, imageTar string, variant string) {
+	c.applyPodnet(ctx, imageTar, variant, "")
 	c.waitNetworkUp("podnet-dns")
 }
 
 // applyPodnet creates the podnet-apiserver ConfigMap and applies a
-// kustomization over deploy/ that sets the image's tag, with the given
-// components and more kustomization text (patches) after them.
-func (c *realCluster) applyPodnet(ctx context.Context, imageTar string, components []string, moreKustomization string) {
+// kustomization over deploy/ (or its variant, deploy/ebpf) that sets the
+// image's tag, with more kustomization text (patches) after it.
+func (c *realCluster) applyPodnet(ctx context.Context, imageTar string, variant string, moreKustomization string) {
 	t := c.t
 	t.Helper()
 	m, err := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(imageTar) })
@@ -389,7 +389,7 @@ func (c *realCluster) applyPodnet(ctx context.Context, imageTar string, componen
 		t.Fatalf("podnet image manifest %v: %v", m, err)
 	}
 	repo, tag, _ := strings.Cut(m[0].RepoTags[0], ":")
-	deploy, err := filepath.Abs("../deploy")
+	deploy, err := filepath.Abs(filepath.Join("../deploy", variant))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -402,12 +402,6 @@ func (c *realCluster) applyPodnet(ctx context.Context, imageTar string, componen
 		t.Fatal(err)
 	}
 	kust := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - %s\nimages:\n  - name: %s\n    newTag: %q\n", rel, repo, tag)
-	if len(components) > 0 {
-		kust += "components:\n"
-		for _, comp := range components {
-			kust += "  - " + filepath.Join(rel, comp) + "\n"
-		}
-	}
 	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust+moreKustomization), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -85,19 +84,19 @@ spec:
 // update of podnet's DaemonSet to a new image under steady Service traffic
 // without a failed request, and a node whose kubelet and containerd are
 // stopped and restarted getting its pods back without leaking addresses.
-func TestRealNodes(t *testing.T) { testRealNodes(t, nil) }
+func TestRealNodes(t *testing.T) { testRealNodes(t, "") }
 
 // TestRealNodesEBPF is TestRealNodes with the Service proxy in ebpf mode
 // (deploy/ebpf): the ClusterIP through socket LB on every node, the
 // NodePort through the tc programs on real nodes' uplinks and VXLAN
 // devices, the rolling update taking over the pinned maps without a
 // failed request, and no Service rule in any node's iptables.
-func TestRealNodesEBPF(t *testing.T) { testRealNodes(t, []string{"ebpf"}) }
+func TestRealNodesEBPF(t *testing.T) { testRealNodes(t, "ebpf") }
 
-// testRealNodes is TestRealNodes with podnet installed with the given
-// components of deploy/.
-func testRealNodes(t *testing.T, components []string) {
-	c := startRealClusterOpts(t, realNodes(), realClusterOptions{components: components})
+// testRealNodes is TestRealNodes with podnet installed from the given
+// variant of deploy/ ("" or "ebpf").
+func testRealNodes(t *testing.T, variant string) {
+	c := startRealClusterOpts(t, realNodes(), realClusterOptions{variant: variant})
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
 	names := []string{"node1", "node2", "node3"}
@@ -167,7 +166,7 @@ func testRealNodes(t *testing.T, components []string) {
 		}
 	})
 
-	if slices.Contains(components, "ebpf") {
+	if variant == "ebpf" {
 		t.Run("no Service rule in any node's iptables", func(t *testing.T) {
 			for _, n := range c.nodes {
 				out, err := n.Exec(ctx, "iptables-save")

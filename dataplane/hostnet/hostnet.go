@@ -99,7 +99,7 @@ func ensure(s Sysctl, name, want string) error {
 		return nil
 	}
 	if err := s.Set(name, want); errors.Is(err, syscall.EROFS) {
-		return fmt.Errorf("%w: %s is %q, want %q: set it before proxyd starts (`proxyd init` in a privileged init container, as deploy/podnet.yaml does, or on the host)",
+		return fmt.Errorf("%w: %s is %q, want %q: set it before proxyd starts (`proxyd init` in a privileged init container, as deploy/base/podnet.yaml does, or on the host)",
 			ErrSysctlReadOnly, name, got, want)
 	} else if err != nil {
 		return fmt.Errorf("set sysctl %s=%s: %w", name, want, err)

@@ -8,7 +8,7 @@
 //
 // Clients authenticate with static bearer tokens: an admin in
 // system:masters, and one identity per podnet service account so that the
-// RBAC rules of deploy/podnet.yaml are what a daemon's requests are checked
+// RBAC rules of deploy/base/podnet.yaml are what a daemon's requests are checked
 // against.
 package apiserver
 
@@ -49,7 +49,7 @@ const Port = 6443
 const ServiceCIDR = "10.96.0.0/12"
 
 // Identities with a token each. The service accounts are the ones
-// deploy/podnet.yaml binds its ClusterRoles to.
+// deploy/base/podnet.yaml binds its ClusterRoles to.
 const (
 	Admin   = "admin"
 	NodeSA  = "system:serviceaccount:podnet-system:podnet-node"
