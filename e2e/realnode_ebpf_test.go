@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"os"
 	"slices"
@@ -75,35 +76,44 @@ func TestRealNodeEBPF(t *testing.T) {
 		t.Fatal(err)
 	}
 	// proxyd status in the pod reads the pinned maps: web's ClusterIP with
-	// its two pods, nothing disagreeing with what proxyd reports.
-	out, err := c.kubectl(ctx, "-n", "podnet-system", "exec", "daemonset/podnet-node", "-c", "proxyd", "--", "/usr/local/bin/proxyd", "status", "-o", "json")
-	var st struct {
-		BPFMaps *struct {
-			ebpfmode.Programmed
-			Error       string   `json:"error"`
-			Differences []string `json:"differences"`
-		} `json:"bpfMaps"`
+	// its two pods, nothing disagreeing with what proxyd reports (asked
+	// until it holds, for at most 10 s: proxyd syncs at most once a second).
+	pods, err := c.admin.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err != nil || json.Unmarshal([]byte(out), &st) != nil || st.BPFMaps == nil || st.BPFMaps.Error != "" {
-		c.errorf("proxyd status -o json in the pod: %v\n%s", err, out)
-	} else {
-		pods, err := c.admin.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
-		if err != nil {
-			t.Fatal(err)
+	var want []string
+	for _, p := range pods.Items {
+		want = append(want, netip.AddrPortFrom(netip.MustParseAddr(p.Status.PodIP), 8080).String())
+	}
+	slices.Sort(want)
+	var problem string
+	c.execUntil(ctx, func(out string, err error) bool {
+		var st struct {
+			BPFMaps *struct {
+				ebpfmode.Programmed
+				Error       string   `json:"error"`
+				Differences []string `json:"differences"`
+			} `json:"bpfMaps"`
 		}
-		var want []string
-		for _, p := range pods.Items {
-			want = append(want, netip.AddrPortFrom(netip.MustParseAddr(p.Status.PodIP), 8080).String())
+		if err != nil || json.Unmarshal([]byte(out), &st) != nil || st.BPFMaps == nil || st.BPFMaps.Error != "" {
+			problem = fmt.Sprintf("proxyd status -o json in the pod: %v\n%s", err, out)
+			return false
 		}
-		slices.Sort(want)
 		fe := slices.IndexFunc(st.BPFMaps.Frontends, func(f ebpfmode.ProgrammedFrontend) bool {
 			return f.Address == svc.Spec.ClusterIP+":80" && f.Protocol == "TCP" && f.Scope == "socket"
 		})
 		if fe < 0 || !slices.Equal(slices.Sorted(slices.Values(st.BPFMaps.Frontends[fe].Backends)), want) ||
 			len(st.BPFMaps.Differences)+len(st.BPFMaps.Problems) > 0 {
-			c.errorf("proxyd status in the pod: web's ClusterIP %s in the maps at %d (want backends %v); differences %v, problems %v\n%s",
+			problem = fmt.Sprintf("proxyd status in the pod: web's ClusterIP %s in the maps at %d (want backends %v); differences %v, problems %v\n%s",
 				svc.Spec.ClusterIP, fe, want, st.BPFMaps.Differences, st.BPFMaps.Problems, out)
+			return false
 		}
+		problem = ""
+		return true
+	}, "-n", "podnet-system", "exec", "daemonset/podnet-node", "-c", "proxyd", "--", "/usr/local/bin/proxyd", "status", "-o", "json")
+	if problem != "" {
+		c.errorf("%s", problem)
 	}
 
 	saved := 0

@@ -548,8 +548,8 @@ spec:
 `, replicas, testappImage, node, testappImage)
 }
 
-// startWeb applies webYAML with two replicas and waits for them and the
-// client.
+// startWeb applies webYAML with two replicas and waits for them, the
+// client, and both in the Service's EndpointSlices.
 func (c *realCluster) startWeb(ctx context.Context) {
 	c.t.Helper()
 	c.applyYAML(ctx, webYAML(2, ""))
@@ -562,8 +562,39 @@ func (c *realCluster) startWeb(ctx context.Context) {
 		if err != nil || p.Status.Phase != corev1.PodRunning {
 			return false, fmt.Sprintf("client: %v", err)
 		}
+		// Ready pods reach the Service's EndpointSlices a little later
+		// (kube-controller-manager), and proxyd after them.
+		eps, err := c.admin.DiscoveryV1().EndpointSlices("default").List(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=web"})
+		if err != nil {
+			return false, fmt.Sprintf("web's EndpointSlices: %v", err)
+		}
+		ready := 0
+		for _, s := range eps.Items {
+			for _, e := range s.Endpoints {
+				if e.Conditions.Ready != nil && *e.Conditions.Ready {
+					ready++
+				}
+			}
+		}
+		if ready != 2 {
+			return false, fmt.Sprintf("web's EndpointSlices hold %d ready endpoints", ready)
+		}
 		return true, ""
 	})
+}
+
+// execUntil runs kubectl with args until ok holds for its output, for at
+// most 10 s (a change reaches proxyd's rules within its 1 s minimum sync
+// interval), and returns the last output.
+func (c *realCluster) execUntil(ctx context.Context, ok func(out string, err error) bool, args ...string) (string, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out, err := c.kubectl(ctx, args...)
+		if ok(out, err) || time.Now().After(deadline) {
+			return out, err
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
 
 // checkWeb has the client pod of startWeb resolve kubernetes.default and
@@ -583,7 +614,8 @@ func (c *realCluster) checkWeb(ctx context.Context) {
 	if err != nil || strings.TrimSpace(out) != svc.Spec.ClusterIP {
 		c.errorf("web from a pod: %q, %v; want the ClusterIP %s", out, err, svc.Spec.ClusterIP)
 	}
-	out, err = c.kubectl(ctx, "exec", "client", "--", "/testapp", "get", "http://web.default.svc.cluster.local/")
+	out, err = c.execUntil(ctx, func(out string, err error) bool { return err == nil && strings.HasPrefix(out, "web-") },
+		"exec", "client", "--", "/testapp", "get", "http://web.default.svc.cluster.local/")
 	if err != nil || !strings.HasPrefix(out, "web-") {
 		c.errorf("GET http://web.default.svc.cluster.local/ from a pod: %q, %v; want a web pod's answer", out, err)
 	}
