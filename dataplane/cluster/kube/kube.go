@@ -303,10 +303,19 @@ var _ cache.TransformingStore = (*kindStore)(nil)
 // itself (a streamed initial list), not only in this one.
 func (k *kindStore) Transformer() cache.TransformFunc { return k.s.transform(k.kind) }
 
-func (k *kindStore) Add(obj any) error    { return k.upsert(obj) }
-func (k *kindStore) Update(obj any) error { return k.upsert(obj) }
+func (k *kindStore) Add(obj any) error    { return k.write(obj, false) }
+func (k *kindStore) Update(obj any) error { return k.write(obj, false) }
 
-func (k *kindStore) upsert(obj any) error {
+func (k *kindStore) Delete(obj any) error {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	return k.write(obj, true)
+}
+
+// write reduces obj and puts it into the Store, or drops its key when
+// deleted.
+func (k *kindStore) write(obj any, deleted bool) error {
 	r, err := k.reduce(obj)
 	if err != nil {
 		return err
@@ -314,7 +323,11 @@ func (k *kindStore) upsert(obj any) error {
 	k.s.seen()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.apply(r)
+	if deleted {
+		k.drop(r.key())
+	} else {
+		k.apply(r)
+	}
 	return nil
 }
 
@@ -322,28 +335,17 @@ func (k *kindStore) upsert(obj any) error {
 // drops its key rather than keep a version that no longer exists.
 func (k *kindStore) apply(r *reduced) {
 	if r.obj == nil {
-		delete(k.keys, r.key())
-		k.s.o.Store.Delete(k.kind, r.key())
+		k.drop(r.key())
 		return
 	}
 	k.keys[r.key()] = struct{}{}
 	k.s.o.Store.Upsert(r.obj)
 }
 
-func (k *kindStore) Delete(obj any) error {
-	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = t.Obj
-	}
-	r, err := k.reduce(obj)
-	if err != nil {
-		return err
-	}
-	k.s.seen()
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	delete(k.keys, r.key())
-	k.s.o.Store.Delete(k.kind, r.key())
-	return nil
+// drop removes key from the Store.
+func (k *kindStore) drop(key cluster.Key) {
+	delete(k.keys, key)
+	k.s.o.Store.Delete(k.kind, key)
 }
 
 // Replace takes a full list: everything in it is written, and what the
