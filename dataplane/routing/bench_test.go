@@ -76,7 +76,7 @@ func BenchmarkApplyAtScale(b *testing.B) {
 			if _, err := r.Apply(plan); err != nil {
 				b.Fatal(err)
 			}
-			more := append(scalePeers(n+1)[n:], nodes...)
+			more := append(scalePeers(n + 1)[n:], nodes...)
 			for b.Loop() {
 				for _, ns := range [][]*cluster.Node{more, nodes} {
 					if c, err := r.Update(Compute(cfg, ns)); err != nil || len(c) == 0 {
@@ -138,7 +138,7 @@ func bareAdd(b *testing.B, h *netlink.Handle, plan Plan, idx int) {
 func BenchmarkNodeChange(b *testing.B) {
 	const n = 5000
 	nodes := scalePeers(n)
-	more := append(scalePeers(n+1)[n:], nodes...)
+	more := append(scalePeers(n + 1)[n:], nodes...)
 	for _, backend := range []Backend{BackendHostGW, BackendVXLAN} {
 		cfg := scaleConfig(backend)
 		b.Run(string(backend), func(b *testing.B) {
