@@ -4,8 +4,10 @@ import (
 	"github.com/podnet/podnet/dataplane/cluster"
 	"net/netip"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -182,5 +184,49 @@ func TestFromV1NodeAndPod(t *testing.T) {
 		IPs: []netip.Addr{netip.MustParseAddr("10.244.1.9"), netip.MustParseAddr("fd00::9")}}
 	if !reflect.DeepEqual(p, wantPod) {
 		t.Errorf("pod: got %+v, want %+v", p, wantPod)
+	}
+}
+
+// TestEndpointSliceSharesStrings: the strings repeated across slices (the
+// namespace, node names, zones) are one copy whatever copies the decoder
+// made, and a slice's endpoint addresses share one array; a bad address
+// still names its endpoint.
+func TestEndpointSliceSharesStrings(t *testing.T) {
+	slice := func(name string) *discoveryv1.EndpointSlice {
+		node := string([]byte("node-a")) // a fresh copy, as a decoder makes
+		return &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Name: name, Namespace: string([]byte("ns"))},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Endpoints: []discoveryv1.Endpoint{
+				{Addresses: []string{"10.244.1.2"}, NodeName: &node, Zone: ptr(string([]byte("z1")))},
+				{Addresses: []string{"10.244.1.3", "10.244.1.4"}, NodeName: &node},
+			},
+		}
+	}
+	a, err := FromV1EndpointSlice(slice("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := FromV1EndpointSlice(slice("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	same := func(what, x, y string) {
+		if x != y || unsafe.StringData(x) != unsafe.StringData(y) {
+			t.Errorf("%s: %q and %q are separate copies", what, x, y)
+		}
+	}
+	same("namespace", a.Namespace, b.Namespace)
+	same("nodeName", a.Endpoints[0].NodeName, b.Endpoints[1].NodeName)
+	same("zone", a.Endpoints[0].Zone, b.Endpoints[0].Zone)
+	e0, e1 := a.Endpoints[0].Addresses, a.Endpoints[1].Addresses
+	if len(e0) != 1 || len(e1) != 2 || cap(e0) != 1 ||
+		uintptr(unsafe.Pointer(&e1[0]))-uintptr(unsafe.Pointer(&e0[0])) != unsafe.Sizeof(e0[0]) {
+		t.Errorf("addresses %v and %v: want one array, each endpoint's capacity cut to its own", e0, e1)
+	}
+	bad := slice("c")
+	bad.Endpoints[1].Addresses[1] = "10.244.1.x"
+	if _, err := FromV1EndpointSlice(bad); err == nil || !strings.Contains(err.Error(), "endpoints[1].addresses") {
+		t.Errorf("bad address: err = %v, want one naming endpoints[1].addresses", err)
 	}
 }
