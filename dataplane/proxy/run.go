@@ -136,10 +136,9 @@ type syncer struct {
 	// freeMemory returns the start-up garbage to the OS once, after the
 	// first successful full sync (debug.FreeOSMemory).
 	freeMemory func()
-	// What the kernel held after the last successful sync, and the
-	// Services changed since: a failed sync's changes still need their
-	// conntrack cleanup once a later sync succeeds.
-	applied map[cluster.Key][]*ServicePort
+	// The Services changed since the last successful sync (status.programmed
+	// holds what the kernel held then): a failed sync's changes still
+	// need their conntrack cleanup once a later sync succeeds.
 	pending map[cluster.Key]bool
 
 	status statusLog
@@ -173,7 +172,6 @@ func newSyncer(o Options) *syncer {
 		start:      time.Now(),
 		forceFull:  true,
 		freeMemory: debug.FreeOSMemory,
-		applied:    make(map[cluster.Key][]*ServicePort),
 		pending:    make(map[cluster.Key]bool),
 	}
 }
@@ -218,7 +216,9 @@ func (s *syncer) syncOnce() error {
 	}
 	took := s.now().Sub(began)
 	s.o.Metrics.synced(full, took, res, s.state.Ports)
-	s.status.synced(s.state.Ports, full, took)
+	stale := StaleConntrack(s.status.programmed, s.state.Ports, s.pending)
+	s.status.synced(s.state.Ports, s.pending, full, took)
+	s.pending = make(map[cluster.Key]bool)
 	s.o.Logger.Debug("service proxy synced", "kind", kind, "changed", len(changed), "took", took)
 	s.mu.Lock()
 	s.lastOK, s.lastErr = s.now(), nil
@@ -229,7 +229,7 @@ func (s *syncer) syncOnce() error {
 		s.forceFull = false
 		s.lastFull = began
 	}
-	s.afterSync()
+	s.afterSync(stale)
 	if full && s.freeMemory != nil {
 		// Reading the whole state and the first sync leave garbage of
 		// several times the live heap (decoding 20,000 objects allocates
@@ -245,9 +245,7 @@ func (s *syncer) syncOnce() error {
 
 // afterSync does what follows a successful sync: stale conntrack entries
 // go, and the healthCheckNodePort servers follow the ports.
-func (s *syncer) afterSync() {
-	stale := StaleConntrack(s.applied, s.state.Ports, s.pending)
-	s.applied, s.pending = snapshot(s.state.Ports), make(map[cluster.Key]bool)
+func (s *syncer) afterSync(stale []ConntrackFilter) {
 	deleteStale(s.o.Conntrack, stale, s.o.Logger)
 	if s.o.HealthChecks != nil {
 		if err := s.o.HealthChecks.Sync(s.state.Ports); err != nil {
@@ -296,14 +294,6 @@ func (s *syncer) report(err error) {
 		return
 	}
 	s.o.Health.Set(HealthComponent, nil)
-}
-
-func snapshot(m map[cluster.Key][]*ServicePort) map[cluster.Key][]*ServicePort {
-	out := make(map[cluster.Key][]*ServicePort, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
 }
 
 // StaleUDP returns the conntrack entries to delete after the changed

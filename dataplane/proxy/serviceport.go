@@ -34,7 +34,11 @@ func (n PortName) String() string {
 	return fmt.Sprintf("%s:%s/%s", n.Service, n.Port, n.Protocol)
 }
 
-// Endpoint is one backend of a ServicePort.
+// Endpoint is one backend of a ServicePort: what every sync reads is held
+// here, what only topology and status read (node, zone, hints) stays in the
+// EndpointSlice's endpoint it points to, which the Store never changes. At
+// 10,000 Services × 10 that is 40 bytes an endpoint instead of 72, 3.2 MB
+// of proxyd's live heap.
 type Endpoint struct {
 	Addr        netip.Addr
 	Port        uint16
@@ -42,14 +46,38 @@ type Endpoint struct {
 	Serving     bool
 	Terminating bool
 	// Local is true when the endpoint runs on this node.
-	Local    bool
-	NodeName string
-	Zone     string
-	Hints    *cluster.Hints // shared with the EndpointSlice's endpoint
+	Local bool
+	// from is the slice endpoint this one was built from; nil for one a
+	// backend's test writes by hand.
+	from *cluster.Endpoint
 }
 
 // AddrPort is the endpoint's address and port.
 func (e Endpoint) AddrPort() netip.AddrPort { return netip.AddrPortFrom(e.Addr, e.Port) }
+
+// NodeName is the endpoint's nodeName, "" when unknown.
+func (e Endpoint) NodeName() string {
+	if e.from == nil {
+		return ""
+	}
+	return e.from.NodeName
+}
+
+// Zone is the endpoint's zone, "" when unknown.
+func (e Endpoint) Zone() string {
+	if e.from == nil {
+		return ""
+	}
+	return e.from.Zone
+}
+
+// Hints are the endpoint's topology hints, nil when it has none.
+func (e Endpoint) Hints() *cluster.Hints {
+	if e.from == nil {
+		return nil
+	}
+	return e.from.Hints
+}
 
 // ServicePort is one port of one Service, resolved for this node.
 //
@@ -229,15 +257,15 @@ func collectEndpoints(p cluster.ServicePort, eps []*cluster.EndpointSlice, node 
 		if port == 0 {
 			continue
 		}
-		for _, e := range es.Endpoints {
+		for i := range es.Endpoints {
+			e := &es.Endpoints[i]
 			if len(e.Addresses) == 0 || !e.Addresses[0].Is4() {
 				continue
 			}
 			n := Endpoint{
 				Addr: e.Addresses[0], Port: port,
 				Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating,
-				Local: node.local(e.Addresses[0], e.NodeName), NodeName: e.NodeName, Zone: e.Zone,
-				Hints: e.Hints,
+				Local: node.local(e.Addresses[0], e.NodeName), from: e,
 			}
 			if old, ok := byAddr[n.AddrPort()]; ok && (old.Ready || !n.Ready && old.Serving) {
 				continue

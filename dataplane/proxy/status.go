@@ -68,8 +68,13 @@ type EndpointStatus struct {
 // statusLog keeps what Status reports, written by the syncer after each
 // sync, read by the status board from any goroutine.
 type statusLog struct {
-	mu         sync.Mutex
-	mode       string
+	mu   sync.Mutex
+	mode string
+	// programmed is what the kernel held after the last successful sync,
+	// brought up to date one changed Service at a time: a copy of all of
+	// it after every sync was 1 MB live and 1.3 MB of garbage a sync at
+	// 10,000 Services. Only the syncer writes it (under mu), so the syncer
+	// may read it without mu.
 	programmed map[cluster.Key][]*ServicePort
 	lastSync   time.Time
 	took       time.Duration
@@ -77,10 +82,21 @@ type statusLog struct {
 	lastErr    error
 }
 
-func (l *statusLog) synced(ports map[cluster.Key][]*ServicePort, full bool, took time.Duration) {
+// synced records a successful sync that made the kernel hold ports, in
+// which the Services in changed are all that differ from the last one.
+func (l *statusLog) synced(ports map[cluster.Key][]*ServicePort, changed map[cluster.Key]bool, full bool, took time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.programmed = snapshot(ports)
+	if l.programmed == nil {
+		l.programmed = make(map[cluster.Key][]*ServicePort, len(ports))
+	}
+	for k := range changed {
+		if sps, ok := ports[k]; ok {
+			l.programmed[k] = sps
+		} else {
+			delete(l.programmed, k)
+		}
+	}
 	l.lastSync, l.took, l.full, l.lastErr = time.Now(), took, full, nil
 }
 
@@ -100,10 +116,9 @@ func (l *statusLog) status(m *Metrics) Status {
 	if l.lastErr != nil {
 		st.LastError = l.lastErr.Error()
 	}
-	ports := l.programmed
+	st.Services = ServiceStatuses(l.programmed)
 	l.mu.Unlock()
 	st.PendingServiceChanges, st.PendingEndpointChanges = m.pending()
-	st.Services = ServiceStatuses(ports)
 	return st
 }
 
@@ -145,7 +160,7 @@ func portStatus(sp *ServicePort) PortStatus {
 		a := e.AddrPort().String()
 		es := byAddr[a]
 		if es == nil {
-			es = &EndpointStatus{Address: a, Node: e.NodeName, Ready: e.Ready, Terminating: e.Terminating}
+			es = &EndpointStatus{Address: a, Node: e.NodeName(), Ready: e.Ready, Terminating: e.Terminating}
 			byAddr[a] = es
 		}
 		if cluster {

@@ -189,3 +189,44 @@ func TestPeriodicFullSyncBuildsNothing(t *testing.T) {
 		t.Errorf("a periodic full sync of %d Services allocated %.0f times: it built the state again", services, allocs)
 	}
 }
+
+// TestStatusIsWhatTheKernelHolds: the status lists what the last
+// successful sync programmed, updated one changed Service at a time: a
+// Service deleted while a sync fails is still listed, and gone once a sync
+// succeeds; an endpoint's node comes from its EndpointSlice.
+func TestStatusIsWhatTheKernelHolds(t *testing.T) {
+	st := cluster.NewStore()
+	objs := append(svcObjs(0), svcObjs(1)...)
+	objs[1].(*cluster.EndpointSlice).Endpoints[0].NodeName = "n2"
+	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, objs)
+	st.MarkSynced()
+	b := &fakeBackend{sig: make(chan struct{}, 1)}
+	s := newSyncer(Options{Store: st, NodeName: "n1", Backend: b, SyncPeriod: time.Minute})
+	names := func() (out []string) {
+		for _, ss := range s.status.status(s.o.Metrics).Services {
+			out = append(out, ss.Name)
+		}
+		return out
+	}
+	if err := s.syncOnce(); err != nil {
+		t.Fatal(err)
+	}
+	got := s.status.status(s.o.Metrics).Services
+	if len(got) != 2 || got[0].Name != "s0" || got[0].Ports[0].Endpoints[0].Node != "n2" {
+		t.Fatalf("status after the first sync: %+v, want s0 (endpoint on n2) and s1", got)
+	}
+	b.fail = 1
+	st.Delete(cluster.KindService, cluster.Key{Namespace: "ns", Name: "s1"})
+	if s.syncOnce() == nil {
+		t.Fatal("sync with a failing backend succeeded")
+	}
+	if n := names(); len(n) != 2 {
+		t.Errorf("status after a failed sync lists %v, want s0 and s1 as still programmed", n)
+	}
+	if err := s.syncOnce(); err != nil {
+		t.Fatal(err)
+	}
+	if n := names(); len(n) != 1 || n[0] != "s0" {
+		t.Errorf("status after the deletion was programmed lists %v, want s0", n)
+	}
+}

@@ -71,14 +71,14 @@ func hintFilter(eps []Endpoint, node NodeInfo) (f func(Endpoint) bool, hinted bo
 			continue
 		}
 		anyReady = true
-		if len(e.Hints.ForNodes()) == 0 {
+		if len(e.Hints().ForNodes()) == 0 {
 			allNodeHints = false
-		} else if slices.Contains(e.Hints.ForNodes(), node.Name) {
+		} else if slices.Contains(e.Hints().ForNodes(), node.Name) {
 			forNode = true
 		}
-		if len(e.Hints.ForZones()) == 0 {
+		if len(e.Hints().ForZones()) == 0 {
 			allZoneHints = false
-		} else if slices.Contains(e.Hints.ForZones(), node.Zone) {
+		} else if slices.Contains(e.Hints().ForZones(), node.Zone) {
 			forZone = true
 		}
 	}
@@ -86,9 +86,9 @@ func hintFilter(eps []Endpoint, node NodeInfo) (f func(Endpoint) bool, hinted bo
 	case !anyReady:
 		return anyEndpoint, true
 	case allNodeHints && forNode:
-		return func(e Endpoint) bool { return slices.Contains(e.Hints.ForNodes(), node.Name) }, true
+		return func(e Endpoint) bool { return slices.Contains(e.Hints().ForNodes(), node.Name) }, true
 	case allZoneHints && forZone:
-		return func(e Endpoint) bool { return slices.Contains(e.Hints.ForZones(), node.Zone) }, true
+		return func(e Endpoint) bool { return slices.Contains(e.Hints().ForZones(), node.Zone) }, true
 	}
 	return anyEndpoint, allNodeHints || allZoneHints
 }
@@ -97,7 +97,7 @@ func hintFilter(eps []Endpoint, node NodeInfo) (f func(Endpoint) bool, hinted bo
 // and zone.
 func distributionFilter(eps []Endpoint, trafficDistribution string, node NodeInfo) func(Endpoint) bool {
 	sameNode := func(e Endpoint) bool { return e.Local }
-	sameZone := func(e Endpoint) bool { return node.Zone != "" && e.Zone == node.Zone }
+	sameZone := func(e Endpoint) bool { return node.Zone != "" && e.Zone() == node.Zone }
 	hasReady := func(f func(Endpoint) bool) bool {
 		return slices.ContainsFunc(eps, func(e Endpoint) bool { return e.Ready && f(e) })
 	}
