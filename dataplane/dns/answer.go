@@ -49,6 +49,9 @@ func (z *Zone) answer(buf []byte, r *request) ([]byte, *node, zoneResult) {
 	}
 	n := s.names[string(r.lower)]
 	if n == nil {
+		if e, pos, count := s.endpoint(r, rel); count > 0 {
+			return endpointAnswer(buf, r, s, e, pos, count, zoneOff)
+		}
 		if addr, ok := s.podAddr(r, rel); ok {
 			return podAnswer(buf, r, s, addr, zoneOff), nil, answered
 		}
@@ -76,11 +79,9 @@ func (z *Zone) answerOutside(buf []byte, s *snapshot, r *request) ([]byte, *node
 	}
 	if r.qtype == typePTR {
 		if a, ok := reverseAddr(r); ok {
-			if set := s.ptr[a]; set != nil {
-				buf = replyHeader(buf, r, flagAA, rcodeSuccess)
-				buf = append(buf, set.an...)
-				setCounts(buf, int(set.n), 0, 0)
-				return withOPT(buf, r), nil, answered
+			if resp, n := s.appendPTR(replyHeader(buf, r, flagAA, rcodeSuccess), a); n > 0 {
+				setCounts(resp, n, 0, 0)
+				return withOPT(resp, r), nil, answered
 			}
 		}
 		return buf, nil, notOurs

@@ -1,10 +1,7 @@
 package dns
 
 import (
-	"encoding/binary"
 	"net/netip"
-	"slices"
-	"strings"
 )
 
 // Wire encoding of the index's records: every answer is encoded once, when
@@ -122,11 +119,7 @@ func entryNode(es []srvEntry, ttl uint32) *node {
 		}
 		if k := (srvKey{string(e.target), e.port}); !seenSRV[k] {
 			seenSRV[k] = true
-			rd := binary.BigEndian.AppendUint16(nil, 0)
-			rd = binary.BigEndian.AppendUint16(rd, weight)
-			rd = binary.BigEndian.AppendUint16(rd, uint16(e.port))
-			rd = append(rd, e.target...)
-			srv.an = appendRR(srv.an, ptrTo(headerLen), typeSRV, ttl, rd)
+			srv.an = appendSRV(srv.an, weight, uint16(e.port), e.target, ttl)
 			srv.n++
 		}
 		if k := (exKey{string(e.target), e.addr}); !seenEx[k] {
@@ -165,40 +158,4 @@ func appendAddrRR(buf, owner []byte, a netip.Addr, ttl uint32) []byte {
 	}
 	b := a.As16()
 	return appendRR(buf, owner, typeAAAA, ttl, b[:])
-}
-
-// ptrRecords encodes the PTR answer for one address: the Service whose
-// ClusterIP it is, else every endpoint name it has (CoreDNS's order of
-// preference).
-func ptrRecords(owners []ptrOwner, ttl uint32) *rrset {
-	if len(owners) == 0 {
-		return nil
-	}
-	sorted := slices.Clone(owners)
-	slices.SortStableFunc(sorted, func(a, b ptrOwner) int {
-		if a.clusterIP != b.clusterIP {
-			if a.clusterIP {
-				return -1
-			}
-			return 1
-		}
-		return strings.Compare(a.svc.String(), b.svc.String())
-	})
-	set := &rrset{}
-	seen := map[string]bool{}
-	for _, o := range sorted {
-		if sorted[0].clusterIP && !o.clusterIP {
-			break
-		}
-		if seen[string(o.target)] {
-			continue
-		}
-		seen[string(o.target)] = true
-		set.an = appendRR(set.an, ptrTo(headerLen), typePTR, ttl, o.target)
-		set.n++
-		if o.clusterIP {
-			break
-		}
-	}
-	return set
 }

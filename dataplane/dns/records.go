@@ -2,6 +2,7 @@ package dns
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/podnet/podnet/dataplane/cluster"
@@ -14,15 +15,12 @@ type namedNode struct {
 	node *node
 }
 
-type ptrRecord struct {
-	addr  netip.Addr
-	owner ptrOwner
-}
-
 type svcRecords struct {
 	base  *node // the Service's own name, nil when it has no records
 	names []namedNode
-	ptrs  []ptrRecord
+	// entry holds its endpoint names and is the owner of its reverse
+	// records.
+	entry *svcEntry
 }
 
 // srvEntry is one (address, port) pair behind a name. Port -1 stands for an
@@ -33,21 +31,30 @@ type srvEntry struct {
 	target []byte
 }
 
-// endpointHostname is the label an endpoint address is known by: its
-// hostname, else its address with dots or colons turned into dashes.
-func endpointHostname(hostname string, a netip.Addr) string {
+// appendHost appends the host part of an endpoint's name, its labels in
+// wire format without the root: its hostname, else its address with dots or
+// colons turned into dashes.
+func appendHost(b []byte, hostname string, a netip.Addr) []byte {
 	if hostname != "" {
-		return strings.ToLower(hostname)
+		b = appendWireName(b, hostname)
+		return b[:len(b)-1]
 	}
-	s := a.String()
-	if a.Is4() {
-		return strings.ReplaceAll(s, ".", "-")
+	at := len(b)
+	b = a.AppendTo(append(b, 0))
+	sep := byte('.')
+	if !a.Is4() {
+		sep = ':'
 	}
-	s = strings.ReplaceAll(s, ":", "-")
-	if strings.HasSuffix(s, "-") {
-		s += "0"
+	for i := at + 1; i < len(b); i++ {
+		if b[i] == sep {
+			b[i] = '-'
+		}
 	}
-	return s
+	if b[len(b)-1] == '-' {
+		b = append(b, '0')
+	}
+	b[at] = byte(len(b) - at - 1)
+	return b
 }
 
 func protoLabel(p cluster.Protocol) string {
@@ -57,70 +64,53 @@ func protoLabel(p cluster.Protocol) string {
 	return "_" + strings.ToLower(string(p))
 }
 
+// recScratch is reused from one Service's records to the next, so that
+// building them leaves only what the index keeps.
+type recScratch struct {
+	hosts []byte
+	eps   []epEntry
+}
+
 // serviceRecords computes every name one Service owns. It is pure: the same
 // Service, slices and pod hostnames give the same records.
-func serviceRecords(svc *cluster.Service, eps []*cluster.EndpointSlice, podHost func(ns, pod, svc string) string, zone []byte, ttl uint32) svcRecords {
+func serviceRecords(svc *cluster.Service, eps []*cluster.EndpointSlice, podHost func(ns, pod, svc string) string, zone []byte, ttl uint32, sc *recScratch) svcRecords {
 	svcName := joinWire(wireName(svc.Name+"."+svc.Namespace+".svc"), zone)
+	out := svcRecords{entry: &svcEntry{key: svc.Key(), name: string(svcName)}}
 	if svc.Type == cluster.ServiceTypeExternalName {
-		return externalNameRecords(svc, svcName)
+		externalNameRecords(&out, svc)
+		return out
 	}
-	eas := readyAddrs(svc, eps, podHost, svcName)
 	// Endpoint names exist for every Service with endpoints, headless or not.
-	out := endpointRecords(eas, ttl)
+	out.entry.setEndpoints(svc, eps, podHost, sc)
 	if svc.Headless {
-		headlessRecords(&out, eas, svcName, ttl)
+		headlessRecords(&out, ttl)
 	} else {
-		clusterIPRecords(&out, svc, svcName, ttl)
+		clusterIPRecords(&out, svc, ttl)
 	}
+	out.entry.index(ttl)
 	return out
 }
 
 // externalNameRecords is the CNAME of an ExternalName Service.
-func externalNameRecords(svc *cluster.Service, svcName []byte) svcRecords {
-	var out svcRecords
+func externalNameRecords(out *svcRecords, svc *cluster.Service) {
 	target := strings.TrimSuffix(svc.ExternalName, ".")
 	if _, err := netip.ParseAddr(target); err == nil || target == "" {
-		return out // an address is not a CNAME target; the name does not exist
+		return // an address is not a CNAME target; the name does not exist
 	}
 	out.base = packNode(rrset{}, rrset{}, rrset{}, rrset{}, target+".")
-	out.names = append(out.names, namedNode{string(svcName), out.base})
-	return out
+	out.names = append(out.names, namedNode{out.entry.name, out.base})
 }
 
-// epAddr is one ready endpoint address, with the ports of its slice.
-type epAddr struct {
-	addr  netip.Addr
-	host  []byte // wire name <host>.<svc>.<ns>.svc.<zone>
-	ports []cluster.EndpointPort
-}
-
-// entries are the address's SRV entries for the ports match accepts (all
-// when nil). A slice without ports gives one entry without a port, counted
-// only when every port is asked for.
-func (e epAddr) entries(match func(cluster.EndpointPort) bool) []srvEntry {
-	if len(e.ports) == 0 {
-		if match == nil {
-			return []srvEntry{{addr: e.addr, port: -1, target: e.host}}
-		}
-		return nil
-	}
-	var es []srvEntry
-	for _, p := range e.ports {
-		if match == nil || match(p) {
-			es = append(es, srvEntry{addr: e.addr, port: int32(p.Port), target: e.host})
-		}
-	}
-	return es
-}
-
-// readyAddrs lists the addresses of the Service's endpoints that DNS
-// publishes: ready ones (all with publishNotReadyAddresses), of IP slices.
-func readyAddrs(svc *cluster.Service, eps []*cluster.EndpointSlice, podHost func(ns, pod, svc string) string, svcName []byte) []epAddr {
-	var eas []epAddr
+// setEndpoints records the addresses of the Service's endpoints that DNS
+// publishes: ready ones (all with publishNotReadyAddresses), of IP slices,
+// in slice order.
+func (e *svcEntry) setEndpoints(svc *cluster.Service, eps []*cluster.EndpointSlice, podHost func(ns, pod, svc string) string, sc *recScratch) {
+	sc.hosts, sc.eps = sc.hosts[:0], sc.eps[:0]
 	for _, sl := range eps {
 		if sl.AddressType != "IPv4" && sl.AddressType != "IPv6" && sl.AddressType != "" {
 			continue
 		}
+		ports := -1
 		for _, ep := range sl.Endpoints {
 			if !ep.Ready && !svc.PublishNotReadyAddresses {
 				continue
@@ -130,33 +120,20 @@ func readyAddrs(svc *cluster.Service, eps []*cluster.EndpointSlice, podHost func
 				hostname = podHost(svc.Namespace, ep.TargetPod, svc.Name)
 			}
 			for _, a := range ep.Addresses {
+				if ports < 0 {
+					e.ports = append(e.ports, sl.Ports)
+					ports = len(e.ports) - 1
+				}
 				a = a.Unmap()
-				h := endpointHostname(hostname, a)
-				eas = append(eas, epAddr{addr: a, host: joinWire(wireName(h), svcName), ports: sl.Ports})
+				sc.eps = append(sc.eps, epEntry{addr: a, host: uint32(len(sc.hosts)), ports: uint32(ports)})
+				sc.hosts = appendHost(sc.hosts, hostname, a)
 			}
 		}
 	}
-	return eas
-}
-
-// endpointRecords are the per-endpoint names (<host>.<svc>...) and their
-// reverse records.
-func endpointRecords(eas []epAddr, ttl uint32) svcRecords {
-	var out svcRecords
-	byHost := map[string][]srvEntry{}
-	var hostOrder []string
-	for _, e := range eas {
-		k := string(e.host)
-		if _, ok := byHost[k]; !ok {
-			hostOrder = append(hostOrder, k)
-		}
-		byHost[k] = append(byHost[k], e.entries(nil)...)
-		out.ptrs = append(out.ptrs, ptrRecord{addr: e.addr, owner: ptrOwner{target: e.host}})
+	if len(sc.eps) > 0 {
+		e.eps = slices.Clone(sc.eps)
+		e.hosts = string(sc.hosts)
 	}
-	for _, h := range hostOrder {
-		out.names = append(out.names, namedNode{h, entryNode(byHost[h], ttl)})
-	}
-	return out
 }
 
 // portName is the relative name _<port>._<proto> of a named port.
@@ -173,29 +150,32 @@ func samePort(aName string, aProto cluster.Protocol, bName string, bProto cluste
 // addresses) and one _port._proto name per named port of any slice. A
 // headless Service without ready endpoints has no name (NXDOMAIN, as
 // CoreDNS).
-func headlessRecords(out *svcRecords, eas []epAddr, svcName []byte, ttl uint32) {
+func headlessRecords(out *svcRecords, ttl uint32) {
+	e := out.entry
+	targets := make([][]byte, len(e.eps))
 	var all []srvEntry
-	for _, e := range eas {
-		all = append(all, e.entries(nil)...)
+	for i := range e.eps {
+		targets[i] = e.appendTarget(nil, i)
+		all = append(all, e.entries(i, targets[i], nil)...)
 	}
 	if len(all) == 0 {
 		return
 	}
 	out.base = entryNode(all, ttl)
-	out.names = append(out.names, namedNode{string(svcName), out.base})
+	out.names = append(out.names, namedNode{e.name, out.base})
 	seen := map[string]bool{}
-	for _, e := range eas {
-		for _, p := range e.ports {
+	for _, ep := range e.eps {
+		for _, p := range e.ports[ep.ports] {
 			rel := portName(p.Name, p.Protocol)
 			if p.Name == "" || seen[rel] {
 				continue
 			}
 			seen[rel] = true
 			var es []srvEntry
-			for _, e2 := range eas {
-				es = append(es, e2.entries(func(q cluster.EndpointPort) bool { return samePort(q.Name, q.Protocol, p.Name, p.Protocol) })...)
+			for j := range e.eps {
+				es = append(es, e.entries(j, targets[j], func(q cluster.EndpointPort) bool { return samePort(q.Name, q.Protocol, p.Name, p.Protocol) })...)
 			}
-			out.names = append(out.names, namedNode{string(joinWire(wireName(rel), svcName)), shared(out.base, entryNode(es, ttl))})
+			out.names = append(out.names, namedNode{string(joinWire(wireName(rel), []byte(e.name))), shared(out.base, entryNode(es, ttl))})
 		}
 	}
 }
@@ -204,10 +184,12 @@ func headlessRecords(out *svcRecords, eas []epAddr, svcName []byte, ttl uint32) 
 // NodePort, LoadBalancer): its own, one per named port, and the reverse
 // records of its cluster IPs. A Service without ports has no name, as in
 // CoreDNS.
-func clusterIPRecords(out *svcRecords, svc *cluster.Service, svcName []byte, ttl uint32) {
+func clusterIPRecords(out *svcRecords, svc *cluster.Service, ttl uint32) {
 	if len(svc.Ports) == 0 || len(svc.ClusterIPs) == 0 {
 		return
 	}
+	e := out.entry
+	svcName := []byte(e.name)
 	entries := func(match func(cluster.ServicePort) bool) []srvEntry {
 		var es []srvEntry
 		for _, p := range svc.Ports {
@@ -221,7 +203,7 @@ func clusterIPRecords(out *svcRecords, svc *cluster.Service, svcName []byte, ttl
 		return es
 	}
 	out.base = entryNode(entries(nil), ttl)
-	out.names = append(out.names, namedNode{string(svcName), out.base})
+	out.names = append(out.names, namedNode{e.name, out.base})
 	for _, p := range svc.Ports {
 		if p.Name == "" {
 			continue
@@ -230,7 +212,8 @@ func clusterIPRecords(out *svcRecords, svc *cluster.Service, svcName []byte, ttl
 		es := entries(func(q cluster.ServicePort) bool { return samePort(q.Name, q.Protocol, p.Name, p.Protocol) })
 		out.names = append(out.names, namedNode{string(joinWire(wireName(rel), svcName)), shared(out.base, entryNode(es, ttl))})
 	}
+	e.clusterIPs = make([]netip.Addr, 0, len(svc.ClusterIPs))
 	for _, ip := range svc.ClusterIPs {
-		out.ptrs = append(out.ptrs, ptrRecord{addr: ip.Unmap(), owner: ptrOwner{clusterIP: true, target: svcName}})
+		e.clusterIPs = append(e.clusterIPs, ip.Unmap())
 	}
 }

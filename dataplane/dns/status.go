@@ -1,6 +1,7 @@
 package dns
 
 import (
+	"net/netip"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -49,14 +50,20 @@ func Report(z *Zone, fwd *Forwarder, cache *Cache, m *Metrics) Status {
 	snap := z.snap.Load()
 	st := Status{Synced: snap.synced}
 	domain := strings.Trim(z.opts.Domain, ".") + "."
-	st.Zones = append(st.Zones, ZoneStatus{Name: domain, Records: len(snap.names)})
+	st.Zones = append(st.Zones, ZoneStatus{Name: domain, Records: len(snap.names) + snap.endpointNames()})
 	var v4, v6 int
-	for a := range snap.ptr {
+	count := func(a netip.Addr) {
 		if a.Is4() {
 			v4++
 		} else {
 			v6++
 		}
+	}
+	for a := range snap.ptr {
+		count(a)
+	}
+	for a := range snap.ptrMulti {
+		count(a)
 	}
 	st.Zones = append(st.Zones, ZoneStatus{Name: "in-addr.arpa.", Records: v4}, ZoneStatus{Name: "ip6.arpa.", Records: v6})
 	if fwd != nil {

@@ -254,16 +254,20 @@ func ptrTo(off int) []byte { return []byte{byte(0xC0 | off>>8), byte(off)} }
 // lowercase wire format. Names here are built from Kubernetes object names,
 // which are valid DNS labels; nothing needs escaping.
 func wireName(name string) []byte {
+	return appendWireName(make([]byte, 0, len(name)+2), name)
+}
+
+// appendWireName appends wireName(name) to b.
+func appendWireName(b []byte, name string) []byte {
 	name = strings.TrimSuffix(strings.ToLower(name), ".")
-	out := make([]byte, 0, len(name)+2)
 	if name == "" {
-		return append(out, 0)
+		return append(b, 0)
 	}
 	for label := range strings.SplitSeq(name, ".") {
-		out = append(out, byte(len(label)))
-		out = append(out, label...)
+		b = append(b, byte(len(label)))
+		b = append(b, label...)
 	}
-	return append(out, 0)
+	return append(b, 0)
 }
 
 // presentName converts a wire name back to presentation form (for logs and

@@ -7,7 +7,9 @@
 // Speed comes from never touching cluster objects on the query path: the Zone
 // keeps, per lowercased wire-format name, the answer records already encoded
 // on the wire with the owner written as a compression pointer to the question.
-// Answering is a map lookup and a few appends. The index is an immutable
+// Answering is a map lookup and a few appends. Endpoint names and reverse
+// records, most of a cluster's names, are kept compact instead and encoded
+// when asked, with as few appends (endpoints.go). The index is an immutable
 // snapshot behind an atomic pointer; Store events mark Services (and Pods)
 // dirty, and a flush recomputes only those and publishes a new snapshot.
 package dns
@@ -90,7 +92,11 @@ type snapshot struct {
 	synced     bool
 	pods       PodMode
 	names      map[string]*node
-	ptr        map[netip.Addr]*rrset
+	eps        map[string]*svcEntry // by Service wire name: its endpoint names
+	// ptr holds the reverse records of addresses with one owner, ptrMulti
+	// (as rarely needed) those of addresses with more, in answer order.
+	ptr        map[netip.Addr]ptrRef
+	ptrMulti   map[netip.Addr][]ptrRef
 	namespaces map[string]struct{}
 	podIPs     map[string]map[netip.Addr]struct{} // verified mode: namespace → pod addresses
 	nsAddrs    []netip.Addr                       // ns.dns.<zone>
@@ -159,7 +165,9 @@ func (z *Zone) emptySnapshot() *snapshot {
 		ttl:        z.opts.TTL,
 		pods:       z.opts.Pods,
 		names:      map[string]*node{},
-		ptr:        map[netip.Addr]*rrset{},
+		eps:        map[string]*svcEntry{},
+		ptr:        map[netip.Addr]ptrRef{},
+		ptrMulti:   map[netip.Addr][]ptrRef{},
 		namespaces: map[string]struct{}{},
 	}
 }
@@ -258,31 +266,29 @@ func (z *Zone) Flush() {
 // builder holds what the index needs to undo a Service's or Pod's previous
 // contribution. Only Flush touches it.
 type builder struct {
-	svcNames   map[cluster.Key][]string
-	svcPTR     map[cluster.Key][]netip.Addr
-	ptrOwners  map[netip.Addr][]ptrOwner
+	svcs       map[cluster.Key]*svcEntry
 	nsRefs     map[string]int // namespace → Services and Pods in it
 	nsObjects  map[string]bool
 	podIPs     map[cluster.Key][]netip.Addr
 	podHosts   map[cluster.Key][2]string // hostname, subdomain
 	dnsService []netip.Addr
-}
-
-type ptrOwner struct {
-	svc       cluster.Key
-	clusterIP bool
-	target    []byte
+	scratch    recScratch
 }
 
 // apply recomputes the dirty parts of s (a copy of the previous snapshot
 // whose maps are still shared) and reports whether any record changed.
 // Pods go first: their hostnames feed the Services' endpoint names.
 func (b *builder) apply(z *Zone, s *snapshot, p pending) bool {
-	if p.all || b.svcNames == nil {
+	full := p.all || b.svcs == nil
+	if full {
 		b.reset(z, s, &p)
 	} else {
 		s.names = maps.Clone(s.names)
+	}
+	if !full && len(p.services) > 0 {
+		s.eps = maps.Clone(s.eps)
 		s.ptr = maps.Clone(s.ptr)
+		s.ptrMulti = maps.Clone(s.ptrMulti)
 	}
 	if len(p.pods) > 0 && s.pods == PodsVerified {
 		s.podIPs = maps.Clone(s.podIPs)
@@ -293,18 +299,13 @@ func (b *builder) apply(z *Zone, s *snapshot, p pending) bool {
 			b.addPod(s, key, pod)
 		}
 	}
-	dirtyPTR := map[netip.Addr]struct{}{}
-	for key := range p.services {
-		b.removeService(z, s, key, dirtyPTR)
-		if svc := z.store.Service(key); svc != nil {
-			b.addService(z, s, key, svc, dirtyPTR)
-		}
+	if full {
+		b.addAll(z, s)
 	}
-	for a := range dirtyPTR {
-		if set := ptrRecords(b.ptrOwners[a], s.ttl); set != nil {
-			s.ptr[a] = set
-		} else {
-			delete(s.ptr, a)
+	for key := range p.services {
+		b.removeService(z, s, key)
+		if svc := z.store.Service(key); svc != nil {
+			b.addService(z, s, key, svc, b.records(z, s, svc))
 		}
 	}
 	if p.namespaces {
@@ -319,31 +320,57 @@ func (b *builder) apply(z *Zone, s *snapshot, p pending) bool {
 		a, aaaa := addressSets(s.nsAddrs, s.ttl)
 		s.names[string(joinWire(wireName("ns.dns"), s.zone))] = packNode(a, aaaa, rrset{}, rrset{}, "")
 	}
-	return p.all || len(p.pods) > 0 || len(p.services) > 0 || p.namespaces
+	return full || len(p.pods) > 0 || len(p.services) > 0 || p.namespaces
 }
 
 // reset empties the builder and s for a rebuild of everything the store
-// holds, and marks all of it pending.
+// holds, and marks its Pods and Namespaces pending; addAll adds the
+// Services.
 func (b *builder) reset(z *Zone, s *snapshot, p *pending) {
 	*b = builder{
-		svcNames: map[cluster.Key][]string{}, svcPTR: map[cluster.Key][]netip.Addr{},
-		ptrOwners: map[netip.Addr][]ptrOwner{}, nsRefs: map[string]int{}, nsObjects: map[string]bool{},
+		svcs: map[cluster.Key]*svcEntry{}, nsRefs: map[string]int{}, nsObjects: map[string]bool{},
 		podIPs: map[cluster.Key][]netip.Addr{}, podHosts: map[cluster.Key][2]string{},
 	}
-	s.names = map[string]*node{}
-	s.ptr = map[netip.Addr]*rrset{}
 	s.namespaces = map[string]struct{}{}
 	s.podIPs = map[string]map[netip.Addr]struct{}{}
-	p.services = map[cluster.Key]struct{}{}
+	p.services = nil
 	p.pods = map[cluster.Key]struct{}{}
-	for _, svc := range z.store.Services() {
-		p.services[svc.Key()] = struct{}{}
-	}
 	for _, pod := range z.store.Pods() {
 		p.pods[pod.Key()] = struct{}{}
 	}
 	p.namespaces = true
+}
+
+// addAll builds the index of every Service in one pass: their records
+// first, then maps of the size they need, so that the index is made
+// without the garbage of maps growing (at 10,000 Services × 10 endpoints
+// that garbage was left as holes in the heap).
+func (b *builder) addAll(z *Zone, s *snapshot) {
+	svcs := z.store.Services()
+	recs := make([]svcRecords, len(svcs))
+	names, eps, ptrs := 0, 0, 0
+	for i, svc := range svcs {
+		recs[i] = b.records(z, s, svc)
+		names += len(recs[i].names) + 2 // and the short names
+		if e := recs[i].entry; len(e.eps) > 0 {
+			eps++
+			ptrs += len(e.eps)
+		}
+		ptrs += len(recs[i].entry.clusterIPs)
+	}
+	s.names = make(map[string]*node, names+2*len(b.nsRefs)+16)
+	s.eps = make(map[string]*svcEntry, eps)
+	s.ptr = make(map[netip.Addr]ptrRef, ptrs)
+	s.ptrMulti = map[netip.Addr][]ptrRef{}
 	z.addFixedNames(s)
+	b.svcs = make(map[cluster.Key]*svcEntry, len(svcs))
+	for i, svc := range svcs {
+		b.addService(z, s, svc.Key(), svc, recs[i])
+	}
+}
+
+func (b *builder) records(z *Zone, s *snapshot, svc *cluster.Service) svcRecords {
+	return serviceRecords(svc, z.store.EndpointSlicesFor(svc.Key()), b.podHostname, s.zone, s.ttl, &b.scratch)
 }
 
 // The remove functions undo everything the add functions record: they are
@@ -370,41 +397,43 @@ func (b *builder) addPod(s *snapshot, key cluster.Key, pod *cluster.Pod) {
 	}
 }
 
-// removeService deletes key's names and reverse-record claims; the
-// addresses whose PTR answers must be recomputed go to dirtyPTR.
-func (b *builder) removeService(z *Zone, s *snapshot, key cluster.Key, dirtyPTR map[netip.Addr]struct{}) {
-	for _, n := range b.svcNames[key] {
+// removeService deletes key's names and reverse-record claims.
+func (b *builder) removeService(z *Zone, s *snapshot, key cluster.Key) {
+	e := b.svcs[key]
+	if e == nil {
+		return
+	}
+	b.nsRefs[key.Namespace]--
+	delete(b.svcs, key)
+	for _, n := range e.names {
 		delete(s.names, n)
 	}
-	if _, had := b.svcNames[key]; had {
-		b.nsRefs[key.Namespace]--
+	if s.eps[e.name] == e {
+		delete(s.eps, e.name)
 	}
-	delete(b.svcNames, key)
-	for _, a := range b.svcPTR[key] {
-		b.ptrOwners[a] = slices.DeleteFunc(b.ptrOwners[a], func(o ptrOwner) bool { return o.svc == key })
-		if len(b.ptrOwners[a]) == 0 {
-			delete(b.ptrOwners, a)
-		}
-		dirtyPTR[a] = struct{}{}
+	for _, ep := range e.eps {
+		s.releasePTR(ep.addr, e)
 	}
-	delete(b.svcPTR, key)
+	for _, a := range e.clusterIPs {
+		s.releasePTR(a, e)
+	}
 	if key == z.opts.DNSService {
 		b.dnsService = nil
 	}
 }
 
-// addService puts svc's names into s and records them, and its reverse
-// records' claims, for removeService.
-func (b *builder) addService(z *Zone, s *snapshot, key cluster.Key, svc *cluster.Service, dirtyPTR map[netip.Addr]struct{}) {
+// addService puts svc's records into s and records them for
+// removeService.
+func (b *builder) addService(z *Zone, s *snapshot, key cluster.Key, svc *cluster.Service, recs svcRecords) {
 	b.nsRefs[key.Namespace]++
 	if key == z.opts.DNSService {
 		b.dnsService = slices.Clone(svc.ClusterIPs)
 	}
-	recs := serviceRecords(svc, z.store.EndpointSlicesFor(key), b.podHostname, s.zone, s.ttl)
-	names := make([]string, 0, len(recs.names))
+	e := recs.entry
+	e.names = make([]string, 0, len(recs.names)+2)
 	for _, nn := range recs.names {
 		s.names[nn.name] = nn.node
-		names = append(names, nn.name)
+		e.names = append(e.names, nn.name)
 	}
 	if z.opts.ShortNames && recs.base != nil {
 		for _, short := range []string{
@@ -412,18 +441,19 @@ func (b *builder) addService(z *Zone, s *snapshot, key cluster.Key, svc *cluster
 			string(wireName(svc.Name + "." + svc.Namespace + ".svc")),
 		} {
 			s.names[short] = recs.base
-			names = append(names, short)
+			e.names = append(e.names, short)
 		}
 	}
-	b.svcNames[key] = names
-	var addrs []netip.Addr
-	for _, po := range recs.ptrs {
-		po.owner.svc = key
-		b.ptrOwners[po.addr] = append(b.ptrOwners[po.addr], po.owner)
-		addrs = append(addrs, po.addr)
-		dirtyPTR[po.addr] = struct{}{}
+	b.svcs[key] = e
+	if len(e.eps) > 0 {
+		s.eps[e.name] = e
 	}
-	b.svcPTR[key] = addrs
+	for i, ep := range e.eps {
+		s.claimPTR(ep.addr, ptrRef{e: e, ep: int32(i)})
+	}
+	for _, a := range e.clusterIPs {
+		s.claimPTR(a, ptrRef{e: e, ep: -1})
+	}
 }
 
 // setNamespaces recomputes which namespaces exist and their svc and pod

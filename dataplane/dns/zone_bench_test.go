@@ -3,6 +3,7 @@ package dns
 import (
 	"fmt"
 	"net/netip"
+	"runtime"
 	"testing"
 
 	"github.com/podnet/podnet/dataplane/cluster"
@@ -55,4 +56,55 @@ func BenchmarkZoneBuild(b *testing.B) {
 			z.Flush()
 		}
 	})
+}
+
+// scaleBenchState is the state of make soak's scenario 6 as dnsd sees it:
+// 10,000 ClusterIP Services with one port, in 100 namespaces, × 10 ready
+// endpoints each (e2e/soak_scale_test.go writes the same).
+func scaleBenchState() *cluster.Store {
+	st := cluster.NewStore()
+	v4 := func(v uint32) netip.Addr {
+		return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+	}
+	const nodes, endpoints = 5000, 10
+	for s := range 10000 {
+		ns := fmt.Sprintf("ns-%02d", s%100)
+		name := fmt.Sprintf("s%05d", s)
+		st.Upsert(&cluster.Service{Namespace: ns, Name: name, Type: cluster.ServiceTypeClusterIP,
+			ClusterIPs: []netip.Addr{v4(10<<24 | 96<<16 | 1<<8 + uint32(s))},
+			Ports:      []cluster.ServicePort{{Name: "http", Protocol: cluster.TCP, Port: 80}}})
+		sl := &cluster.EndpointSlice{Namespace: ns, Name: name + "-x", ServiceName: name, AddressType: "IPv4",
+			Ports: []cluster.EndpointPort{{Name: "http", Protocol: cluster.TCP, Port: 8080}}}
+		for j := range endpoints {
+			k := s*endpoints + j
+			sl.Endpoints = append(sl.Endpoints, cluster.Endpoint{Ready: true,
+				Addresses: []netip.Addr{v4(10<<24 | 128<<16 + uint32(k%nodes)*256 + 2 + uint32(k/nodes))}})
+		}
+		st.Upsert(sl)
+	}
+	st.MarkSynced()
+	return st
+}
+
+// BenchmarkZoneHeap builds the index of scaleBenchState and reports the
+// live heap it holds ("index-MB": after a GC, less the store's) and the
+// garbage its build made ("garbage-MB").
+func BenchmarkZoneHeap(b *testing.B) {
+	st := scaleBenchState()
+	var ms runtime.MemStats
+	for b.Loop() {
+		runtime.GC()
+		runtime.ReadMemStats(&ms)
+		before, allocs := ms.HeapAlloc, ms.TotalAlloc
+		z := NewZone(st, ZoneOptions{ShortNames: true})
+		z.Flush()
+		runtime.ReadMemStats(&ms)
+		total := ms.TotalAlloc - allocs
+		runtime.GC()
+		runtime.ReadMemStats(&ms)
+		index := ms.HeapAlloc - before
+		b.ReportMetric(float64(index)/1e6, "index-MB")
+		b.ReportMetric(float64(total-index)/1e6, "garbage-MB")
+		runtime.KeepAlive(z)
+	}
 }

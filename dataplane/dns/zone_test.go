@@ -3,6 +3,7 @@ package dns
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -424,18 +425,10 @@ func TestIncrementalMatchesRebuild(t *testing.T) {
 		z.Flush()
 		fresh := NewZone(st, ZoneOptions{ShortNames: true, Pods: PodsVerified})
 		fresh.Flush()
+		if a, b := zoneDump(t, z), zoneDump(t, fresh); !maps.Equal(a, b) {
+			t.Fatalf("step %d: answers differ:\n incremental %v\n rebuilt     %v", i, slices.Sorted(maps.Keys(a)), slices.Sorted(maps.Keys(b)))
+		}
 		a, b := z.snap.Load(), fresh.snap.Load()
-		if !maps2Equal(a.names, b.names) {
-			t.Fatalf("step %d: names differ:\n incremental %v\n rebuilt     %v", i, sortedKeys(a.names), sortedKeys(b.names))
-		}
-		if len(a.ptr) != len(b.ptr) {
-			t.Fatalf("step %d: %d PTR addresses, rebuilt %d", i, len(a.ptr), len(b.ptr))
-		}
-		for k, v := range b.ptr {
-			if w := a.ptr[k]; w == nil || string(w.an) != string(v.an) {
-				t.Fatalf("step %d: PTR %s differs", i, k)
-			}
-		}
 		if fmt.Sprint(a.podIPs) != fmt.Sprint(b.podIPs) || fmt.Sprint(sortedKeys(a.namespaces)) != fmt.Sprint(sortedKeys(b.namespaces)) {
 			t.Fatalf("step %d: pods or namespaces differ: %v/%v vs %v/%v", i, a.podIPs, a.namespaces, b.podIPs, b.namespaces)
 		}
@@ -450,17 +443,53 @@ func TestIncrementalMatchesRebuild(t *testing.T) {
 	}
 }
 
-func maps2Equal(a, b map[string]*node) bool {
-	if len(a) != len(b) {
-		return false
+// zoneDump is every answer z gives for the names and reverse records it
+// holds, by question, with the SOA serial zeroed.
+func zoneDump(t testing.TB, z *Zone) map[string]string {
+	t.Helper()
+	snap := *z.snap.Load()
+	snap.serial = 0
+	z.snap.Store(&snap)
+	var names []string
+	for n := range snap.names {
+		names = append(names, presentName([]byte(n)))
 	}
-	for k, v := range a {
-		w, ok := b[k]
-		if !ok || fmt.Sprint(*v) != fmt.Sprint(*w) {
-			return false
+	for _, e := range snap.eps {
+		for pos := 0; pos < len(e.byHost); pos += e.run(pos) {
+			names = append(names, presentName(e.appendTarget(nil, int(e.byHost[pos]))))
 		}
 	}
-	return true
+	for a := range snap.ptr {
+		names = append(names, reverseName(a))
+	}
+	for a := range snap.ptrMulti {
+		names = append(names, reverseName(a))
+	}
+	s := NewServer(ServerOptions{Zone: z})
+	out := map[string]string{}
+	for _, n := range names {
+		for _, qt := range []uint16{mdns.TypeA, mdns.TypeAAAA, mdns.TypeSRV, mdns.TypeTXT, mdns.TypePTR, mdns.TypeCNAME} {
+			q := new(mdns.Msg)
+			q.SetQuestion(n, qt)
+			q.Id = 1
+			pkt, err := q.Pack()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp := s.Handle(context.Background(), pkt, true); resp != nil {
+				out[n+" "+mdns.TypeToString[qt]] = string(resp)
+			}
+		}
+	}
+	return out
+}
+
+func reverseName(a netip.Addr) string {
+	n, err := mdns.ReverseAddr(a.String())
+	if err != nil {
+		panic(err)
+	}
+	return n
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -470,4 +499,79 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// TestSharedAddresses covers the names and reverse records of addresses
+// more than one endpoint or Service claims, as they are answered and as
+// they change when a claim goes away.
+func TestSharedAddresses(t *testing.T) {
+	st := cluster.NewStore()
+	http := []cluster.EndpointPort{{Name: "http", Protocol: cluster.TCP, Port: 8080}}
+	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, []cluster.Object{
+		&cluster.Service{Namespace: "testns", Name: "a", ClusterIPs: addrs("10.96.5.1"), Ports: []cluster.ServicePort{{Name: "http", Protocol: cluster.TCP, Port: 80}}},
+		&cluster.Service{Namespace: "default", Name: "b", Headless: true},
+		&cluster.Service{Namespace: "testns", Name: "c", ClusterIPs: addrs("10.96.5.3"), Ports: []cluster.ServicePort{{Name: "http", Protocol: cluster.TCP, Port: 80}}},
+		// 10.244.9.9 is an endpoint of a (twice, named alike) and b (two
+		// hostnames); web has two addresses; 10.96.5.3 is c's cluster IP
+		// and an endpoint of a.
+		&cluster.EndpointSlice{Namespace: "testns", Name: "a-1", ServiceName: "a", AddressType: "IPv4", Ports: http,
+			Endpoints: []cluster.Endpoint{{Addresses: addrs("10.244.9.9"), Ready: true}, {Addresses: addrs("10.96.5.3"), Ready: true}}},
+		&cluster.EndpointSlice{Namespace: "testns", Name: "a-2", ServiceName: "a", AddressType: "IPv4", Ports: http,
+			Endpoints: []cluster.Endpoint{{Addresses: addrs("10.244.9.9"), Ready: true}}},
+		&cluster.EndpointSlice{Namespace: "default", Name: "b-1", ServiceName: "b", AddressType: "IPv4", Ports: http,
+			Endpoints: []cluster.Endpoint{
+				{Addresses: addrs("10.244.9.9"), Ready: true, Hostname: "web"},
+				{Addresses: addrs("10.244.9.10"), Ready: true, Hostname: "web"},
+				{Addresses: addrs("10.244.9.9"), Ready: true, Hostname: "db"},
+			}},
+	})
+	st.MarkSynced()
+	s, z := newTestServer(t, st, ZoneOptions{})
+	for _, c := range []zoneCase{
+		{qname: "9.9.244.10.in-addr.arpa.", qtype: mdns.TypePTR, answer: []string{
+			"9.9.244.10.in-addr.arpa. 5 IN PTR web.b.default.svc.cluster.local.",
+			"9.9.244.10.in-addr.arpa. 5 IN PTR db.b.default.svc.cluster.local.",
+			"9.9.244.10.in-addr.arpa. 5 IN PTR 10-244-9-9.a.testns.svc.cluster.local.",
+		}},
+		{qname: "3.5.96.10.in-addr.arpa.", qtype: mdns.TypePTR, answer: []string{"3.5.96.10.in-addr.arpa. 5 IN PTR c.testns.svc.cluster.local."}},
+		{qname: "10-244-9-9.a.testns.svc.cluster.local.", qtype: mdns.TypeSRV,
+			answer: []string{"10-244-9-9.a.testns.svc.cluster.local. 5 IN SRV 0 50 8080 10-244-9-9.a.testns.svc.cluster.local."},
+			extra:  []string{"10-244-9-9.a.testns.svc.cluster.local. 5 IN A 10.244.9.9"}},
+		{qname: "web.b.default.svc.cluster.local.", qtype: mdns.TypeA, answer: []string{
+			"web.b.default.svc.cluster.local. 5 IN A 10.244.9.9", "web.b.default.svc.cluster.local. 5 IN A 10.244.9.10"}},
+		{qname: "web.b.default.svc.cluster.local.", qtype: mdns.TypeSRV,
+			answer: []string{"web.b.default.svc.cluster.local. 5 IN SRV 0 50 8080 web.b.default.svc.cluster.local."},
+			extra:  []string{"web.b.default.svc.cluster.local. 5 IN A 10.244.9.9", "web.b.default.svc.cluster.local. 5 IN A 10.244.9.10"}},
+		{qname: "db.b.default.svc.cluster.local.", qtype: mdns.TypeA, answer: []string{"db.b.default.svc.cluster.local. 5 IN A 10.244.9.9"}},
+		nodata("db.b.default.svc.cluster.local.", mdns.TypeAAAA),
+		nodata("db.b.default.svc.cluster.local.", mdns.TypeTXT),
+		nxdomain("nope.b.default.svc.cluster.local.", mdns.TypeA),
+		nxdomain("x.web.b.default.svc.cluster.local.", mdns.TypeA),
+	} {
+		checkCase(t, s, z, c)
+	}
+	// The PTR records' order is answered as is: check it, not just the set.
+	m := query(t, s, "9.9.244.10.in-addr.arpa.", mdns.TypePTR, false)
+	var got []string
+	for _, rr := range m.Answer {
+		got = append(got, rr.(*mdns.PTR).Ptr)
+	}
+	if want := []string{"web.b.default.svc.cluster.local.", "db.b.default.svc.cluster.local.", "10-244-9-9.a.testns.svc.cluster.local."}; !slices.Equal(got, want) {
+		t.Errorf("PTR order %q, want %q", got, want)
+	}
+
+	st.Delete(cluster.KindService, cluster.Key{Namespace: "default", Name: "b"})
+	st.Delete(cluster.KindService, cluster.Key{Namespace: "testns", Name: "c"})
+	z.Flush()
+	for _, c := range []zoneCase{
+		{qname: "9.9.244.10.in-addr.arpa.", qtype: mdns.TypePTR, answer: []string{"9.9.244.10.in-addr.arpa. 5 IN PTR 10-244-9-9.a.testns.svc.cluster.local."}},
+		{qname: "3.5.96.10.in-addr.arpa.", qtype: mdns.TypePTR, answer: []string{"3.5.96.10.in-addr.arpa. 5 IN PTR 10-96-5-3.a.testns.svc.cluster.local."}},
+		{qname: "10.9.244.10.in-addr.arpa.", qtype: mdns.TypePTR, rcode: mdns.RcodeRefused},
+		nxdomain("web.b.default.svc.cluster.local.", mdns.TypeA),
+	} {
+		checkCase(t, s, z, c)
+	}
+	if snap := z.snap.Load(); len(snap.ptrMulti) != 0 {
+		t.Errorf("%d addresses with several owners left, want 0", len(snap.ptrMulti))
+	}
 }
