@@ -206,7 +206,8 @@ func (c *Cache) put(key []byte, m *mdns.Msg) *cacheEntry {
 	}
 	sh := c.shard(key)
 	sh.mu.Lock()
-	if len(sh.m) >= (c.opts.Size+cacheShards-1)/cacheShards {
+	// A key the shard holds is replaced in place: only a new one needs room.
+	if _, held := sh.m[string(key)]; !held && len(sh.m) >= (c.opts.Size+cacheShards-1)/cacheShards {
 		c.evictLocked(sh)
 	}
 	sh.m[string(key)] = e
