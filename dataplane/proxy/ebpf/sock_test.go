@@ -43,8 +43,12 @@ func TestMain(m *testing.M) {
 }
 
 // clientMain runs ops ("tcp|udp|cudp ADDR N;...") in the namespace and
-// prints one line per attempt: "ok ANSWER PEER" or "err ERROR".
+// prints one line per attempt: "ok ANSWER PEER" or "err ERROR". The op
+// "took - 0" prints how long the op before it took: timed by the parent, it
+// would include the process's start and exit (a second at exit under -race,
+// the race runtime's atexit_sleep_ms).
 func clientMain(nsPath, ops string) int {
+	var took time.Duration
 	for _, op := range strings.Split(ops, ";") {
 		var kind, addr string
 		var n int
@@ -52,34 +56,41 @@ func clientMain(nsPath, ops string) int {
 			fmt.Println("err bad op", op)
 			return 1
 		}
+		start := time.Now()
 		switch kind {
+		case "took":
+			fmt.Println("took", took)
 		case "lat":
 			fmt.Println(connectLatency(nsPath, addr, n))
-			continue
 		case "hold":
 			holdUDP(nsPath, addr)
-			continue
-		}
-		for range n {
-			var line string
-			err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
-				var err error
-				line, err = clientOnce(kind, addr)
-				return err
-			})
-			switch {
-			case errors.Is(err, syscall.ECONNREFUSED):
-				fmt.Println("err ECONNREFUSED")
-			case errors.Is(err, syscall.EHOSTUNREACH):
-				fmt.Println("err EHOSTUNREACH")
-			case err != nil:
-				fmt.Println("err", strings.ReplaceAll(err.Error(), "\n", " "))
-			default:
-				fmt.Println("ok", line)
+		default:
+			for range n {
+				fmt.Println(clientAttempt(nsPath, kind, addr))
 			}
 		}
+		took = time.Since(start)
 	}
 	return 0
+}
+
+// clientAttempt makes one attempt and says how it went.
+func clientAttempt(nsPath, kind, addr string) string {
+	var line string
+	err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
+		var err error
+		line, err = clientOnce(kind, addr)
+		return err
+	})
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "err ECONNREFUSED"
+	case errors.Is(err, syscall.EHOSTUNREACH):
+		return "err EHOSTUNREACH"
+	case err != nil:
+		return "err " + strings.ReplaceAll(err.Error(), "\n", " ")
+	}
+	return "ok " + line
 }
 
 // dialMapped connects an AF_INET6 socket to the v4-mapped form of addr (Go's
@@ -443,12 +454,12 @@ func TestSocketLB(t *testing.T) {
 		}
 	})
 	t.Run("no endpoints: ECONNREFUSED at once; none local for policy Local: unreachable", func(t *testing.T) {
-		start := time.Now()
-		if got := e.client(true, "tcp 10.96.0.13:80 3"); strings.Join(got, ",") != "err ECONNREFUSED,err ECONNREFUSED,err ECONNREFUSED" {
+		got := e.client(true, "tcp 10.96.0.13:80 3", "took - 0")
+		if strings.Join(got[:len(got)-1], ",") != "err ECONNREFUSED,err ECONNREFUSED,err ECONNREFUSED" {
 			t.Errorf("no endpoints: %v", got)
 		}
-		if took := time.Since(start); took > time.Second {
-			t.Errorf("refusals took %v", took)
+		if took, err := time.ParseDuration(strings.TrimPrefix(got[len(got)-1], "took ")); err != nil || took > time.Second {
+			t.Errorf("refusals took %q", got[len(got)-1])
 		}
 		if got := e.client(true, "tcp 10.96.0.15:80 1"); got[0] != "err EHOSTUNREACH" {
 			t.Errorf("internalTrafficPolicy Local without local endpoints: %v", got)
