@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"strings"
@@ -573,5 +574,111 @@ func TestSharedAddresses(t *testing.T) {
 	}
 	if snap := z.snap.Load(); len(snap.ptrMulti) != 0 {
 		t.Errorf("%d addresses with several owners left, want 0", len(snap.ptrMulti))
+	}
+}
+
+// randState adds to st about 40 Services of every kind (some replacing
+// others) with slices whose endpoints draw from a small pool of addresses,
+// so that addresses, hostnames and ports repeat within and across
+// Services, and a few Pods with hostnames.
+func randState(rng *rand.Rand, st *cluster.Store) {
+	pool := func() netip.Addr {
+		if rng.IntN(6) == 0 {
+			return netip.MustParseAddr(fmt.Sprintf("fd00::%x", rng.IntN(30)))
+		}
+		return netip.AddrFrom4([4]byte{10, 244, 0, byte(rng.IntN(60))})
+	}
+	nss := []string{"a", "a-b", "b", "kube-system"}
+	pnames := []string{"", "http", "dns", "HTTP"}
+	protos := []cluster.Protocol{cluster.TCP, cluster.UDP, ""}
+	for i := range 40 {
+		ns := nss[rng.IntN(len(nss))]
+		name := fmt.Sprintf("s%d", rng.IntN(30))
+		svc := &cluster.Service{Namespace: ns, Name: name, Type: cluster.ServiceTypeClusterIP}
+		switch rng.IntN(6) {
+		case 0:
+			svc.Headless = true
+		case 1:
+			svc.Headless = true
+			svc.PublishNotReadyAddresses = true
+		case 2:
+			svc.Type = cluster.ServiceTypeExternalName
+			svc.ExternalName = "x.example.test"
+		default:
+			svc.ClusterIPs = []netip.Addr{netip.AddrFrom4([4]byte{10, 96, 0, byte(rng.IntN(40))})}
+			if rng.IntN(4) == 0 {
+				svc.ClusterIPs = append(svc.ClusterIPs, netip.MustParseAddr(fmt.Sprintf("fd00::%x", rng.IntN(30))))
+			}
+			if rng.IntN(5) == 0 {
+				svc.ClusterIPs = append(svc.ClusterIPs, pool())
+			}
+			for range rng.IntN(3) {
+				svc.Ports = append(svc.Ports, cluster.ServicePort{Name: pnames[rng.IntN(len(pnames))], Protocol: protos[rng.IntN(3)], Port: uint16(80 + rng.IntN(3))})
+			}
+		}
+		st.Upsert(svc)
+		for k := range rng.IntN(3) {
+			sl := &cluster.EndpointSlice{Namespace: ns, Name: fmt.Sprintf("%s-%d-%d", name, i, k), ServiceName: name, AddressType: []string{"IPv4", "IPv6", "", "FQDN"}[rng.IntN(4)]}
+			for range rng.IntN(4) {
+				sl.Ports = append(sl.Ports, cluster.EndpointPort{Name: pnames[rng.IntN(len(pnames))], Protocol: protos[rng.IntN(3)], Port: uint16(8080 + rng.IntN(3))})
+			}
+			for range rng.IntN(5) {
+				ep := cluster.Endpoint{Ready: rng.IntN(5) != 0}
+				for range 1 + rng.IntN(2) {
+					ep.Addresses = append(ep.Addresses, pool())
+				}
+				switch rng.IntN(5) {
+				case 0:
+					ep.Hostname = []string{"web-0", "Web-1", "db"}[rng.IntN(3)]
+				case 1:
+					ep.TargetPod = fmt.Sprintf("p%d", rng.IntN(5))
+				}
+				sl.Endpoints = append(sl.Endpoints, ep)
+			}
+			st.Upsert(sl)
+		}
+	}
+	for i := range 5 {
+		st.Upsert(&cluster.Pod{Namespace: nss[rng.IntN(len(nss))], Name: fmt.Sprintf("p%d", i), IPs: []netip.Addr{pool()},
+			Hostname: []string{"", "mypod", "h"}[rng.IntN(3)], Subdomain: fmt.Sprintf("s%d", rng.IntN(30))})
+	}
+}
+
+// TestIncrementalMatchesRebuildRandom changes random states at random and
+// checks after every change that the incrementally kept index answers
+// exactly as one built from scratch.
+func TestIncrementalMatchesRebuildRandom(t *testing.T) {
+	for seed := range uint64(20) {
+		rng := rand.New(rand.NewPCG(seed, 2))
+		st := cluster.NewStore()
+		randState(rng, st)
+		st.MarkSynced()
+		opts := ZoneOptions{ShortNames: seed%2 == 0, Pods: PodsVerified}
+		z := NewZone(st, opts)
+		z.Flush()
+		for step := range 5 {
+			randState(rng, st)
+			for _, sl := range st.List(cluster.KindEndpointSlice) {
+				if rng.IntN(4) == 0 {
+					st.Delete(cluster.KindEndpointSlice, sl.Key())
+				}
+			}
+			for _, svc := range st.Services() {
+				if rng.IntN(6) == 0 {
+					st.Delete(cluster.KindService, svc.Key())
+				}
+			}
+			z.Flush()
+			fresh := NewZone(st, opts)
+			fresh.Flush()
+			if a, b := zoneDump(t, z), zoneDump(t, fresh); !maps.Equal(a, b) {
+				for k := range b {
+					if a[k] != b[k] {
+						t.Errorf("seed %d step %d: %s differs", seed, step, k)
+					}
+				}
+				t.Fatalf("seed %d step %d: %d answers incremental, %d rebuilt", seed, step, len(a), len(b))
+			}
+		}
 	}
 }
