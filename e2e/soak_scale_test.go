@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -122,6 +123,8 @@ func (c scaleCluster) write(l *lab.Lab) error {
 // (host-gw on node1, then VXLAN on node2, each from an empty node) and the
 // Services; one Node is added and removed five times; then a dnsd serves
 // the same state. make test runs it with 500 Nodes and 1,000 Services.
+// PODNET_SCALE_DNSD=bin1,bin2,… runs only the dnsd part, once with each
+// dnsd binary in turn ("." is $PODNET_BIN's), to compare builds side by side.
 func TestSoakScale(t *testing.T) {
 	roottest.Require(t)
 	c := scaleCluster{nodes: soakSize(500, 5000), services: soakSize(1000, 10000), endpoints: 10}
@@ -131,6 +134,10 @@ func TestSoakScale(t *testing.T) {
 	}})
 	if err := c.write(l); err != nil {
 		t.Fatal(err)
+	}
+	if bins := os.Getenv("PODNET_SCALE_DNSD"); bins != "" {
+		scaleDnsdOnly(t, l, c, strings.Split(bins, ","))
+		return
 	}
 	var figures []string
 	var rss, peak []int
@@ -152,7 +159,7 @@ func TestSoakScale(t *testing.T) {
 			t.Errorf("%s: proxyd RSS %d MiB, goal %d MiB", backend, r.rss>>20, scaleProxydRSSGoal>>20)
 		}
 	}
-	d := scaleDnsd(t, l, c)
+	d := scaleDnsd(t, l, c, filepath.Join(l.BinDir, "dnsd"))
 	objects := c.services * (1 + c.endpoints)
 	goal := scaleDnsdRSSGoal(objects)
 	if d.rss > goal {
@@ -456,10 +463,10 @@ type dnsdResult struct {
 // scaleDnsd runs dnsd on node1 over the same state, waits until it is
 // ready, reads its RSS and times queries for random Services, one in
 // flight, checking every answer.
-func scaleDnsd(t *testing.T, l *lab.Lab, c scaleCluster) dnsdResult {
+func scaleDnsd(t *testing.T, l *lab.Lab, c scaleCluster, bin string) dnsdResult {
 	t.Helper()
 	n := l.Nodes[0]
-	p, err := n.Start("dnsd", filepath.Join(l.BinDir, "dnsd"), "--state-dir", l.StateDir(), "--listen", "127.0.0.1:53",
+	p, err := n.Start("dnsd", bin, "--state-dir", l.StateDir(), "--listen", "127.0.0.1:53",
 		"--upstream", "127.0.0.1:5399", "--metrics-address", "", "--health-address", "", "--ready-address", "127.0.0.1:8181")
 	if err != nil {
 		t.Fatal(err)
@@ -524,6 +531,23 @@ func scaleDnsd(t *testing.T, l *lab.Lab, c scaleCluster) dnsdResult {
 	r.p50, r.p99 = took[len(took)/2], took[len(took)*99/100]
 	t.Logf("dnsd: RSS %d MiB, p50 %v, p99 %v", r.rss>>20, r.p50, r.p99)
 	return r
+}
+
+// scaleDnsdOnly runs only the dnsd part, once with each dnsd binary given
+// (PODNET_SCALE_DNSD=bin1,bin2,...; "." is $PODNET_BIN's), in turn, so that
+// two builds are measured side by side on the same state and box.
+func scaleDnsdOnly(t *testing.T, l *lab.Lab, c scaleCluster, bins []string) {
+	goal := scaleDnsdRSSGoal(c.services * (1 + c.endpoints))
+	for _, bin := range bins {
+		if bin == "." {
+			bin = filepath.Join(l.BinDir, "dnsd")
+		}
+		d := scaleDnsd(t, l, c, bin)
+		t.Logf("%s: dnsd RSS %d MiB (goal %d MiB), answer p50 %s p99 %s", bin, d.rss>>20, goal>>20, usStr(d.p50), usStr(d.p99))
+		if d.rss > goal {
+			t.Errorf("%s: dnsd RSS %.1f MB, goal %.1f MB", bin, float64(d.rss)/1e6, float64(goal)/1e6)
+		}
+	}
 }
 
 func lastLines(s string, n int) string {
