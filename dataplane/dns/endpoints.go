@@ -309,14 +309,3 @@ func (s *snapshot) releasePTR(a netip.Addr, e *svcEntry) {
 		s.ptrMulti[a] = refs
 	}
 }
-
-// endpointNames counts the endpoint names of the snapshot.
-func (s *snapshot) endpointNames() int {
-	n := 0
-	for _, e := range s.eps {
-		for pos := 0; pos < len(e.byHost); pos += e.run(pos) {
-			n++
-		}
-	}
-	return n
-}

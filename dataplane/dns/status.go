@@ -50,7 +50,9 @@ func Report(z *Zone, fwd *Forwarder, cache *Cache, m *Metrics) Status {
 	snap := z.snap.Load()
 	st := Status{Synced: snap.synced}
 	domain := strings.Trim(z.opts.Domain, ".") + "."
-	st.Zones = append(st.Zones, ZoneStatus{Name: domain, Records: len(snap.names) + snap.endpointNames()})
+	// The names held as such, as podnet_dns_zone_names counts them;
+	// endpoint names (encoded when asked) are not among them.
+	st.Zones = append(st.Zones, ZoneStatus{Name: domain, Records: len(snap.names)})
 	var v4, v6 int
 	count := func(a netip.Addr) {
 		if a.Is4() {
