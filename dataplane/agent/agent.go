@@ -131,9 +131,9 @@ type Kernel struct {
 	// Links lists the node's interfaces with their IPv4 addresses (where
 	// the underlay is found).
 	Links func() ([]Link, error)
-	// Watch signals changes to podnet's routes, neighbours and device
-	// until ctx ends (routing.Watch).
-	Watch func(ctx context.Context, changed chan<- struct{}) error
+	// Watch reports the kernel's changes to podnet's routes, neighbours,
+	// FDB entries and links until ctx ends (routing.Watch).
+	Watch func(ctx context.Context, onEvent func(routing.Event)) error
 }
 
 // Link is one of the node's interfaces.
@@ -149,19 +149,28 @@ func (o Options) kernel() (k Kernel, close func(), err error) {
 	if o.Kernel != nil {
 		k = *o.Kernel
 	}
-	close = func() {}
-	if k.Routes == nil || k.Links == nil {
+	var closers []func()
+	close = func() {
+		for _, c := range closers {
+			c()
+		}
+	}
+	if k.Links == nil {
 		h, err := netlink.NewHandle()
 		if err != nil {
 			return k, close, fmt.Errorf("open netlink: %w", err)
 		}
-		close = h.Close
-		if k.Routes == nil {
-			k.Routes = routing.NewNetlinkKernel(h)
+		closers = append(closers, h.Close)
+		k.Links = func() ([]Link, error) { return netlinkLinks(h) }
+	}
+	if k.Routes == nil {
+		nk, err := routing.NewNetlinkKernel(netns.None())
+		if err != nil {
+			close()
+			return k, func() {}, err
 		}
-		if k.Links == nil {
-			k.Links = func() ([]Link, error) { return netlinkLinks(h) }
-		}
+		closers = append(closers, nk.Close)
+		k.Routes = nk
 	}
 	if k.IPTables == nil {
 		chains, err := o.IPTables.Chains()
@@ -178,8 +187,8 @@ func (o Options) kernel() (k Kernel, close func(), err error) {
 		k.Modprobe = hostnet.ExecModprobe
 	}
 	if k.Watch == nil {
-		k.Watch = func(ctx context.Context, changed chan<- struct{}) error {
-			return routing.Watch(ctx, netns.None(), routing.DefaultDevice, changed)
+		k.Watch = func(ctx context.Context, onEvent func(routing.Event)) error {
+			return routing.Watch(ctx, netns.None(), routing.DefaultDevice, onEvent)
 		}
 	}
 	return k, close, nil
@@ -351,21 +360,30 @@ type nodeNet struct {
 	ipt      hostnet.IPTables
 	sysctl   hostnet.Sysctl
 	mod      hostnet.Modprobe
-	// watch signals netlink changes; nil: none (the periodic resync only).
-	watch   func(ctx context.Context, changed chan<- struct{}) error
+	// watch reports netlink changes; nil: none (the periodic resync only).
+	watch   func(ctx context.Context, onEvent func(routing.Event)) error
 	metrics *metrics
 
 	lastSkipped []string
 	lastProblem string
 	// needFull asks the next sync to compare everything with the kernel:
-	// netlink said something changed. A Node change alone only updates
-	// what differs from the last plan put in place, so one Node among
-	// 5,000 costs its own few netlink calls, not a dump of every peer's.
+	// netlink reported a change that was not podnet's own. A Node change
+	// alone only updates the table by that Node and writes what it says
+	// differs, so one Node among 5,000 costs its own few entries, not a
+	// walk over every peer nor a dump of their entries.
 	needFull atomic.Bool
-	// lastFull is when the last full sync started, and cfg its routing
-	// config (the underlay found then).
+	// table is the routing plan in place, or being put in place (the
+	// netlink watch compares the kernel's events with it); nil until the
+	// first full sync. Its Config is the last full sync's (the underlay
+	// found then).
+	table atomic.Pointer[routing.Table]
+	// dirty names the Nodes changed since the sync goroutine last looked.
+	dirtyMu sync.Mutex
+	dirty   map[string]struct{}
+	// fullSyncs counts the full syncs (tests).
+	fullSyncs atomic.Int64
+	// lastFull is when the last full sync started.
 	lastFull time.Time
-	cfg      routing.Config
 	// syncStart is when the current sync started (lastFull when it is
 	// a full one).
 	syncStart time.Time
@@ -404,34 +422,57 @@ func (n *nodeNet) run(ctx context.Context) error {
 	// coalesce into one sync per MinSyncPeriod; a failed sync waits for
 	// the next change or the periodic resync.
 	r := runner.New(func() error { n.sync(); return nil }, runner.Options{MinInterval: n.o.MinSyncPeriod, MaxInterval: n.o.SyncPeriod})
-	n.store.Subscribe(func(ev cluster.Event) {
-		if ev.Kind == cluster.KindNode {
-			r.Trigger()
-		}
-	})
+	n.followNodes(r.Trigger)
 	n.needFull.Store(true)
-	netlinkChanged := make(chan struct{}, 1)
 	if n.watch != nil {
 		go func() {
-			if err := n.watch(ctx, netlinkChanged); err != nil && ctx.Err() == nil {
+			err := n.watch(ctx, func(e routing.Event) { n.kernelChanged(e, r.Trigger) })
+			if err != nil && ctx.Err() == nil {
 				n.log.Warn("netlink watch failed; relying on the periodic resync", "err", err)
 			}
 		}()
 	}
-	go func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-netlinkChanged:
-				n.needFull.Store(true)
-				r.Trigger()
-			}
-		}
-	}()
 	r.Trigger()
 	r.Run(ctx)
 	return nil
+}
+
+// followNodes notes every Node change for the next sync, and calls trigger.
+func (n *nodeNet) followNodes(trigger func()) {
+	n.store.Subscribe(func(ev cluster.Event) {
+		if ev.Kind == cluster.KindNode {
+			n.markDirty(ev.Key.Name)
+			trigger()
+		}
+	})
+}
+
+// kernelChanged asks for a full sync (and calls trigger) unless e is the
+// echo of a change of podnet's own: only changes made by someone else, or
+// events lost, need the kernel compared with the plan.
+func (n *nodeNet) kernelChanged(e routing.Event, trigger func()) {
+	if t := n.table.Load(); t == nil || !t.Matches(e) {
+		n.needFull.Store(true)
+		trigger()
+	}
+}
+
+func (n *nodeNet) markDirty(name string) {
+	n.dirtyMu.Lock()
+	defer n.dirtyMu.Unlock()
+	if n.dirty == nil {
+		n.dirty = make(map[string]struct{})
+	}
+	n.dirty[name] = struct{}{}
+}
+
+// takeDirty returns the Nodes changed since the last call, and forgets them.
+func (n *nodeNet) takeDirty() map[string]struct{} {
+	n.dirtyMu.Lock()
+	defer n.dirtyMu.Unlock()
+	d := n.dirty
+	n.dirty = nil
+	return d
 }
 
 // sync does one reconciliation and records its outcome in health and
@@ -446,8 +487,12 @@ func (n *nodeNet) sync() {
 	took := time.Since(start)
 	n.metrics.syncs.Inc()
 	n.metrics.syncDuration.Observe(took.Seconds())
+	full = n.lastFull.Equal(n.syncStart)
+	if full {
+		n.fullSyncs.Add(1)
+	}
 	if changes > 0 {
-		n.log.Info("node network synced", "changes", changes, "took", took, "full", n.lastFull.Equal(n.syncStart))
+		n.log.Info("node network synced", "changes", changes, "took", took, "full", full)
 	}
 	if err != nil {
 		n.metrics.syncErrors.Inc()
@@ -520,11 +565,17 @@ func netlinkLinks(h *netlink.Handle) ([]Link, error) {
 
 // syncOnce reconciles the node network once and returns how many kernel
 // objects it changed. A full sync finds the underlay, makes sure of the
-// sysctls and iptables chains and compares the routes, neighbours and FDB
-// entries with the kernel's; otherwise only the routing plan is updated,
-// from the last one put in place, with the last full sync's underlay
-// (unless this node's address changed).
+// sysctls and iptables chains, builds the routing table from every Node
+// and compares the routes, neighbours and FDB entries with the kernel's;
+// otherwise only the Nodes changed since the last sync update the table,
+// and what that changes is written (unless this node itself changed,
+// which asks for a full sync).
 func (n *nodeNet) syncOnce(full bool) (int, error) {
+	dirty := n.takeDirty()
+	t := n.table.Load()
+	if _, self := dirty[n.o.NodeName]; !full && !self && t != nil {
+		return n.updateRoutes(t, dirty)
+	}
 	self := n.store.Node(n.o.NodeName)
 	if self == nil {
 		return 0, fmt.Errorf("node %q is not in the cluster state", n.o.NodeName)
@@ -532,9 +583,6 @@ func (n *nodeNet) syncOnce(full bool) (int, error) {
 	ip, ok := self.InternalIP()
 	if !ok {
 		return 0, fmt.Errorf("node %q has no IPv4 InternalIP", n.o.NodeName)
-	}
-	if !full && !n.lastFull.IsZero() && ip == n.cfg.NodeIP {
-		return n.syncRoutes(n.cfg, false)
 	}
 	n.lastFull = time.Now()
 	n.syncStart = n.lastFull
@@ -549,7 +597,6 @@ func (n *nodeNet) syncOnce(full bool) (int, error) {
 	if err := cfg.Validate(); err != nil {
 		return 0, err
 	}
-	n.cfg = cfg
 	var errs []error
 	if err := hostnet.EnsureSysctls(n.sysctl, n.mod); err != nil {
 		errs = append(errs, err)
@@ -559,50 +606,66 @@ func (n *nodeNet) syncOnce(full bool) (int, error) {
 	} else if changed {
 		n.log.Info("iptables chains written", "chains", []string{hostnet.ChainPostrouting, hostnet.ChainForward})
 	}
-	changes, err := n.syncRoutes(cfg, true)
+	changes, err := n.applyRoutes(routing.NewTable(cfg, n.store.Nodes()))
 	return changes, errors.Join(append(errs, err)...)
 }
 
-// syncRoutes puts the routing plan for the current Nodes in place, full
-// (compared with the kernel) or updated from the last plan, and writes
-// the node config.
-func (n *nodeNet) syncRoutes(cfg routing.Config, full bool) (int, error) {
-	plan := routing.Compute(cfg, n.store.Nodes())
-	if !slices.Equal(plan.Skipped, n.lastSkipped) {
-		n.lastSkipped = plan.Skipped
-		for _, sk := range plan.Skipped {
-			n.log.Warn("peer not routed", "reason", sk)
-		}
-	}
-	apply := n.rec.Update
-	if full {
-		apply = n.rec.Apply
-	}
-	changes, err := apply(plan)
-	n.status.record(plan, err)
-	logChanges(n.log, changes)
-	n.metrics.changes.Add(float64(len(changes)))
-	var errs []error
-	if err != nil {
-		errs = append(errs, fmt.Errorf("routes: %w", err))
-	}
-	var vx, gw int
-	for _, p := range plan.Peers {
-		if p.VXLAN {
-			vx++
-		} else {
-			gw++
-		}
-	}
-	n.metrics.peers.WithLabelValues("vxlan").Set(float64(vx))
-	n.metrics.peers.WithLabelValues("host-gw").Set(float64(gw))
-
+// applyRoutes puts table's plan in place, compared with the kernel, and
+// writes the node config.
+func (n *nodeNet) applyRoutes(t *routing.Table) (int, error) {
+	plan := t.Plan()
+	n.logSkipped(plan.Skipped)
+	// In place before the first change, so that the netlink watch
+	// recognises the changes' echoes as podnet's own.
+	n.table.Store(t)
+	changes, err := n.rec.Apply(plan)
+	errs := []error{n.recordRoutes(t, changes, err)}
+	cfg := t.Config()
 	if !plan.PodCIDR.IsValid() {
 		errs = append(errs, fmt.Errorf("node %q has no spec.podCIDR yet (pods cannot start until it has one)", n.o.NodeName))
 	} else if err := n.writeNodeConfig(nodeconfig.Config{PodCIDR: plan.PodCIDR, ClusterCIDR: n.o.ClusterCIDR, MTU: cfg.PodMTU()}); err != nil {
 		errs = append(errs, err)
 	}
 	return len(changes), errors.Join(errs...)
+}
+
+// updateRoutes updates the table by the Nodes in dirty and writes what
+// that changes. The node config depends on this node alone, which is not
+// among them.
+func (n *nodeNet) updateRoutes(t *routing.Table, dirty map[string]struct{}) (int, error) {
+	nodes := make(map[string]*cluster.Node, len(dirty))
+	for name := range dirty {
+		nodes[name] = n.store.Node(name) // nil: deleted
+	}
+	changes, err := n.rec.Patch(t.Update(nodes))
+	n.logSkipped(t.Skipped())
+	return len(changes), n.recordRoutes(t, changes, err)
+}
+
+// logSkipped says which Nodes cannot be routed to, when that changed.
+func (n *nodeNet) logSkipped(skipped []string) {
+	if slices.Equal(skipped, n.lastSkipped) {
+		return
+	}
+	n.lastSkipped = skipped
+	for _, sk := range skipped {
+		n.log.Warn("peer not routed", "reason", sk)
+	}
+}
+
+// recordRoutes logs a reconciliation's changes and records its outcome
+// in status and metrics.
+func (n *nodeNet) recordRoutes(t *routing.Table, changes []string, err error) error {
+	n.status.record(t, err)
+	logChanges(n.log, changes)
+	n.metrics.changes.Add(float64(len(changes)))
+	vx, gw := t.Peers()
+	n.metrics.peers.WithLabelValues("vxlan").Set(float64(vx))
+	n.metrics.peers.WithLabelValues("host-gw").Set(float64(gw))
+	if err != nil {
+		return fmt.Errorf("routes: %w", err)
+	}
+	return nil
 }
 
 // maxChangesLogged bounds the lines one sync logs: the first sync of a
@@ -650,12 +713,11 @@ func Cleanup(logger *slog.Logger) error {
 			errs = append(errs, fmt.Errorf("iptables-%s: %w", b, err))
 		}
 	}
-	h, err := netlink.NewHandle()
+	k, err := routing.NewNetlinkKernel(netns.None())
 	if err != nil {
 		return errors.Join(append(errs, err)...)
 	}
-	defer h.Close()
-	k := routing.NewNetlinkKernel(h)
+	defer k.Close()
 	rec := &routing.Reconciler{Kernel: k, Device: routing.DefaultDevice}
 	// An empty plan without a device: the reconciler removes everything
 	// tagged as podnet's.

@@ -70,7 +70,7 @@ func newTestNodeNet(t *testing.T, backend routing.Backend, k *routing.FakeKernel
 		Backend: backend, VXLANVNI: 1, VXLANPort: 8472, NodeConfigPath: filepath.Join(t.TempDir(), "node.json"),
 		Masquerade: true, SyncPeriod: 30 * time.Second, MinSyncPeriod: time.Second,
 	}
-	return &nodeNet{
+	n := &nodeNet{
 		o:      o,
 		log:    slog.New(slog.DiscardHandler),
 		store:  store,
@@ -86,7 +86,9 @@ func newTestNodeNet(t *testing.T, backend routing.Backend, k *routing.FakeKernel
 		sysctl:  fakeSysctl{"net/ipv4/ip_forward": "0", "net/bridge/bridge-nf-call-iptables": "0"},
 		mod:     func(string) error { return nil },
 		metrics: newMetrics(prometheus.NewRegistry(), nil, func() error { return nil }),
-	}, store
+	}
+	n.followNodes(func() {})
+	return n, store
 }
 
 func testNode(name, ip, cidr string) *cluster.Node {

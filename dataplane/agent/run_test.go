@@ -72,7 +72,7 @@ func fakeKernel() (*Kernel, *routing.FakeKernel, *hostnet.FakeIPTables) {
 			return []Link{{Name: "lo", MTU: 65536, Addrs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/8")}},
 				{Name: "eth0", MTU: 1500, Addrs: []netip.Prefix{netip.MustParsePrefix("192.168.10.11/24")}}}, nil
 		},
-		Watch: func(ctx context.Context, _ chan<- struct{}) error { <-ctx.Done(); return nil },
+		Watch: func(ctx context.Context, _ func(routing.Event)) error { <-ctx.Done(); return nil },
 	}, k, ipt
 }
 

@@ -66,26 +66,31 @@ func healthStatus(p *health.Progress, c *health.Checker) HealthStatus {
 	return hs
 }
 
-// netStatus keeps the last reconciled plan for the status board.
+// netStatus keeps the last reconciled routing table for the status
+// board, which renders its plan when asked.
 type netStatus struct {
 	mu       sync.Mutex
-	plan     routing.Plan
+	table    *routing.Table
 	lastSync time.Time
 	lastErr  error
 }
 
-func (s *netStatus) record(plan routing.Plan, err error) {
+func (s *netStatus) record(t *routing.Table, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.plan, s.lastSync, s.lastErr = plan, time.Now(), err
+	s.table, s.lastSync, s.lastErr = t, time.Now(), err
 }
 
 // report describes the last reconciliation.
 func (n *nodeNet) report(stale func() error) NodeStatus {
 	s := &n.status
 	s.mu.Lock()
-	plan, last, lastErr := s.plan, s.lastSync, s.lastErr
+	t, last, lastErr := s.table, s.lastSync, s.lastErr
 	s.mu.Unlock()
+	var plan routing.Plan
+	if t != nil {
+		plan = t.Plan()
+	}
 	ns := NodeStatus{Name: n.o.NodeName, ClusterCIDR: n.o.ClusterCIDR.String(), Backend: string(n.o.Backend),
 		ClusterState: "loading", LastSync: last, Skipped: plan.Skipped}
 	select {

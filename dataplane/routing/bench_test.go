@@ -45,8 +45,8 @@ func BenchmarkApplyAtScale(b *testing.B) {
 		cfg := scaleConfig(backend)
 		plan := Compute(cfg, nodes)
 		b.Run(string(backend)+"/program", func(b *testing.B) {
-			_, h, _ := newTestNSWith(b, "192.168.0.11/16")
-			r := &Reconciler{Kernel: NewNetlinkKernel(h), Device: DefaultDevice}
+			_, _, nsh := newTestNSWith(b, "192.168.0.11/16")
+			r := &Reconciler{Kernel: newTestKernel(b, nsh), Device: DefaultDevice}
 			for b.Loop() {
 				b.StopTimer()
 				if _, err := r.Apply(Plan{}); err != nil {
@@ -59,8 +59,8 @@ func BenchmarkApplyAtScale(b *testing.B) {
 			}
 		})
 		b.Run(string(backend)+"/resync", func(b *testing.B) {
-			_, h, _ := newTestNSWith(b, "192.168.0.11/16")
-			r := &Reconciler{Kernel: NewNetlinkKernel(h), Device: DefaultDevice}
+			_, _, nsh := newTestNSWith(b, "192.168.0.11/16")
+			r := &Reconciler{Kernel: newTestKernel(b, nsh), Device: DefaultDevice}
 			if _, err := r.Apply(plan); err != nil {
 				b.Fatal(err)
 			}
@@ -71,23 +71,24 @@ func BenchmarkApplyAtScale(b *testing.B) {
 			}
 		})
 		b.Run(string(backend)+"/one node", func(b *testing.B) {
-			_, h, _ := newTestNSWith(b, "192.168.0.11/16")
-			r := &Reconciler{Kernel: NewNetlinkKernel(h), Device: DefaultDevice}
-			if _, err := r.Apply(plan); err != nil {
+			_, _, nsh := newTestNSWith(b, "192.168.0.11/16")
+			r := &Reconciler{Kernel: newTestKernel(b, nsh), Device: DefaultDevice}
+			t := NewTable(cfg, nodes)
+			if _, err := r.Apply(t.Plan()); err != nil {
 				b.Fatal(err)
 			}
-			more := append(scalePeers(n + 1)[n:], nodes...)
+			extra := scalePeers(n + 1)[n]
 			for b.Loop() {
-				for _, ns := range [][]*cluster.Node{more, nodes} {
-					if c, err := r.Update(Compute(cfg, ns)); err != nil || len(c) == 0 {
+				for _, d := range []func() Delta{func() Delta { return t.Set(extra) }, func() Delta { return t.Delete(extra.Name) }} {
+					if c, err := r.Patch(d()); err != nil || len(c) == 0 {
 						b.Fatal(c, err)
 					}
 				}
 			}
 		})
 		b.Run(string(backend)+"/bare", func(b *testing.B) {
-			_, h, _ := newTestNSWith(b, "192.168.0.11/16")
-			r := &Reconciler{Kernel: NewNetlinkKernel(h), Device: DefaultDevice}
+			_, h, nsh := newTestNSWith(b, "192.168.0.11/16")
+			r := &Reconciler{Kernel: newTestKernel(b, nsh), Device: DefaultDevice}
 			for b.Loop() {
 				b.StopTimer()
 				if _, err := r.Apply(Plan{Device: plan.Device}); err != nil {
@@ -134,22 +135,24 @@ func bareAdd(b *testing.B, h *netlink.Handle, plan Plan, idx int) {
 }
 
 // BenchmarkNodeChange is the Go side of one Node added and removed
-// among 5,000 (the plan computed, diffed with the last), on the fake kernel.
+// among 5,000 (the table updated, its delta written), on the fake kernel.
 func BenchmarkNodeChange(b *testing.B) {
 	const n = 5000
 	nodes := scalePeers(n)
-	more := append(scalePeers(n + 1)[n:], nodes...)
+	extra := scalePeers(n + 1)[n]
 	for _, backend := range []Backend{BackendHostGW, BackendVXLAN} {
 		cfg := scaleConfig(backend)
 		b.Run(string(backend), func(b *testing.B) {
 			k := NewFakeKernel(map[string]netip.Prefix{"eth0": cfg.NodeSubnet})
 			r := &Reconciler{Kernel: k, Device: DefaultDevice}
-			if _, err := r.Apply(Compute(cfg, nodes)); err != nil {
+			t := NewTable(cfg, nodes)
+			if _, err := r.Apply(t.Plan()); err != nil {
 				b.Fatal(err)
 			}
+			b.ReportAllocs()
 			for b.Loop() {
-				for _, ns := range [][]*cluster.Node{more, nodes} {
-					if c, err := r.Update(Compute(cfg, ns)); err != nil || len(c) == 0 {
+				for _, d := range []func() Delta{func() Delta { return t.Set(extra) }, func() Delta { return t.Delete(extra.Name) }} {
+					if c, err := r.Patch(d()); err != nil || len(c) == 0 {
 						b.Fatal(c, err)
 					}
 				}

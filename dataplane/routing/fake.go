@@ -245,6 +245,35 @@ func (k *FakeKernel) DeleteFDB(f FDB) error {
 	return nil
 }
 
+// Write makes ops one by one, as the kernel would in one batch.
+func (k *FakeKernel) Write(ops []Op) []error {
+	var errs []error
+	for i, o := range ops {
+		var err error
+		switch {
+		case o.Route != nil && o.Delete:
+			err = k.DeleteRoute(*o.Route)
+		case o.Route != nil:
+			err = k.ReplaceRoute(*o.Route)
+		case o.Neigh != nil && o.Delete:
+			err = k.DeleteNeigh(*o.Neigh)
+		case o.Neigh != nil:
+			err = k.SetNeigh(*o.Neigh)
+		case o.FDB != nil && o.Delete:
+			err = k.DeleteFDB(*o.FDB)
+		default:
+			err = k.SetFDB(*o.FDB)
+		}
+		if err != nil {
+			if errs == nil {
+				errs = make([]error, len(ops))
+			}
+			errs[i] = err
+		}
+	}
+	return errs
+}
+
 // Dump renders the whole state, sorted, in `ip`-like text for golden tests.
 func (k *FakeKernel) Dump() string {
 	k.mu.Lock()

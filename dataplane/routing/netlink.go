@@ -14,21 +14,39 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// NetlinkKernel is the real Kernel, over one netlink handle (which names
-// the network namespace it works in). Not safe for concurrent use.
+// NetlinkKernel is the real Kernel, in one network namespace: dumps and
+// link changes through a netlink handle, routes, neighbour and FDB entries
+// in batches through a socket of its own. Not safe for concurrent use.
 type NetlinkKernel struct {
-	h *netlink.Handle
+	h     *netlink.Handle
+	batch *batchSocket
 	// index caches link indexes by name. Every route, neighbour and FDB
 	// entry names its device, and looking it up each time doubled the
 	// netlink round trips of a sync (15,000 more for 5,000 VXLAN peers).
-	// A change that fails is retried once with a fresh lookup, so a link
-	// recreated behind our back costs one failed call, not a wrong one.
+	// Changes that fail are tried again once with a fresh lookup, so a
+	// link recreated behind our back costs one failed batch, not a wrong one.
 	index map[string]int
 }
 
-// NewNetlinkKernel returns a Kernel working through h.
-func NewNetlinkKernel(h *netlink.Handle) *NetlinkKernel {
-	return &NetlinkKernel{h: h, index: make(map[string]int)}
+// NewNetlinkKernel returns a Kernel working in the network namespace ns
+// (netns.None(): the caller's own). Close releases its sockets.
+func NewNetlinkKernel(ns netns.NsHandle) (*NetlinkKernel, error) {
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return nil, fmt.Errorf("open netlink: %w", err)
+	}
+	b, err := newBatchSocket(ns)
+	if err != nil {
+		h.Close()
+		return nil, err
+	}
+	return &NetlinkKernel{h: h, batch: b, index: make(map[string]int)}, nil
+}
+
+// Close releases the kernel's netlink sockets.
+func (k *NetlinkKernel) Close() {
+	k.h.Close()
+	k.batch.Close()
 }
 
 func (k *NetlinkKernel) linkByName(name string) (netlink.Link, error) {
@@ -44,27 +62,117 @@ func (k *NetlinkKernel) linkByName(name string) (netlink.Link, error) {
 	return l, err
 }
 
-// withIndex calls f with the index of the link name, looked up afresh and
-// tried again when f fails with a cached one.
-func (k *NetlinkKernel) withIndex(name string, f func(index int) error) error {
+// indexOf is the index of the link name, cached.
+func (k *NetlinkKernel) indexOf(name string) (int, error) {
 	if i, ok := k.index[name]; ok {
-		err := f(i)
-		if err == nil {
-			return nil
-		}
-		delete(k.index, name)
-		if l, lerr := k.linkByName(name); lerr != nil || l == nil || l.Attrs().Index == i {
-			return err
-		}
+		return i, nil
 	}
 	l, err := k.linkByName(name)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if l == nil {
-		return fmt.Errorf("link %s: %w", name, netlink.LinkNotFoundError{})
+		return 0, fmt.Errorf("link %s: %w", name, netlink.LinkNotFoundError{})
 	}
-	return f(l.Attrs().Index)
+	return l.Attrs().Index, nil
+}
+
+// Write makes ops in batches. Ops that fail on a link whose index has
+// changed since it was cached are made once more with the new index.
+func (k *NetlinkKernel) Write(ops []Op) []error {
+	errs := k.write(ops, nil)
+	if errs == nil {
+		return nil
+	}
+	var retry []int
+	recheck := make(map[string]bool)
+	for i, err := range errs {
+		if err == nil {
+			continue
+		}
+		dev := opDev(ops[i])
+		if _, ok := recheck[dev]; !ok {
+			old, cached := k.index[dev]
+			delete(k.index, dev)
+			now, lerr := k.indexOf(dev)
+			recheck[dev] = cached && lerr == nil && now != old
+		}
+		if recheck[dev] {
+			retry = append(retry, i)
+		}
+	}
+	if len(retry) > 0 {
+		again := k.write(ops, retry)
+		for i, o := range retry {
+			errs[o] = nil
+			if again != nil {
+				errs[o] = again[i]
+			}
+		}
+	}
+	return errs
+}
+
+// write makes ops (only those at the indexes in only, when set) and
+// returns their errors in the same order, nil when none failed.
+func (k *NetlinkKernel) write(ops []Op, only []int) []error {
+	if only == nil {
+		only = make([]int, len(ops))
+		for i := range only {
+			only[i] = i
+		}
+	}
+	var errs []error
+	fail := func(i int, err error) {
+		if errs == nil {
+			errs = make([]error, len(only))
+		}
+		errs[i] = err
+	}
+	// Link indexes first: a missing link fails its own ops, unsent.
+	send := make([]int, 0, len(only))
+	idx := make([]int, len(only))
+	for i, o := range only {
+		op := ops[o]
+		if op.Route == nil || !op.Delete { // a route is deleted by its destination
+			var err error
+			if idx[i], err = k.indexOf(opDev(op)); err != nil {
+				fail(i, err)
+				continue
+			}
+		}
+		send = append(send, i)
+	}
+	berrs := k.batch.do(len(send), func(j int) request {
+		i := send[j]
+		op := ops[only[i]]
+		switch {
+		case op.Route != nil:
+			return routeRequest(op.Route, idx[i], op.Delete)
+		case op.Neigh != nil:
+			return neighRequest(op.Neigh, idx[i], op.Delete)
+		default:
+			return fdbRequest(op.FDB, idx[i], op.Delete)
+		}
+	})
+	for j, err := range berrs {
+		if err != nil {
+			fail(send[j], err)
+		}
+	}
+	return errs
+}
+
+// opDev is the link an op's entry is on.
+func opDev(o Op) string {
+	switch {
+	case o.Route != nil:
+		return o.Route.Dev
+	case o.Neigh != nil:
+		return o.Neigh.Dev
+	default:
+		return o.FDB.Dev
+	}
 }
 
 func (k *NetlinkKernel) VXLAN(name string) (*VXLANDevice, error) {
@@ -97,6 +205,9 @@ func (k *NetlinkKernel) VXLAN(name string) (*VXLANDevice, error) {
 	return d, nil
 }
 
+// CreateVXLAN creates the device up, with its MTU and MAC, in one
+// request (a netlink event per attribute set afterwards would each look
+// like a change made by someone else), then gives it its address.
 func (k *NetlinkKernel) CreateVXLAN(d VXLANDevice) error {
 	parent, err := k.h.LinkByName(d.Parent)
 	if err != nil {
@@ -110,11 +221,21 @@ func (k *NetlinkKernel) CreateVXLAN(d VXLANDevice) error {
 		Port:         d.Port,
 		Learning:     d.Learning,
 	}
+	if d.Up {
+		v.Flags = net.FlagUp
+	}
 	delete(k.index, d.Name)
 	if err := k.h.LinkAdd(v); err != nil {
 		return err
 	}
-	return k.UpdateVXLAN(d)
+	if !d.Addr.IsValid() {
+		return nil
+	}
+	ipn := &net.IPNet{IP: d.Addr.Addr().AsSlice(), Mask: net.CIDRMask(d.Addr.Bits(), 32)}
+	if err := k.h.AddrAdd(v, &netlink.Addr{IPNet: ipn}); err != nil {
+		return fmt.Errorf("add address %s: %w", d.Addr, err)
+	}
+	return nil
 }
 
 func (k *NetlinkKernel) UpdateVXLAN(d VXLANDevice) error {
@@ -201,29 +322,6 @@ func (k *NetlinkKernel) Routes() ([]Route, error) {
 	return out, nil
 }
 
-func (k *NetlinkKernel) route(r Route, index int) *netlink.Route {
-	nr := &netlink.Route{
-		LinkIndex: index,
-		Dst:       &net.IPNet{IP: r.Dst.Addr().AsSlice(), Mask: net.CIDRMask(r.Dst.Bits(), 32)},
-		Gw:        r.Gw.AsSlice(),
-		Protocol:  Protocol,
-		Table:     unix.RT_TABLE_MAIN,
-	}
-	if r.Onlink {
-		nr.Flags = int(netlink.FLAG_ONLINK)
-	}
-	return nr
-}
-
-func (k *NetlinkKernel) ReplaceRoute(r Route) error {
-	return k.withIndex(r.Dev, func(index int) error { return k.h.RouteReplace(k.route(r, index)) })
-}
-
-func (k *NetlinkKernel) DeleteRoute(r Route) error {
-	dst := &net.IPNet{IP: r.Dst.Addr().AsSlice(), Mask: net.CIDRMask(r.Dst.Bits(), 32)}
-	return k.h.RouteDel(&netlink.Route{Dst: dst, Protocol: Protocol, Table: unix.RT_TABLE_MAIN})
-}
-
 func (k *NetlinkKernel) Neighs(dev string) ([]Neigh, error) {
 	l, err := k.linkByName(dev)
 	if err != nil || l == nil {
@@ -242,21 +340,6 @@ func (k *NetlinkKernel) Neighs(dev string) ([]Neigh, error) {
 		out = append(out, Neigh{Dev: dev, IP: ip.Unmap(), MAC: n.HardwareAddr})
 	}
 	return out, nil
-}
-
-func (k *NetlinkKernel) SetNeigh(n Neigh) error {
-	return k.withIndex(n.Dev, func(index int) error {
-		return k.h.NeighSet(&netlink.Neigh{
-			LinkIndex: index, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
-			IP: n.IP.AsSlice(), HardwareAddr: n.MAC,
-		})
-	})
-}
-
-func (k *NetlinkKernel) DeleteNeigh(n Neigh) error {
-	return k.withIndex(n.Dev, func(index int) error {
-		return k.h.NeighDel(&netlink.Neigh{LinkIndex: index, Family: netlink.FAMILY_V4, IP: n.IP.AsSlice()})
-	})
 }
 
 func (k *NetlinkKernel) FDB(dev string) ([]FDB, error) {
@@ -279,55 +362,93 @@ func (k *NetlinkKernel) FDB(dev string) ([]FDB, error) {
 	return out, nil
 }
 
-func fdbNeigh(f FDB, index int) *netlink.Neigh {
-	return &netlink.Neigh{
-		LinkIndex: index, Family: unix.AF_BRIDGE, State: netlink.NUD_PERMANENT,
-		Flags: netlink.NTF_SELF, IP: f.Dst.AsSlice(), HardwareAddr: f.MAC,
-	}
+// EventKind says what an Event is about.
+type EventKind int
+
+const (
+	// EventLost: the subscription overflowed and events were lost.
+	EventLost EventKind = iota
+	EventRoute
+	EventNeigh
+	EventFDB
+	EventLink
+)
+
+// Event is one change the kernel reported to a route tagged with
+// Protocol, to a neighbour or FDB entry of the VXLAN device, or to a link.
+// Table.Matches tells podnet's own changes from the rest.
+type Event struct {
+	Kind    EventKind
+	Deleted bool
+	Route   Route // EventRoute, Dev named
+	Neigh   Neigh // EventNeigh
+	// Permanent says the neighbour entry is static (as podnet's are).
+	Permanent bool
+	FDB       FDB // EventFDB
+	// Link names the link of an EventLink; Up is its state, New says it
+	// was just made (and may not be up yet), and Device, for a VXLAN
+	// link, is what its message says of it (no parent, no address).
+	Link   string
+	Up     bool
+	New    bool
+	Device *VXLANDevice
 }
 
-func (k *NetlinkKernel) SetFDB(f FDB) error {
-	return k.withIndex(f.Dev, func(index int) error { return k.h.NeighSet(fdbNeigh(f, index)) })
-}
-
-func (k *NetlinkKernel) DeleteFDB(f FDB) error {
-	return k.withIndex(f.Dev, func(index int) error { return k.h.NeighDel(fdbNeigh(f, index)) })
-}
-
-// Watch sends on changed (without blocking) whenever the kernel reports a
-// change to a route, neighbour or link that may be podnet's, so that what
-// someone else removed comes back before the next periodic sync. It runs
-// until ctx ends; ns is the namespace to watch (netns.None() for the
-// caller's own).
-func Watch(ctx context.Context, ns netns.NsHandle, device string, changed chan<- struct{}) error {
+// Watch calls onEvent for every change the kernel reports to podnet's
+// routes, to the neighbour and FDB entries of device and to links, until
+// ctx ends; ns is the namespace to watch (netns.None() for the caller's
+// own). onEvent runs on Watch's goroutine and must not block.
+func Watch(ctx context.Context, ns netns.NsHandle, device string, onEvent func(Event)) error {
 	done := make(chan struct{})
 	defer close(done)
+	// An overflowed socket loses events; a sync catches up on all of them.
+	lost := make(chan struct{}, 1)
 	routes, neighs, links, err := subscribe(ns, done, func(error) {
-		// An overflowed socket loses events; a sync catches up on all of them.
-		notify(changed)
+		select {
+		case lost <- struct{}{}:
+		default:
+		}
 	})
 	if err != nil {
 		return err
 	}
-	// The device's index, to tell its neighbour events from the rest; the
-	// link subscription keeps it current as the device comes and goes.
-	devIndex := 0
-	if h, err := netlink.NewHandleAt(ns); err == nil {
-		if l, err := h.LinkByName(device); err == nil {
-			devIndex = l.Attrs().Index
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("open netlink: %w", err)
+	}
+	defer h.Close()
+	// Link names by index, to name a route's device and to tell the
+	// device's neighbour events from the rest; the link subscription
+	// keeps it current, and an index met before its link's event is
+	// looked up.
+	names := make(map[int]string)
+	if ls, err := h.LinkList(); err == nil {
+		for _, l := range ls {
+			names[l.Attrs().Index] = l.Attrs().Name
 		}
-		h.Close()
+	}
+	name := func(index int) string {
+		if n, ok := names[index]; ok {
+			return n
+		}
+		if l, err := h.LinkByIndex(index); err == nil {
+			names[index] = l.Attrs().Name
+			return l.Attrs().Name
+		}
+		return ""
 	}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-lost:
+			onEvent(Event{Kind: EventLost})
 		case u, ok := <-routes:
 			if !ok {
 				return errors.New("route subscription closed")
 			}
-			if u.Protocol == Protocol || u.Type == syscall.RTM_DELROUTE && u.Table == unix.RT_TABLE_MAIN {
-				notify(changed)
+			if e, ok := routeEvent(u, name); ok {
+				onEvent(e)
 			}
 		case u, ok := <-neighs:
 			if !ok {
@@ -335,24 +456,57 @@ func Watch(ctx context.Context, ns netns.NsHandle, device string, changed chan<-
 			}
 			// Ordinary ARP churns on every other interface; only the
 			// device's entries (neighbours and FDB) are podnet's.
-			if devIndex != 0 && u.LinkIndex == devIndex {
-				notify(changed)
+			if name(u.LinkIndex) == device {
+				if e, ok := neighEvent(u, device); ok {
+					onEvent(e)
+				}
 			}
 		case u, ok := <-links:
 			if !ok {
 				return errors.New("link subscription closed")
 			}
-			if u.Attrs().Name == device {
-				devIndex = u.Attrs().Index
-				if u.Header.Type == syscall.RTM_DELLINK {
-					devIndex = 0
-				}
-				notify(changed)
-			} else if u.Header.Type == syscall.RTM_DELLINK {
-				notify(changed)
+			a := u.Attrs()
+			e := Event{Kind: EventLink, Deleted: u.Header.Type == syscall.RTM_DELLINK, Link: a.Name, Up: a.Flags&net.FlagUp != 0,
+				// A link being registered is announced with every flag as
+				// changed, before it is set up.
+				New: u.Change == ^uint32(0)}
+			if e.Deleted {
+				delete(names, a.Index)
+			} else {
+				names[a.Index] = a.Name
 			}
+			if v, ok := u.Link.(*netlink.Vxlan); ok {
+				e.Device = &VXLANDevice{Name: a.Name, VNI: v.VxlanId, Port: v.Port, MAC: a.HardwareAddr, MTU: a.MTU, Learning: v.Learning, Up: e.Up}
+			}
+			onEvent(e)
 		}
 	}
+}
+
+func routeEvent(u netlink.RouteUpdate, name func(int) string) (Event, bool) {
+	if u.Protocol != Protocol || u.Table != unix.RT_TABLE_MAIN || u.Dst == nil {
+		return Event{}, false
+	}
+	dst, _ := netip.AddrFromSlice(u.Dst.IP)
+	ones, _ := u.Dst.Mask.Size()
+	gw, _ := netip.AddrFromSlice(u.Gw)
+	r := Route{Dst: netip.PrefixFrom(dst.Unmap(), ones), Gw: gw.Unmap(), Dev: name(u.LinkIndex), Onlink: u.Flags&int(netlink.FLAG_ONLINK) != 0}
+	return Event{Kind: EventRoute, Deleted: u.Type == syscall.RTM_DELROUTE, Route: r}, true
+}
+
+func neighEvent(u netlink.NeighUpdate, device string) (Event, bool) {
+	ip, _ := netip.AddrFromSlice(u.IP)
+	e := Event{Deleted: u.Type == syscall.RTM_DELNEIGH}
+	if u.Family == unix.AF_BRIDGE {
+		if len(u.IP) == 0 {
+			return Event{}, false // not one of podnet's: they all have a destination
+		}
+		e.Kind, e.FDB = EventFDB, FDB{Dev: device, MAC: u.HardwareAddr, Dst: ip.Unmap()}
+		return e, true
+	}
+	e.Kind, e.Permanent = EventNeigh, u.State&netlink.NUD_PERMANENT != 0
+	e.Neigh = Neigh{Dev: device, IP: ip.Unmap(), MAC: u.HardwareAddr}
+	return e, true
 }
 
 // subscribe subscribes to the route, neighbour and link events of ns
@@ -371,11 +525,4 @@ func subscribe(ns netns.NsHandle, done chan struct{}, errFn func(error)) (chan n
 		return nil, nil, nil, fmt.Errorf("subscribe to links: %w", err)
 	}
 	return routes, neighs, links, nil
-}
-
-func notify(ch chan<- struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
 }

@@ -57,6 +57,17 @@ func newTestNSWith(t testing.TB, addr string) (string, *netlink.Handle, netns.Ns
 	return name, h, nsh
 }
 
+// newTestKernel is a NetlinkKernel in nsh, closed at the end of the test.
+func newTestKernel(t testing.TB, nsh netns.NsHandle) *NetlinkKernel {
+	t.Helper()
+	k, err := NewNetlinkKernel(nsh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.Close)
+	return k
+}
+
 func ipIn(t *testing.T, ns string, args ...string) string {
 	t.Helper()
 	out, err := exec.Command("ip", append([]string{"-n", ns}, args...)...).CombinedOutput()
@@ -70,8 +81,8 @@ func ipIn(t *testing.T, ns string, args ...string) string {
 // namespace) and checks it reads back exactly the plan, a second apply
 // changes nothing, and `ip` shows what the design promises.
 func TestNetlinkKernelStates(t *testing.T) {
-	ns, h, _ := newTestNS(t)
-	k := NewNetlinkKernel(h)
+	ns, _, nsh := newTestNS(t)
+	k := newTestKernel(t, nsh)
 	r := &Reconciler{Kernel: k, Device: DefaultDevice}
 	for _, s := range states {
 		if s.cfg.UnderlayMTU != 1500 {
@@ -176,51 +187,110 @@ func checkKernelHolds(t *testing.T, k Kernel, p Plan) {
 	}
 }
 
-func TestWatchSeesHandDeletion(t *testing.T) {
-	ns, changed := watchedTestNS(t)
-	ipIn(t, ns, "route", "del", "10.244.2.0/24")
-	select {
-	case <-changed:
-	case <-time.After(2 * time.Second):
-		t.Fatal("no change signalled for a deleted route")
-	}
+// watched is a test namespace with Watch running on it from the start,
+// reporting on foreign the events its table does not match.
+type watched struct {
+	ns      string
+	rec     *Reconciler
+	table   *Table
+	foreign chan Event
 }
 
-func TestWatchSeesNeighbourDeletionOnTheDeviceOnly(t *testing.T) {
-	ns, changed := watchedTestNS(t)
-	// ARP on the underlay is not podnet's business.
-	ipIn(t, ns, "neigh", "add", "192.168.10.77", "lladdr", "02:00:00:00:00:77", "dev", "eth0")
-	select {
-	case <-changed:
-		t.Fatal("a neighbour on eth0 signalled a change")
-	case <-time.After(300 * time.Millisecond):
-	}
-	ipIn(t, ns, "neigh", "del", "10.244.4.0", "dev", DefaultDevice)
-	select {
-	case <-changed:
-	case <-time.After(2 * time.Second):
-		t.Fatal("no change signalled for a deleted neighbour on podnet.1")
-	}
-}
-
-// watchedTestNS is a test namespace holding an applied plan (host-gw and
-// VXLAN peers) with Watch running on it; the returned channel has been
-// drained of the changes the apply itself caused.
-func watchedTestNS(t *testing.T) (string, <-chan struct{}) {
+// watchedTestNS is a test namespace with Watch running, then the plan for
+// self, node2 (host-gw) and node4 (VXLAN) applied: none of the apply's own
+// events may count as foreign.
+func watchedTestNS(t *testing.T) *watched {
 	t.Helper()
-	ns, h, nsh := newTestNS(t)
-	r := &Reconciler{Kernel: NewNetlinkKernel(h), Device: DefaultDevice}
-	if _, err := r.Apply(Compute(config(BackendAuto), []*cluster.Node{self, node2, node4})); err != nil {
-		t.Fatal(err)
-	}
+	ns, _, nsh := newTestNS(t)
+	w := &watched{ns: ns, rec: &Reconciler{Kernel: newTestKernel(t, nsh), Device: DefaultDevice},
+		table: NewTable(config(BackendAuto), []*cluster.Node{self, node2, node4}), foreign: make(chan Event, 100)}
 	ctx, cancel := context.WithCancel(context.Background())
-	changed := make(chan struct{}, 1)
 	done := make(chan error, 1)
-	go func() { done <- Watch(ctx, nsh, DefaultDevice, changed) }()
+	go func() {
+		done <- Watch(ctx, nsh, DefaultDevice, func(e Event) {
+			if !w.table.Matches(e) {
+				w.foreign <- e
+			}
+		})
+	}()
 	t.Cleanup(func() { cancel(); <-done })
 	time.Sleep(100 * time.Millisecond) // let the subscriptions start
-	for len(changed) > 0 {
-		<-changed
+	if _, err := w.rec.Apply(w.table.Plan()); err != nil {
+		t.Fatal(err)
 	}
-	return ns, changed
+	w.quiet(t, "the first apply")
+	return w
+}
+
+// quiet fails when a foreign event comes within 300 ms.
+func (w *watched) quiet(t *testing.T, after string) {
+	t.Helper()
+	select {
+	case e := <-w.foreign:
+		t.Fatalf("after %s: foreign event %+v", after, e)
+	case <-time.After(300 * time.Millisecond):
+	}
+}
+
+// foreignSoon fails unless a foreign event comes within 2 s.
+func (w *watched) foreignSoon(t *testing.T, after string) {
+	t.Helper()
+	select {
+	case <-w.foreign:
+	case <-time.After(2 * time.Second):
+		t.Fatalf("no foreign event for %s", after)
+	}
+}
+
+// TestWatchOwnWritesMatchTheTable: Nodes added, changed and removed
+// through the Table and Patch echo back as events the Table matches; a
+// hand deletion of an entry of the plan, a stray route tagged as podnet's
+// and the device going down do not.
+func TestWatchOwnWritesMatchTheTable(t *testing.T) {
+	w := watchedTestNS(t)
+	for _, step := range []struct {
+		what string
+		d    func() Delta
+	}{
+		{"node3 added (host-gw)", func() Delta { return w.table.Set(node3) }},
+		{"node5 added (VXLAN)", func() Delta { return w.table.Set(node("node5", "192.168.20.15", "10.244.5.0/24")) }},
+		{"node5 moved", func() Delta { return w.table.Set(node("node5", "192.168.20.25", "10.244.5.0/24")) }},
+		{"node2 to VXLAN", func() Delta { return w.table.Set(node("node2", "192.168.20.12", "10.244.2.0/24")) }},
+		{"node5 removed", func() Delta { return w.table.Delete("node5") }},
+		{"node3 removed", func() Delta { return w.table.Delete("node3") }},
+	} {
+		d := step.d()
+		if d.Empty() {
+			t.Fatalf("%s: no change", step.what)
+		}
+		if _, err := w.rec.Patch(d); err != nil {
+			t.Fatalf("%s: %v", step.what, err)
+		}
+		w.quiet(t, step.what)
+	}
+	checkKernelHolds(t, w.rec.Kernel, w.table.Plan())
+
+	ipIn(t, w.ns, "route", "del", "10.244.2.0/24")
+	w.foreignSoon(t, "a route of the plan deleted")
+	ipIn(t, w.ns, "route", "add", "10.244.99.0/24", "via", "192.168.10.99", "proto", "98")
+	w.foreignSoon(t, "a stray route tagged as podnet's")
+	ipIn(t, w.ns, "link", "set", DefaultDevice, "down")
+	w.foreignSoon(t, "the device down")
+}
+
+// TestWatchSeesHandDeletion: a route of the plan deleted by hand is foreign.
+func TestWatchSeesHandDeletion(t *testing.T) {
+	w := watchedTestNS(t)
+	ipIn(t, w.ns, "route", "del", "10.244.2.0/24")
+	w.foreignSoon(t, "a deleted route")
+}
+
+// TestWatchSeesNeighbourDeletionOnTheDeviceOnly: ARP on the underlay is
+// not podnet's business; a neighbour of the plan deleted is.
+func TestWatchSeesNeighbourDeletionOnTheDeviceOnly(t *testing.T) {
+	w := watchedTestNS(t)
+	ipIn(t, w.ns, "neigh", "add", "192.168.10.77", "lladdr", "02:00:00:00:00:77", "dev", "eth0")
+	w.quiet(t, "a neighbour added on eth0")
+	ipIn(t, w.ns, "neigh", "del", "10.244.4.0", "dev", DefaultDevice)
+	w.foreignSoon(t, "a deleted neighbour on podnet.1")
 }

@@ -191,18 +191,11 @@ func Compute(c Config, nodes []*cluster.Node) Plan {
 	if self := find(nodes, c.NodeName); self != nil {
 		p.PodCIDR, _ = self.PodCIDR()
 	}
-	if c.Backend != BackendHostGW {
-		p.Device = &VXLANDevice{
-			Name: c.Device, VNI: c.VNI, Port: c.Port, Local: c.NodeIP, Parent: c.Iface,
-			MAC: VTEPMAC(c.NodeIP), MTU: c.UnderlayMTU - VXLANOverhead, Up: true,
-		}
-		if p.PodCIDR.IsValid() {
-			p.Device.Addr = netip.PrefixFrom(VTEPAddr(p.PodCIDR), 32)
-		}
-	}
-	// Two nodes claiming one podCIDR: the first by name keeps it, so the
-	// kernel never sees two routes for one prefix.
-	owner := make(map[netip.Prefix]string, len(nodes))
+	p.Device = c.device(p.PodCIDR)
+	// Two nodes claiming one podCIDR (or two podCIDRs starting at one
+	// address, hence one VTEP address): the first by name keeps it, so the
+	// kernel never sees two routes or neighbours for one key.
+	owner := make(map[netip.Addr]Peer, len(nodes))
 	sorted := slices.Clone(nodes)
 	slices.SortFunc(sorted, func(a, b *cluster.Node) int { return strings.Compare(a.Name, b.Name) })
 	p.Peers = make([]Peer, 0, len(nodes))
@@ -215,45 +208,86 @@ func Compute(c Config, nodes []*cluster.Node) Plan {
 		if n.Name == c.NodeName {
 			continue
 		}
-		cidr, ok := n.PodCIDR()
-		if !ok {
-			p.Skipped = append(p.Skipped, n.Name+": no podCIDR")
+		peer, skip := c.peerOf(p.PodCIDR, n)
+		if skip != "" {
+			p.Skipped = append(p.Skipped, skip)
 			continue
 		}
-		ip, ok := n.InternalIP()
-		if !ok {
-			p.Skipped = append(p.Skipped, n.Name+": no IPv4 InternalIP")
+		key := VTEPAddr(peer.PodCIDR)
+		if other, dup := owner[key]; dup {
+			p.Skipped = append(p.Skipped, duplicate(peer, other))
 			continue
 		}
-		cidr = cidr.Masked()
-		if p.PodCIDR.IsValid() && cidr.Overlaps(p.PodCIDR) {
-			p.Skipped = append(p.Skipped, fmt.Sprintf("%s: podCIDR %s overlaps this node's %s", n.Name, cidr, p.PodCIDR))
-			continue
+		owner[key] = peer
+		p.Peers = append(p.Peers, peer)
+		r, nb, f := c.entries(peer)
+		p.Routes = append(p.Routes, r)
+		if peer.VXLAN {
+			p.Neighs = append(p.Neighs, nb)
+			p.FDB = append(p.FDB, f)
 		}
-		vx := c.Backend == BackendVXLAN || (c.Backend == BackendAuto && !c.NodeSubnet.Contains(ip))
-		if c.Backend == BackendHostGW && !c.NodeSubnet.Contains(ip) {
-			// The kernel refuses a gateway that is not on a connected
-			// subnet; say why instead of failing every sync.
-			p.Skipped = append(p.Skipped, fmt.Sprintf("%s: %s is outside %s; host-gw needs one L2 segment (use --backend auto or vxlan)", n.Name, ip, c.NodeSubnet))
-			continue
-		}
-		if other, dup := owner[cidr]; dup {
-			p.Skipped = append(p.Skipped, fmt.Sprintf("%s: podCIDR %s already used by %s", n.Name, cidr, other))
-			continue
-		}
-		owner[cidr] = n.Name
-		p.Peers = append(p.Peers, Peer{Name: n.Name, NodeIP: ip, PodCIDR: cidr, VXLAN: vx})
-		if !vx {
-			p.Routes = append(p.Routes, Route{Dst: cidr, Gw: ip, Dev: c.Iface})
-			continue
-		}
-		vtep := VTEPAddr(cidr)
-		mac := VTEPMAC(ip)
-		p.Routes = append(p.Routes, Route{Dst: cidr, Gw: vtep, Dev: c.Device, Onlink: true})
-		p.Neighs = append(p.Neighs, Neigh{Dev: c.Device, IP: vtep, MAC: mac})
-		p.FDB = append(p.FDB, FDB{Dev: c.Device, MAC: mac, Dst: ip})
 	}
 	return p
+}
+
+// device is the VXLAN device the plan wants, nil with host-gw.
+func (c Config) device(podCIDR netip.Prefix) *VXLANDevice {
+	if c.Backend == BackendHostGW {
+		return nil
+	}
+	d := &VXLANDevice{
+		Name: c.Device, VNI: c.VNI, Port: c.Port, Local: c.NodeIP, Parent: c.Iface,
+		MAC: VTEPMAC(c.NodeIP), MTU: c.UnderlayMTU - VXLANOverhead, Up: true,
+	}
+	if podCIDR.IsValid() {
+		d.Addr = netip.PrefixFrom(VTEPAddr(podCIDR), 32)
+	}
+	return d
+}
+
+// peerOf is node n as a peer of this node (whose podCIDR is self), or why
+// it cannot be one, judged from n alone.
+func (c Config) peerOf(self netip.Prefix, n *cluster.Node) (Peer, string) {
+	cidr, ok := n.PodCIDR()
+	if !ok {
+		return Peer{}, n.Name + ": no podCIDR"
+	}
+	ip, ok := n.InternalIP()
+	if !ok {
+		return Peer{}, n.Name + ": no IPv4 InternalIP"
+	}
+	cidr = cidr.Masked()
+	if self.IsValid() && cidr.Overlaps(self) {
+		return Peer{}, fmt.Sprintf("%s: podCIDR %s overlaps this node's %s", n.Name, cidr, self)
+	}
+	if c.Backend == BackendHostGW && !c.NodeSubnet.Contains(ip) {
+		// The kernel refuses a gateway that is not on a connected
+		// subnet; say why instead of failing every sync.
+		return Peer{}, fmt.Sprintf("%s: %s is outside %s; host-gw needs one L2 segment (use --backend auto or vxlan)", n.Name, ip, c.NodeSubnet)
+	}
+	vx := c.Backend == BackendVXLAN || (c.Backend == BackendAuto && !c.NodeSubnet.Contains(ip))
+	return Peer{Name: n.Name, NodeIP: ip, PodCIDR: cidr, VXLAN: vx}, ""
+}
+
+// duplicate says why peer is skipped for other, which owns its VTEP address.
+func duplicate(peer, other Peer) string {
+	if peer.PodCIDR == other.PodCIDR {
+		return fmt.Sprintf("%s: podCIDR %s already used by %s", peer.Name, peer.PodCIDR, other.Name)
+	}
+	return fmt.Sprintf("%s: podCIDR %s starts at the address of %s's %s", peer.Name, peer.PodCIDR, other.Name, other.PodCIDR)
+}
+
+// entries are the kernel entries reaching peer: its route and, with VXLAN,
+// its neighbour and FDB entry (zero otherwise).
+func (c Config) entries(peer Peer) (Route, Neigh, FDB) {
+	if !peer.VXLAN {
+		return Route{Dst: peer.PodCIDR, Gw: peer.NodeIP, Dev: c.Iface}, Neigh{}, FDB{}
+	}
+	vtep := VTEPAddr(peer.PodCIDR)
+	mac := VTEPMAC(peer.NodeIP)
+	return Route{Dst: peer.PodCIDR, Gw: vtep, Dev: c.Device, Onlink: true},
+		Neigh{Dev: c.Device, IP: vtep, MAC: mac},
+		FDB{Dev: c.Device, MAC: mac, Dst: peer.NodeIP}
 }
 
 func find(nodes []*cluster.Node, name string) *cluster.Node {

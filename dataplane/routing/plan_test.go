@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -117,82 +118,118 @@ func TestRouterStates(t *testing.T) {
 	}
 }
 
-// TestUpdateMatchesApply walks random sequences of clusters (peers coming,
-// going, moving between the segments, changing podCIDR, and the fixed
-// states above with their config changes) with Update on one kernel and
-// Apply on another: after every step both kernels hold the same state,
-// and Update changed no more than Apply did.
-func TestUpdateMatchesApply(t *testing.T) {
+// TestTableMatchesCompute walks random sequences of single Node changes
+// (peers coming, going, moving between the segments, changing podCIDR or
+// address, claiming another's podCIDR or its network address, sharing an
+// address, losing their podCIDR, overlapping this node's; one at a time
+// and several in one Update) through a Table,
+// with every backend: after each step the table's plan is Compute's for
+// the same Nodes, and the kernel patched with the table's deltas holds
+// what a full Apply of Compute's plan makes of another kernel, with no
+// more changes.
+func TestTableMatchesCompute(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	randomNodes := func() []*cluster.Node {
-		nodes := []*cluster.Node{self}
-		for i := range 30 {
-			if rng.IntN(3) == 0 {
-				continue
-			}
-			seg := 10 + 10*rng.IntN(2)
-			nodes = append(nodes, node(fmt.Sprintf("n%02d", i), fmt.Sprintf("192.168.%d.%d", seg, 100+i), fmt.Sprintf("10.244.%d.0/24", 100+i+rng.IntN(2)*50)))
+	randomNode := func() *cluster.Node {
+		i := rng.IntN(12)
+		name := fmt.Sprintf("n%02d", i)
+		seg := 10 + 10*rng.IntN(2)
+		ip := fmt.Sprintf("192.168.%d.%d", seg, 100+rng.IntN(14))
+		cidr := fmt.Sprintf("10.244.%d.0/%d", 100+rng.IntN(14), 24+rng.IntN(2))
+		switch rng.IntN(10) {
+		case 0:
+			cidr = ""
+		case 1:
+			cidr = "10.244.1.0/25" // overlaps this node's
+		case 2:
+			ip = ""
 		}
-		return nodes
+		return node(name, ip, cidr)
 	}
-	for round := range 20 {
-		ku, ka := newFake(), newFake()
-		ru := &Reconciler{Kernel: ku, Device: DefaultDevice}
-		ra := &Reconciler{Kernel: ka, Device: DefaultDevice}
-		for step := range 15 {
-			cfg, nodes := config(BackendAuto), randomNodes()
-			if rng.IntN(4) == 0 {
-				s := states[rng.IntN(len(states))]
-				cfg, nodes = s.cfg, s.nodes
+	for _, backend := range []Backend{BackendAuto, BackendVXLAN, BackendHostGW} {
+		for round := range 20 {
+			cfg := config(backend)
+			nodes := map[string]*cluster.Node{"node1": self}
+			list := func() []*cluster.Node {
+				var l []*cluster.Node
+				for _, n := range nodes {
+					l = append(l, n)
+				}
+				return l
 			}
-			ku.SetMTU("eth0", cfg.UnderlayMTU)
-			ka.SetMTU("eth0", cfg.UnderlayMTU)
-			p := Compute(cfg, nodes)
-			before := ku.Mutations
-			if _, err := ru.Update(p); err != nil {
-				t.Fatalf("round %d step %d: update: %v", round, step, err)
+			ku, ka := newFake(), newFake()
+			tab := NewTable(cfg, list())
+			ru := &Reconciler{Kernel: ku, Device: DefaultDevice}
+			ra := &Reconciler{Kernel: ka, Device: DefaultDevice}
+			if _, err := ru.Apply(tab.Plan()); err != nil {
+				t.Fatal(err)
 			}
-			updated := ku.Mutations - before
-			before = ka.Mutations
-			if _, err := ra.Apply(p); err != nil {
-				t.Fatalf("round %d step %d: apply: %v", round, step, err)
-			}
-			if got, want := ku.Dump(), ka.Dump(); got != want {
-				t.Fatalf("round %d step %d: after Update\n%s\nafter Apply\n%s", round, step, got, want)
-			}
-			if applied := ka.Mutations - before; updated > applied {
-				t.Errorf("round %d step %d: Update made %d changes, Apply %d", round, step, updated, applied)
+			for step := range 40 {
+				var d Delta
+				switch n := randomNode(); rng.IntN(5) {
+				case 0:
+					delete(nodes, n.Name)
+					d = tab.Delete(n.Name)
+				case 1:
+					// Several at once, some going.
+					changed := map[string]*cluster.Node{}
+					for range 1 + rng.IntN(4) {
+						if rng.IntN(3) == 0 {
+							name := fmt.Sprintf("n%02d", rng.IntN(12))
+							delete(nodes, name)
+							changed[name] = nil
+							continue
+						}
+						n := randomNode()
+						nodes[n.Name] = n
+						changed[n.Name] = n
+					}
+					d = tab.Update(changed)
+				default:
+					nodes[n.Name] = n
+					d = tab.Set(n)
+				}
+				want := Compute(cfg, list())
+				if got := tab.Plan(); got.String() != want.String() {
+					t.Fatalf("%s round %d step %d: table plan\n%s\nCompute\n%s", backend, round, step, got, want)
+				}
+				if got := tab.Skipped(); !slices.Equal(got, want.Skipped) {
+					t.Fatalf("%s round %d step %d: Skipped %q, Compute's %q", backend, round, step, got, want.Skipped)
+				}
+				before := ku.Mutations
+				if _, err := ru.Patch(d); err != nil {
+					t.Fatalf("%s round %d step %d: patch %+v: %v", backend, round, step, d, err)
+				}
+				patched := ku.Mutations - before
+				before = ka.Mutations
+				if _, err := ra.Apply(want); err != nil {
+					t.Fatalf("%s round %d step %d: apply: %v", backend, round, step, err)
+				}
+				if got, want := ku.Dump(), ka.Dump(); got != want {
+					t.Fatalf("%s round %d step %d: delta %+v: after Patch\n%s\nafter Apply\n%s", backend, round, step, d, got, want)
+				}
+				if applied := ka.Mutations - before; patched > applied {
+					t.Errorf("%s round %d step %d: Patch made %d changes, Apply %d", backend, round, step, patched, applied)
+				}
 			}
 		}
 	}
 }
 
-// TestUpdateAfterAnErrorIsApply: once a change failed, Update no longer
-// trusts its record of the kernel and compares with the kernel itself.
-func TestUpdateAfterAnErrorIsApply(t *testing.T) {
-	k := newFake()
-	r := &Reconciler{Kernel: k, Device: DefaultDevice}
-	p := Compute(config(BackendAuto), []*cluster.Node{self, node2, node4})
-	if _, err := r.Update(p); err != nil {
-		t.Fatal(err)
+// TestTableDeltaIsOneNodes: a VXLAN Node added is its route, neighbour
+// and FDB entry; set again unchanged, nothing; removed, the same three.
+func TestTableDeltaIsOneNodes(t *testing.T) {
+	tab := NewTable(config(BackendAuto), []*cluster.Node{self, node2, node4})
+	n5 := node("node5", "192.168.20.15", "10.244.5.0/24")
+	add := tab.Set(n5)
+	if len(add.Set.Routes) != 1 || len(add.Set.Neighs) != 1 || len(add.Set.FDB) != 1 || len(add.Delete.Routes)+len(add.Delete.Neighs)+len(add.Delete.FDB) != 0 {
+		t.Errorf("add: %+v", add)
 	}
-	want := k.Dump()
-	// Behind the reconciler's back: Update alone does not see it...
-	_ = k.DeleteRoute(p.Routes[0])
-	if changes, err := r.Update(p); err != nil || len(changes) != 0 {
-		t.Fatalf("update of an unchanged plan: %q, %v", changes, err)
+	if d := tab.Set(node("node5", "192.168.20.15", "10.244.5.0/24")); !d.Empty() {
+		t.Errorf("unchanged: %+v", d)
 	}
-	// ...but a failed change makes the next Update a full Apply.
-	bad := Compute(config(BackendAuto), []*cluster.Node{self, node2, node4, node("far", "192.168.10.50", "10.244.50.0/24")})
-	bad.Routes = append(bad.Routes, Route{Dst: netip.MustParsePrefix("10.244.60.0/24"), Gw: netip.MustParseAddr("192.168.10.60"), Dev: "missing0"})
-	if _, err := r.Update(bad); err == nil {
-		t.Fatal("route through a missing device: no error")
-	}
-	if _, err := r.Update(p); err != nil {
-		t.Fatal(err)
-	}
-	if got := k.Dump(); got != want {
-		t.Fatalf("after the full Apply\n%s\nwant\n%s", got, want)
+	del := tab.Delete("node5")
+	if !slices.Equal(del.Delete.Routes, add.Set.Routes) || len(del.Delete.Neighs) != 1 || len(del.Delete.FDB) != 1 || len(del.Set.Routes)+len(del.Set.Neighs)+len(del.Set.FDB) != 0 {
+		t.Errorf("delete: %+v", del)
 	}
 }
 
@@ -321,4 +358,24 @@ func checkGolden(t *testing.T, name, got string) {
 	if got != string(want) {
 		t.Errorf("%s differs (run with -update after checking):\n%s", path, got)
 	}
+}
+
+// TestTableChangeCostsTheSameAtAnySize: one Node added and removed
+// allocates no more among 5,000 peers than among 50 (computing the plan
+// again, as before the Table, allocated in proportion to the peers).
+func TestTableChangeCostsTheSameAtAnySize(t *testing.T) {
+	allocs := map[int]float64{}
+	for _, n := range []int{50, 5000} {
+		tab := NewTable(scaleConfig(BackendVXLAN), scalePeers(n))
+		extra := scalePeers(n + 1)[n]
+		allocs[n] = testing.AllocsPerRun(50, func() {
+			if tab.Set(extra).Empty() || tab.Delete(extra.Name).Empty() {
+				t.Fatal("no change")
+			}
+		})
+	}
+	if allocs[5000] > allocs[50]+1 {
+		t.Errorf("allocations per add and remove: %.0f among 5,000 peers, %.0f among 50", allocs[5000], allocs[50])
+	}
+	t.Logf("allocations per add and remove: %v", allocs)
 }

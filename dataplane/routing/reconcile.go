@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 )
 
 // Kernel is the part of netlink the Reconciler uses. The real one is
@@ -13,22 +14,46 @@ type Kernel interface {
 	// VXLAN returns the named link as the kernel holds it, or nil when
 	// there is none. A link that is not VXLAN comes back with VNI 0.
 	VXLAN(name string) (*VXLANDevice, error)
+	// CreateVXLAN creates the device as d says, up when d.Up.
 	CreateVXLAN(d VXLANDevice) error
 	// UpdateVXLAN sets MTU, MAC, address and up state in place.
 	UpdateVXLAN(d VXLANDevice) error
 	DeleteLink(name string) error
 	// Routes lists the main table's routes tagged with Protocol.
 	Routes() ([]Route, error)
-	ReplaceRoute(r Route) error
-	DeleteRoute(r Route) error
 	// Neighs lists the permanent IPv4 neighbour entries of dev.
 	Neighs(dev string) ([]Neigh, error)
-	SetNeigh(n Neigh) error
-	DeleteNeigh(n Neigh) error
 	// FDB lists the forwarding entries of dev that have a destination.
 	FDB(dev string) ([]FDB, error)
-	SetFDB(f FDB) error
-	DeleteFDB(f FDB) error
+	// Write makes the changes in order, going on after one fails, and
+	// returns the error of each that failed at its index (nil: none did).
+	Write(ops []Op) []error
+}
+
+// Op is one change to a route, neighbour or FDB entry: exactly one of
+// Route, Neigh and FDB is set. Without Delete it adds or replaces.
+type Op struct {
+	Delete bool
+	Route  *Route
+	Neigh  *Neigh
+	FDB    *FDB
+}
+
+func (o Op) String() string {
+	switch {
+	case o.Route != nil && o.Delete:
+		return "delete route " + o.Route.String()
+	case o.Route != nil:
+		return "replace route " + o.Route.String()
+	case o.Neigh != nil && o.Delete:
+		return "delete neigh " + o.Neigh.String()
+	case o.Neigh != nil:
+		return "set neigh " + o.Neigh.String()
+	case o.FDB != nil && o.Delete:
+		return "delete fdb " + o.FDB.String()
+	default:
+		return "add fdb " + o.FDB.String()
+	}
 }
 
 // Reconciler makes the kernel hold a Plan.
@@ -36,82 +61,38 @@ type Reconciler struct {
 	Kernel Kernel
 	// Device is the VXLAN device name to remove when a plan has none.
 	Device string
-
-	// applied is the plan the last Apply or Update put in place without
-	// an error, with its index; nil when there is none.
-	applied *indexedPlan
 }
 
-// Apply changes the kernel to hold p, touching only what differs. It
-// returns what it changed (for logs and tests) and every error it met; it
-// keeps going after an error so one bad entry does not block the rest.
-func (r *Reconciler) Apply(p Plan) ([]string, error) {
-	changes, err := r.apply(p)
-	r.remember(p, err)
-	return changes, err
-}
-
-// remember records p as the kernel's state when it was put in place
-// without an error, and forgets any plan otherwise.
-func (r *Reconciler) remember(p Plan, err error) {
-	r.applied = nil
-	if err == nil {
-		r.applied = indexPlan(p)
-	}
-}
-
-// Update changes the kernel from the plan last put in place to p, touching
-// only the entries in which the two differ and reading nothing back: one
-// Node added or removed costs its own few netlink calls instead of a dump
-// of every peer's entries. When no plan is known to be in place (none yet,
-// or the last Apply or Update met an error) or the device differs, it is
-// Apply. Changes made behind podnet's back are for Apply to repair.
-func (r *Reconciler) Update(p Plan) ([]string, error) {
-	old := r.applied
-	if old == nil || !sameDevice(old.Device, p.Device) {
-		return r.Apply(p)
-	}
-	np := indexPlan(p)
-	var c changeLog
-	do := c.do
+// Patch makes the changes of d (a Table's answer to one Node change) and
+// nothing else, reading nothing back: one Node among 5,000 costs its own
+// few entries, written in one batch. It trusts that the kernel held the
+// plan d starts from; after an error, or when netlink reports a change
+// that is not podnet's, it is for Apply to compare with the kernel.
+func (r *Reconciler) Patch(d Delta) ([]string, error) {
+	ops := make([]Op, 0, len(d.Set.Routes)+len(d.Set.Neighs)+len(d.Set.FDB)+len(d.Delete.Routes)+len(d.Delete.Neighs)+len(d.Delete.FDB))
 	// Forwarding state before the routes that need it; removals after,
 	// in the reverse order.
-	for _, f := range p.FDB {
-		if _, ok := old.fdb[keyOf(f)]; !ok {
-			do("add fdb "+f.String(), r.Kernel.SetFDB(f))
-		}
+	for i := range d.Set.FDB {
+		ops = append(ops, Op{FDB: &d.Set.FDB[i]})
 	}
-	for _, n := range p.Neighs {
-		if i, ok := old.neigh[n.IP]; !ok || !bytes.Equal(old.Neighs[i].MAC, n.MAC) {
-			do("set neigh "+n.String(), r.Kernel.SetNeigh(n))
-		}
+	for i := range d.Set.Neighs {
+		ops = append(ops, Op{Neigh: &d.Set.Neighs[i]})
 	}
-	for _, rt := range p.Routes {
-		if i, ok := old.route[rt.Dst]; !ok || old.Routes[i] != rt {
-			do("replace route "+rt.String(), r.Kernel.ReplaceRoute(rt))
-		}
+	for i := range d.Set.Routes {
+		ops = append(ops, Op{Route: &d.Set.Routes[i]})
 	}
-	for _, rt := range old.Routes {
-		if _, ok := np.route[rt.Dst]; !ok {
-			do("delete route "+rt.String(), r.Kernel.DeleteRoute(rt))
-		}
+	for i := range d.Delete.Routes {
+		ops = append(ops, Op{Delete: true, Route: &d.Delete.Routes[i]})
 	}
-	for _, n := range old.Neighs {
-		if _, ok := np.neigh[n.IP]; !ok {
-			do("delete neigh "+n.String(), r.Kernel.DeleteNeigh(n))
-		}
+	for i := range d.Delete.Neighs {
+		ops = append(ops, Op{Delete: true, Neigh: &d.Delete.Neighs[i]})
 	}
-	for _, f := range old.FDB {
-		if _, ok := np.fdb[keyOf(f)]; !ok {
-			do("delete fdb "+f.String(), r.Kernel.DeleteFDB(f))
-		}
+	for i := range d.Delete.FDB {
+		ops = append(ops, Op{Delete: true, FDB: &d.Delete.FDB[i]})
 	}
-	err := errors.Join(c.errs...)
-	r.applied = nil
-	if err == nil {
-		r.applied = np
-	}
-	return c.changes, err
+	var c changeLog
+	c.write(r.Kernel, ops)
+	return c.changes, errors.Join(c.errs...)
 }
 
 // changeLog collects what a reconciliation changed and the errors it met.
@@ -129,36 +110,22 @@ func (c *changeLog) do(what string, err error) {
 	c.changes = append(c.changes, what)
 }
 
-// indexedPlan is a plan with its entries indexed by what identifies them
-// in the kernel, built once when the plan is put in place so that the
-// next Update indexes only its own plan.
-type indexedPlan struct {
-	Plan
-	fdb   map[fdbKey]int
-	neigh map[netip.Addr]int
-	route map[netip.Prefix]int
-}
-
-func indexPlan(p Plan) *indexedPlan {
-	ip := &indexedPlan{Plan: p, fdb: make(map[fdbKey]int, len(p.FDB)),
-		neigh: make(map[netip.Addr]int, len(p.Neighs)), route: make(map[netip.Prefix]int, len(p.Routes))}
-	for i, f := range p.FDB {
-		ip.fdb[keyOf(f)] = i
+// write makes ops and records each.
+func (c *changeLog) write(k Kernel, ops []Op) {
+	if len(ops) == 0 {
+		return
 	}
-	for i, n := range p.Neighs {
-		ip.neigh[n.IP] = i
+	errs := k.Write(ops)
+	if c.changes == nil {
+		c.changes = make([]string, 0, len(ops))
 	}
-	for i, r := range p.Routes {
-		ip.route[r.Dst] = i
+	for i, op := range ops {
+		var err error
+		if errs != nil {
+			err = errs[i]
+		}
+		c.do(op.String(), err)
 	}
-	return ip
-}
-
-func sameDevice(a, b *VXLANDevice) bool {
-	if a == nil || b == nil {
-		return a == b
-	}
-	return sameIdentity(*a, *b) && a.Name == b.Name && a.MTU == b.MTU && bytes.Equal(a.MAC, b.MAC) && a.Addr == b.Addr && a.Up == b.Up
 }
 
 // fdbKey identifies an FDB entry without formatting or allocating: the
@@ -198,8 +165,10 @@ func routeByDst(rs []Route) map[netip.Prefix]Route {
 	return m
 }
 
-// apply is Apply without remembering the plan.
-func (r *Reconciler) apply(p Plan) ([]string, error) {
+// Apply changes the kernel to hold p, touching only what differs. It
+// returns what it changed (for logs and tests) and every error it met; it
+// keeps going after an error so one bad entry does not block the rest.
+func (r *Reconciler) Apply(p Plan) ([]string, error) {
 	var c changeLog
 	do := c.do
 
@@ -240,12 +209,20 @@ func (r *Reconciler) apply(p Plan) ([]string, error) {
 	}
 
 	// Forwarding state first, so a route never points at an unresolvable
-	// next hop; removals after, in the reverse order.
+	// next hop; removals after, in the reverse order. What the kernel
+	// holds is read first, then every change goes in one Write.
+	var sets, dels []Op
 	if p.Device != nil && devReady {
-		r.syncFDB(p, &c)
-		r.syncNeighs(p, &c)
+		s, d := r.diffFDB(p, &c)
+		sets, dels = append(sets, s...), append(dels, d...)
+		s, d = r.diffNeighs(p, &c)
+		sets, dels = append(sets, s...), append(dels, d...)
 	}
-	r.syncRoutes(p, &c)
+	s, d := r.diffRoutes(p, &c)
+	sets = append(sets, s...)
+	slices.Reverse(dels)
+	dels = append(d, dels...)
+	c.write(r.Kernel, append(sets, dels...))
 	return c.changes, errors.Join(c.errs...)
 }
 
@@ -253,62 +230,62 @@ func sameIdentity(a, b VXLANDevice) bool {
 	return a.VNI == b.VNI && a.Port == b.Port && a.Local == b.Local && a.Parent == b.Parent && a.Learning == b.Learning
 }
 
-func (r *Reconciler) syncFDB(p Plan, c *changeLog) {
-	do := c.do
+func (r *Reconciler) diffFDB(p Plan, c *changeLog) (sets, dels []Op) {
 	have, err := r.Kernel.FDB(p.Device.Name)
 	if err != nil {
 		c.errs = append(c.errs, fmt.Errorf("list fdb: %w", err))
-		return
+		return nil, nil
 	}
 	haveSet, wantSet := fdbSet(have), fdbSet(p.FDB)
-	for _, f := range p.FDB {
+	for i, f := range p.FDB {
 		if !haveSet[keyOf(f)] {
-			do("add fdb "+f.String(), r.Kernel.SetFDB(f))
+			sets = append(sets, Op{FDB: &p.FDB[i]})
 		}
 	}
-	for _, f := range have {
+	for i, f := range have {
 		if !wantSet[keyOf(f)] {
-			do("delete fdb "+f.String(), r.Kernel.DeleteFDB(f))
+			dels = append(dels, Op{Delete: true, FDB: &have[i]})
 		}
 	}
+	return sets, dels
 }
 
-func (r *Reconciler) syncNeighs(p Plan, c *changeLog) {
-	do := c.do
+func (r *Reconciler) diffNeighs(p Plan, c *changeLog) (sets, dels []Op) {
 	have, err := r.Kernel.Neighs(p.Device.Name)
 	if err != nil {
 		c.errs = append(c.errs, fmt.Errorf("list neighbours: %w", err))
-		return
+		return nil, nil
 	}
 	haveByIP, want := neighByIP(have), neighByIP(p.Neighs)
-	for _, n := range p.Neighs {
+	for i, n := range p.Neighs {
 		if h, ok := haveByIP[n.IP]; !ok || !bytes.Equal(h.MAC, n.MAC) {
-			do("set neigh "+n.String(), r.Kernel.SetNeigh(n))
+			sets = append(sets, Op{Neigh: &p.Neighs[i]})
 		}
 	}
-	for _, n := range have {
+	for i, n := range have {
 		if _, ok := want[n.IP]; !ok {
-			do("delete neigh "+n.String(), r.Kernel.DeleteNeigh(n))
+			dels = append(dels, Op{Delete: true, Neigh: &have[i]})
 		}
 	}
+	return sets, dels
 }
 
-func (r *Reconciler) syncRoutes(p Plan, c *changeLog) {
-	do := c.do
+func (r *Reconciler) diffRoutes(p Plan, c *changeLog) (sets, dels []Op) {
 	have, err := r.Kernel.Routes()
 	if err != nil {
 		c.errs = append(c.errs, fmt.Errorf("list routes: %w", err))
-		return
+		return nil, nil
 	}
 	haveByDst, want := routeByDst(have), routeByDst(p.Routes)
-	for _, rt := range p.Routes {
+	for i, rt := range p.Routes {
 		if h, ok := haveByDst[rt.Dst]; !ok || h != rt {
-			do("replace route "+rt.String(), r.Kernel.ReplaceRoute(rt))
+			sets = append(sets, Op{Route: &p.Routes[i]})
 		}
 	}
-	for _, rt := range have {
+	for i, rt := range have {
 		if _, ok := want[rt.Dst]; !ok {
-			do("delete route "+rt.String(), r.Kernel.DeleteRoute(rt))
+			dels = append(dels, Op{Delete: true, Route: &have[i]})
 		}
 	}
+	return sets, dels
 }
