@@ -120,20 +120,7 @@ func (s *Store) Replace(kinds []Kind, objs []Object) {
 			for key := range want[k] {
 				keys = append(keys, key)
 			}
-			slices.SortFunc(keys, func(a, b Key) int {
-				if a.Namespace != b.Namespace {
-					if a.Namespace < b.Namespace {
-						return -1
-					}
-					return 1
-				}
-				if a.Name < b.Name {
-					return -1
-				} else if a.Name > b.Name {
-					return 1
-				}
-				return 0
-			})
+			slices.SortFunc(keys, compareKeys)
 			for _, key := range keys {
 				if ev, ok := s.set(k, key, want[k][key]); ok {
 					events = append(events, ev)
@@ -142,6 +129,52 @@ func (s *Store) Replace(kinds []Kind, objs []Object) {
 		}
 		return events
 	})
+}
+
+// Ref names one object of the Store.
+type Ref struct {
+	Kind Kind
+	Key  Key
+}
+
+// Apply makes the Store hold, for each ref in changes, its object, or none
+// for a nil one, as one change; objects not named are left alone. Events
+// come kind by kind, deletions first, then by key, as Replace gives them.
+// A source that knows what changed uses it instead of Replace: the cost is
+// that of the changes, not of every object held.
+func (s *Store) Apply(changes map[Ref]Object) {
+	refs := make([]Ref, 0, len(changes))
+	for r := range changes {
+		refs = append(refs, r)
+	}
+	slices.SortFunc(refs, func(a, b Ref) int {
+		if a.Kind != b.Kind {
+			return int(a.Kind) - int(b.Kind)
+		}
+		if da, db := changes[a] == nil, changes[b] == nil; da != db {
+			if da {
+				return -1
+			}
+			return 1
+		}
+		return compareKeys(a.Key, b.Key)
+	})
+	s.apply(func() []Event {
+		var events []Event
+		for _, r := range refs {
+			if ev, ok := s.set(r.Kind, r.Key, changes[r]); ok {
+				events = append(events, ev)
+			}
+		}
+		return events
+	})
+}
+
+func compareKeys(a, b Key) int {
+	if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Name, b.Name)
 }
 
 // apply runs change under the write lock, then delivers its events in order.

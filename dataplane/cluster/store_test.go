@@ -126,3 +126,33 @@ func TestStoreSynced(t *testing.T) {
 		t.Fatal("store not synced after MarkSynced")
 	}
 }
+
+// TestStoreApply: only the named objects change, with the events Replace
+// would give (kind by kind, deletions first, then by key), and nothing for
+// an object that is the same or a deletion of what is not there.
+func TestStoreApply(t *testing.T) {
+	s := NewStore()
+	s.Replace([]Kind{KindService, KindNamespace}, []Object{svc("a", "10.96.0.1"), svc("b", "10.96.0.2"), &Namespace{Name: "default"}})
+	var r recorder
+	s.Subscribe(r.handle)
+	gen := s.Generation()
+	ref := func(name string) Ref { return Ref{KindService, Key{Namespace: "default", Name: name}} }
+	s.Apply(map[Ref]Object{ref("a"): svc("a", "10.96.0.1"), ref("zz"): nil})
+	if got := r.take(); len(got) != 0 || s.Generation() != gen {
+		t.Fatalf("Apply of nothing new emitted %v (generation %d, was %d)", got, s.Generation(), gen)
+	}
+	s.Apply(map[Ref]Object{
+		ref("c"): svc("c", "10.96.0.3"), ref("b"): nil, ref("a"): svc("a", "10.96.0.9"),
+		{KindNode, Key{Name: "n1"}}: &Node{Name: "n1"},
+	})
+	want := []string{"add Node n1", "delete Service default/b", "update Service default/a", "add Service default/c"}
+	if got := r.take(); !slices.Equal(got, want) {
+		t.Fatalf("Apply emitted %v, want %v", got, want)
+	}
+	if s.Generation() != gen+1 {
+		t.Errorf("generation %d after one Apply, want %d", s.Generation(), gen+1)
+	}
+	if len(s.Namespaces()) != 1 || len(s.Services()) != 2 || len(s.EndpointSlicesFor(Key{Namespace: "default", Name: "a"})) != 0 {
+		t.Errorf("objects not named were touched: %d namespaces, %d services", len(s.Namespaces()), len(s.Services()))
+	}
+}
