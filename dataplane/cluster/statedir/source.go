@@ -6,10 +6,11 @@
 // Every *.yaml, *.yml and *.json file under the directory (recursively,
 // skipping names that start with ".", which is where editors and atomic
 // writers keep their temporary files) is parsed on its own and its objects
-// remembered per file; the Store gets the union. fsnotify tells which files
-// changed; a periodic rescan comparing size and mtime catches anything the
-// watcher missed (overflowed queues, directories created between watch
-// and walk).
+// remembered per file; the Store gets the union, once whole, then only what
+// the changed files' objects make differ (Store.Apply). fsnotify tells
+// which files changed; a periodic rescan comparing size and mtime catches
+// anything the watcher missed (overflowed queues, directories created
+// between watch and walk).
 //
 // Nothing half-read is believed: a file that cannot be read or parsed whole
 // keeps its last good objects; the Store is marked synced only once every
@@ -22,6 +23,7 @@
 package statedir
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -30,6 +32,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -70,10 +73,17 @@ type Source struct {
 
 	now func() time.Time
 
-	mu     sync.Mutex
-	files  map[string]*fileState // by path
-	dups   string                // last duplicate report, to warn only on change
-	synced bool
+	mu    sync.Mutex
+	files map[string]*fileState // by path
+	// filled is true once the Store got the union of the files: later
+	// changes are applied object by object.
+	filled bool
+	// dupFiles are the files holding each object more than one holds, in
+	// sorted order (the last wins); dups is the last report of them, to
+	// warn only on change.
+	dupFiles map[objID][]string
+	dups     string
+	synced   bool
 	// unread is why the last scan before sync could not read everything.
 	unread error
 }
@@ -226,19 +236,21 @@ func wanted(name string) bool {
 
 // scan walks the directory, re-parses files that are new, changed (size or
 // mtime), waiting to settle, or named in dirty, drops files that are gone,
-// and replaces the Store's contents if anything changed. It marks the Store
+// and brings the Store up to date if anything changed. It marks the Store
 // synced once everything was read whole, and returns when a file waiting to
 // settle is due (zero: none is).
 func (s *Source) scan(w *fsnotify.Watcher, dirty map[string]bool) (settleAt time.Time) {
-	seen, changed, walkErrs := s.walk(w, dirty)
-	return s.apply(seen, changed, walkErrs)
+	seen, before, walkErrs := s.walk(w, dirty)
+	return s.apply(seen, before, walkErrs)
 }
 
 // walk reads the files under the directory that are new, changed or dirty
-// (watching every directory on the way). It returns the files it saw,
-// whether any file's objects changed, and what could not be walked.
-func (s *Source) walk(w *fsnotify.Watcher, dirty map[string]bool) (seen map[string]bool, changed bool, walkErrs []error) {
+// (watching every directory on the way). It returns the files it saw, the
+// objects each file whose objects changed held before (nil for a new
+// file), and what could not be walked.
+func (s *Source) walk(w *fsnotify.Watcher, dirty map[string]bool) (seen map[string]bool, before map[string][]cluster.Object, walkErrs []error) {
 	seen = make(map[string]bool)
+	before = make(map[string][]cluster.Object)
 	err := filepath.WalkDir(s.o.Dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if path == s.o.Dir {
@@ -274,38 +286,50 @@ func (s *Source) walk(w *fsnotify.Watcher, dirty map[string]bool) (seen map[stri
 			return nil
 		}
 		if s.load(path, info, f) {
-			changed = true
+			var objs []cluster.Object
+			if f != nil {
+				objs = f.objs
+			}
+			before[path] = objs
 		}
 		return nil
 	})
 	if err != nil {
 		walkErrs = append(walkErrs, err)
 	}
-	return seen, changed, walkErrs
+	return seen, before, walkErrs
 }
 
 // apply forgets the files the walk did not see (unless it failed
-// somewhere), hands the union of all files' objects to the Store when
-// something changed, marks it synced once everything was read whole, and
-// returns when a file that shrank in place is next to be looked at.
-func (s *Source) apply(seen map[string]bool, changed bool, walkErrs []error) (settleAt time.Time) {
+// somewhere), brings the Store up to date when a file's objects changed
+// (before holds what those files held), marks it synced once everything
+// was read whole, and returns when a file that shrank in place is next to
+// be looked at.
+func (s *Source) apply(seen map[string]bool, before map[string][]cluster.Object, walkErrs []error) (settleAt time.Time) {
 	s.mu.Lock()
 	// A walk that failed somewhere did not see every file: none is taken
 	// for removed.
 	if len(walkErrs) == 0 {
-		for path := range s.files {
+		for path, f := range s.files {
 			if !seen[path] {
+				if _, ok := before[path]; !ok {
+					before[path] = f.objs
+				}
 				delete(s.files, path)
-				changed = true
 				s.o.Logger.Info("state file removed", "path", path)
 			}
 		}
 	} else {
 		s.o.Logger.Error("cannot read all of the state directory; keeping what it held", "dir", s.o.Dir, "err", errors.Join(walkErrs...))
 	}
-	var objs []cluster.Object
-	if changed {
-		objs = s.unionLocked()
+	changed := len(before) > 0
+	var all []cluster.Object
+	var changes map[cluster.Ref]cluster.Object
+	if changed && !s.filled {
+		all = s.unionLocked()
+		s.filled = true
+	} else if changed {
+		changes = s.changesLocked(before)
 	}
 	markSynced := !s.synced && s.completeLocked(walkErrs)
 	if markSynced {
@@ -319,8 +343,11 @@ func (s *Source) apply(seen map[string]bool, changed bool, walkErrs []error) (se
 		}
 	}
 	s.mu.Unlock()
-	if changed {
-		s.o.Store.Replace(s.o.Kinds, objs)
+	switch {
+	case all != nil:
+		s.o.Store.Replace(s.o.Kinds, all)
+	case len(changes) > 0:
+		s.o.Store.Apply(changes)
 	}
 	if markSynced {
 		s.o.Store.MarkSynced()
@@ -448,31 +475,109 @@ func (s *Source) keepRefused(path string, parsed Parsed, prev *fileState) []clus
 	return objs
 }
 
-type objID struct {
-	kind cluster.Kind
-	key  cluster.Key
-}
+type objID = cluster.Ref
 
 // unionLocked merges every file's objects; for duplicates the last file in
 // sorted path order wins.
 func (s *Source) unionLocked() []cluster.Object {
-	paths := slices.Sorted(maps.Keys(s.files))
-	byID := make(map[objID]cluster.Object)
-	from := make(map[objID]string)
-	var order []objID
-	var dups []string
-	for _, p := range paths {
-		for _, o := range s.files[p].objs {
-			id := objID{o.Kind(), o.Key()}
-			if prev, ok := from[id]; ok {
-				if prev != p {
-					dups = append(dups, fmt.Sprintf("%s %s in %s and %s", id.kind, id.key, prev, p))
-				}
-			} else {
-				order = append(order, id)
+	winners := s.winnersLocked(nil)
+	out := make([]cluster.Object, 0, len(winners))
+	for _, o := range winners {
+		out = append(out, o)
+	}
+	return out
+}
+
+// changesLocked returns what the Store must change after the files in
+// before changed: for every object one of them added, removed or changed,
+// the version that now wins, nil for none. A change to one file costs a
+// comparison of its objects and one pass over the others' (no copy of the
+// whole state): at 5,000 Nodes, 115,000 objects were merged and compared
+// with the Store for every one-Node file written.
+func (s *Source) changesLocked(before map[string][]cluster.Object) map[cluster.Ref]cluster.Object {
+	owned := make(map[cluster.Kind]bool, len(s.o.Kinds))
+	for _, k := range s.o.Kinds {
+		owned[k] = true
+	}
+	ids := make(map[objID]bool)
+	for path, old := range before {
+		var now []cluster.Object
+		if f := s.files[path]; f != nil {
+			now = f.objs
+		}
+		was := make(map[objID]cluster.Object, len(old))
+		for _, o := range old {
+			was[objID{Kind: o.Kind(), Key: o.Key()}] = o
+		}
+		for _, o := range now {
+			id := objID{Kind: o.Kind(), Key: o.Key()}
+			if w, ok := was[id]; !ok || !reflect.DeepEqual(w, o) {
+				ids[id] = owned[id.Kind]
 			}
-			byID[id] = o
-			from[id] = p
+			delete(was, id)
+		}
+		for id := range was {
+			ids[id] = owned[id.Kind]
+		}
+	}
+	maps.DeleteFunc(ids, func(_ objID, owned bool) bool { return !owned })
+	if len(ids) == 0 {
+		return nil
+	}
+	winners := s.winnersLocked(ids)
+	out := make(map[cluster.Ref]cluster.Object, len(ids))
+	for id := range ids {
+		out[id] = winners[id] // nil when no file holds it any more
+	}
+	return out
+}
+
+// winnersLocked returns, for each object in ids (every object when ids is
+// nil), the version the last file in sorted path order holds, and brings
+// the duplicate report of those objects up to date.
+func (s *Source) winnersLocked(ids map[objID]bool) map[objID]cluster.Object {
+	if ids == nil {
+		s.dupFiles = nil
+	}
+	winners := make(map[objID]cluster.Object, len(ids))
+	from := make(map[objID]string, len(ids)) // the file each winner is from
+	dups := make(map[objID][]string)
+	for _, p := range slices.Sorted(maps.Keys(s.files)) {
+		for _, o := range s.files[p].objs {
+			id := objID{Kind: o.Kind(), Key: o.Key()}
+			if ids != nil && !ids[id] {
+				continue
+			}
+			if prev, ok := from[id]; ok && prev != p {
+				if dups[id] == nil {
+					dups[id] = []string{prev}
+				}
+				dups[id] = append(dups[id], p)
+			}
+			winners[id], from[id] = o, p
+		}
+	}
+	for id := range ids {
+		delete(s.dupFiles, id)
+	}
+	for id, h := range dups {
+		if s.dupFiles == nil {
+			s.dupFiles = make(map[objID][]string)
+		}
+		s.dupFiles[id] = h
+	}
+	s.reportDupsLocked()
+	return winners
+}
+
+// reportDupsLocked warns of the objects more than one file holds, when
+// that changed since the last report.
+func (s *Source) reportDupsLocked() {
+	var dups []string
+	for _, id := range slices.SortedFunc(maps.Keys(s.dupFiles), compareIDs) {
+		h := s.dupFiles[id]
+		for i := 1; i < len(h); i++ {
+			dups = append(dups, fmt.Sprintf("%s %s in %s and %s", id.Kind, id.Key, h[i-1], h[i]))
 		}
 	}
 	if d := strings.Join(dups, "; "); d != s.dups {
@@ -481,9 +586,8 @@ func (s *Source) unionLocked() []cluster.Object {
 			s.o.Logger.Warn("duplicate objects in state directory; the last file in sorted order wins", "duplicates", d)
 		}
 	}
-	out := make([]cluster.Object, 0, len(order))
-	for _, id := range order {
-		out = append(out, byID[id])
-	}
-	return out
+}
+
+func compareIDs(a, b objID) int {
+	return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Key.Namespace, b.Key.Namespace), cmp.Compare(a.Key.Name, b.Key.Name))
 }

@@ -3,14 +3,19 @@ package statedir
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fsnotify/fsnotify"
 
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/cluster/convert"
@@ -593,4 +598,54 @@ func TestSourceShrinkInPlaceSettles(t *testing.T) {
 	if took := time.Since(start); took >= settle {
 		t.Errorf("a file replaced by rename was believed after %v, want at once", took)
 	}
+}
+
+// TestIncrementalMatchesFullLoad: after every change to a file (objects
+// added, changed, removed, moved between files, held by several files, the
+// file deleted), the Store a Source brings up to date object by object
+// holds what a new Source reading the directory from scratch would.
+func TestIncrementalMatchesFullLoad(t *testing.T) {
+	dir := t.TempDir()
+	rnd := rand.New(rand.NewPCG(1, 2))
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	store := cluster.NewStore()
+	src := New(Options{Dir: dir, Store: store})
+	for step := range 120 {
+		path := filepath.Join(dir, fmt.Sprintf("f%d.yaml", rnd.IntN(4)))
+		if rnd.IntN(6) == 0 {
+			os.Remove(path)
+		} else {
+			// A header unique to the step: never a prefix of what the
+			// file held, which would wait to settle.
+			var b strings.Builder
+			fmt.Fprintf(&b, "# step %d\n", step)
+			for range rnd.IntN(6) {
+				fmt.Fprintf(&b, "---\napiVersion: v1\nkind: Node\nmetadata: {name: n%d}\nspec: {podCIDR: 10.244.%d.0/24}\n", rnd.IntN(8), rnd.IntN(3))
+				fmt.Fprintf(&b, "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: ns%d}\n", rnd.IntN(8))
+			}
+			write(t, path, b.String())
+		}
+		src.scan(w, map[string]bool{path: true})
+
+		fresh := cluster.NewStore()
+		New(Options{Dir: dir, Store: fresh}).scan(w, nil)
+		for k := cluster.KindNode; k <= cluster.KindPod; k++ {
+			got, want := byKey(store.List(k)), byKey(fresh.List(k))
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("step %d, %s: incremental store %v, a full load %v", step, k, got, want)
+			}
+		}
+	}
+}
+
+func byKey(objs []cluster.Object) map[cluster.Key]cluster.Object {
+	out := make(map[cluster.Key]cluster.Object, len(objs))
+	for _, o := range objs {
+		out[o.Key()] = o
+	}
+	return out
 }
