@@ -455,9 +455,12 @@ func scaleCheckKernel(t *testing.T, h *netlink.Handle, c scaleCluster, n *lab.No
 
 // dnsdResult is what the dnsd run measured.
 type dnsdResult struct {
-	rss      int
-	p50, p99 time.Duration
-	queries  int
+	rss int
+	// heap is the Go heap's allocated bytes (live, the GC of the start-up
+	// garbage just done) and its spans in use, when RSS is read.
+	heapAlloc, heapInuse int
+	p50, p99             time.Duration
+	queries              int
 }
 
 // scaleDnsd runs dnsd on node1 over the same state, waits until it is
@@ -467,7 +470,7 @@ func scaleDnsd(t *testing.T, l *lab.Lab, c scaleCluster, bin string) dnsdResult 
 	t.Helper()
 	n := l.Nodes[0]
 	p, err := n.Start("dnsd", bin, "--state-dir", l.StateDir(), "--listen", "127.0.0.1:53",
-		"--upstream", "127.0.0.1:5399", "--metrics-address", "", "--health-address", "", "--ready-address", "127.0.0.1:8181")
+		"--upstream", "127.0.0.1:5399", "--metrics-address", "127.0.0.1:9153", "--health-address", "", "--ready-address", "127.0.0.1:8181")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -490,6 +493,12 @@ func scaleDnsd(t *testing.T, l *lab.Lab, c scaleCluster, bin string) dnsdResult 
 	time.Sleep(5 * time.Second)
 	var r dnsdResult
 	r.rss = procRSS(strconv.Itoa(p.Pid())) << 10
+	if _, body, err := svcHTTPGet(n.NSPath(), "127.0.0.1:9153/metrics"); err == nil {
+		fams := metricstest.Parse(t, body)
+		alloc, _ := metricstest.Value(fams, "go_memstats_heap_alloc_bytes")
+		inuse, _ := metricstest.Value(fams, "go_memstats_heap_inuse_bytes")
+		r.heapAlloc, r.heapInuse = int(alloc), int(inuse)
+	}
 	r.queries = soakSize(500, 2000)
 	var took []time.Duration
 	err = ns.WithNetNSPath(n.NSPath(), func(ns.NetNS) error {
@@ -543,7 +552,8 @@ func scaleDnsdOnly(t *testing.T, l *lab.Lab, c scaleCluster, bins []string) {
 			bin = filepath.Join(l.BinDir, "dnsd")
 		}
 		d := scaleDnsd(t, l, c, bin)
-		t.Logf("%s: dnsd RSS %d MiB (goal %d MiB), answer p50 %s p99 %s", bin, d.rss>>20, goal>>20, usStr(d.p50), usStr(d.p99))
+		t.Logf("%s: dnsd RSS %d MiB (goal %d MiB; heap allocated %d MiB, spans in use %d MiB), answer p50 %s p99 %s",
+			bin, d.rss>>20, goal>>20, d.heapAlloc>>20, d.heapInuse>>20, usStr(d.p50), usStr(d.p99))
 		if d.rss > goal {
 			t.Errorf("%s: dnsd RSS %.1f MB, goal %.1f MB", bin, float64(d.rss)/1e6, float64(goal)/1e6)
 		}
