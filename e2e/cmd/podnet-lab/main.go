@@ -12,6 +12,7 @@
 //	podnet-lab serve --name NAME [--http ADDR] [--tcp ADDR] [--udp ADDR]
 //	podnet-lab probe [--timeout D] http|tcp|udp HOST:PORT
 //	podnet-lab rr [--duration D] [--slice D] HOST:PORT...
+//	podnet-lab connect HOST:PORT...
 package main
 
 import (
@@ -43,6 +44,8 @@ run by the lab inside pods and nodes:
                                              TCP_RR against echo servers' TCP ports: one byte
                                              each way over one connection to each, taking
                                              turns; prints "HOST:PORT N round trips in Ss" each
+  podnet-lab connect HOST:PORT...            one TCP connect per line read (the address's index),
+                                             answering "ok NANOSECONDS" or "err MESSAGE"
 `
 
 func main() {
@@ -70,6 +73,8 @@ func main() {
 		err = probeCmd(ctx, os.Args[2:])
 	case "rr":
 		err = rrCmd(ctx, os.Args[2:])
+	case "connect":
+		err = connectCmd(os.Args[2:])
 	case "--version", "version":
 		fmt.Println("podnet-lab", version.String())
 	case "-h", "--help", "help":
@@ -171,4 +176,15 @@ func rrCmd(ctx context.Context, args []string) error {
 		fmt.Printf("%s %d round trips in %.3fs\n", addr, n[i], took[i].Seconds())
 	}
 	return nil
+}
+
+func connectCmd(args []string) error {
+	fs := pflag.NewFlagSet("connect", pflag.ContinueOnError)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		return errors.New("connect: want HOST:PORT...")
+	}
+	return lab.ServeConnects(os.Stdin, os.Stdout, fs.Args())
 }
