@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,6 +37,10 @@ import (
 //	PODNET_BENCH_CONNECT_ROUNDS=9       rounds at 10 against 10,000
 //	PODNET_BENCH_FLOOR_ROUNDS=5         rounds at 10 against 10
 //	PODNET_BENCH_CONNECTS=2000          connects per variant and round
+//	PODNET_BENCH_CPUS=LAST              both clients on these CPUs (taskset -c;
+//	                                    "any": unpinned). Unpinned, the per-round
+//	                                    ratios spread 0.82–1.25 where pinned they
+//	                                    spread 0.98–1.04 (5 rounds each, 21:25 UTC)
 func BenchmarkClusterIPConnectLockstep(b *testing.B) {
 	if os.Getenv("PODNET_BENCH") == "" {
 		b.Skip("set PODNET_BENCH=1, as scripts/bench-services.sh does")
@@ -56,6 +61,7 @@ func BenchmarkClusterIPConnectLockstep(b *testing.B) {
 		floorRounds: envInt("PODNET_BENCH_FLOOR_ROUNDS", 5),
 		connects:    envInt("PODNET_BENCH_CONNECTS", 2000),
 		warmup:      200,
+		cpus:        cmp.Or(os.Getenv("PODNET_BENCH_CPUS"), strconv.Itoa(runtime.NumCPU()-1)),
 	}
 	lab.ProxydReadyTimeout = 2 * time.Minute // reading 20,000 objects
 	res := lockstepLatency(b, o)
@@ -67,7 +73,8 @@ type lockstepOptions struct {
 	modes                 []string
 	small, big, endpoints int // Services on node1 and (later) node2; endpoints of each filler Service
 	rounds, floorRounds   int
-	connects, warmup      int // per variant and round
+	connects, warmup      int    // per variant and round
+	cpus                  string // where both clients run (taskset -c), "" anywhere
 }
 
 // The four variants of a round: a side (node1 with the small set, node2)
@@ -117,12 +124,7 @@ func lockstepLatency(tb testing.TB, o lockstepOptions) *lockstepResults {
 		}
 	}
 	res := &lockstepResults{rounds: map[string]map[string][]lockstepRound{}, load: map[string][2]string{}}
-	type side struct {
-		node           *lab.Node
-		client, server *lab.Pod
-		conn           *lab.Connector
-	}
-	var sides [2]*side
+	var sides [2]*lockstepSide
 	for _, mode := range o.modes {
 		loadBefore := loadAvg()
 		procs := map[*lab.Node]*lab.Proc{}
@@ -137,27 +139,7 @@ func lockstepLatency(tb testing.TB, o lockstepOptions) *lockstepResults {
 		}
 		if sides[0] == nil { // pods once the nodes have their config
 			for i, n := range []*lab.Node{small, big} {
-				s := &side{node: n}
-				var err error
-				if s.server, err = n.AddPod(ctx, "lsrv"); err != nil {
-					tb.Fatal(err)
-				}
-				if s.client, err = n.AddPod(ctx, "lcli"); err != nil {
-					tb.Fatal(err)
-				}
-				echo, err := s.server.StartEcho(lab.EchoOptions{TCP: []string{":8080"}})
-				if err != nil {
-					tb.Fatal(err)
-				}
-				tb.Cleanup(func() { _ = echo.Stop() })
-				if err := os.WriteFile(filepath.Join(dirs[n], "target.yaml"), []byte(lockstepTarget(s.server, n.Name)), 0o644); err != nil {
-					tb.Fatal(err)
-				}
-				if s.conn, err = s.client.StartConnector(lsVIP+":80", s.server.IP.String()+":8080"); err != nil {
-					tb.Fatal(err)
-				}
-				tb.Cleanup(func() { _ = s.conn.Close() })
-				sides[i] = s
+				sides[i] = startLockstepSide(tb, n, dirs[n], o.cpus)
 			}
 		}
 		for _, s := range sides {
@@ -187,6 +169,46 @@ func lockstepLatency(tb testing.TB, o lockstepOptions) *lockstepResults {
 		res.load[mode] = [2]string{loadBefore, loadAvg()}
 	}
 	return res
+}
+
+// lockstepSide is one node's half: a client pod and the server pod behind
+// the node's own ClusterIP, and the client's connect process.
+type lockstepSide struct {
+	node           *lab.Node
+	client, server *lab.Pod
+	conn           *lab.Connector
+}
+
+// startLockstepSide adds the node's two pods, starts the echo server and
+// the client's connect process (on cpus), and writes the measured Service
+// into the node's state directory.
+func startLockstepSide(tb testing.TB, n *lab.Node, dir, cpus string) *lockstepSide {
+	tb.Helper()
+	ctx := context.Background()
+	s := &lockstepSide{node: n}
+	var err error
+	if s.server, err = n.AddPod(ctx, "lsrv"); err != nil {
+		tb.Fatal(err)
+	}
+	if s.client, err = n.AddPod(ctx, "lcli"); err != nil {
+		tb.Fatal(err)
+	}
+	echo, err := s.server.StartEcho(lab.EchoOptions{TCP: []string{":8080"}})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = echo.Stop() })
+	if err := os.WriteFile(filepath.Join(dir, "target.yaml"), []byte(lockstepTarget(s.server, n.Name)), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	if cpus == "any" {
+		cpus = ""
+	}
+	if s.conn, err = s.client.StartConnector(cpus, lsVIP+":80", s.server.IP.String()+":8080"); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = s.conn.Close() })
+	return s
 }
 
 func (r *lockstepResults) add(mode, phase string, rounds []lockstepRound) {
@@ -288,6 +310,25 @@ func lockstepRounds(tb testing.TB, conns [2]*lab.Connector, rounds int, o lockst
 	return out
 }
 
+// doubleRatio is the median over rounds of (big ClusterIP / big pod IP) /
+// (small ClusterIP / small pod IP), with its range.
+func doubleRatio(rounds []lockstepRound, p99 bool) string {
+	var rs []float64
+	for _, rd := range rounds {
+		q := rd.p50
+		if p99 {
+			q = rd.p99
+		}
+		rs = append(rs, float64(q[lsBigVIP])/float64(q[lsBigPod])/(float64(q[lsSmallVIP])/float64(q[lsSmallPod])))
+	}
+	return medianRange(rs)
+}
+
+// medianRange formats ratios as "median× (min–max)".
+func medianRange(rs []float64) string {
+	return fmt.Sprintf("%.3f× (%.2f–%.2f)", benchMedian(rs), slices.Min(rs), slices.Max(rs))
+}
+
 // loadAvg is the 1, 5 and 15 minute load averages.
 func loadAvg() string {
 	b, err := os.ReadFile("/proc/loadavg")
@@ -329,7 +370,7 @@ func (r *lockstepResults) print(o lockstepOptions) {
 			}
 			rs = append(rs, float64(a[num])/float64(c[den]))
 		}
-		return fmt.Sprintf("%.3f× (%.2f–%.2f)", benchMedian(rs), slices.Min(rs), slices.Max(rs))
+		return medianRange(rs)
 	}
 	fmt.Printf("\n| mode | phase (node1 / node2 Services) | ratio | p50, median of the rounds' (range) | p99, same | target |\n|---|---|---|---|---|---|\n")
 	for _, mode := range o.modes {
@@ -356,6 +397,10 @@ func (r *lockstepResults) print(o lockstepOptions) {
 			} {
 				fmt.Printf("| %s | %s | %s | %s | %s | %s |\n", mode, sizes, q.what, ratio(rounds, q.num, q.den, false), ratio(rounds, q.num, q.den, true), q.target)
 			}
+			// What node2's Services add to the ClusterIP beyond what they
+			// add to the pod address: the two nodes' own difference
+			// cancels.
+			fmt.Printf("| %s | %s | (ClusterIP / pod IP, node2) / (same, node1) | %s | %s | — |\n", mode, sizes, doubleRatio(rounds, false), doubleRatio(rounds, true))
 		}
 		fmt.Printf("\nload average %s: before %s, after %s\n\n", mode, r.load[mode][0], r.load[mode][1])
 	}

@@ -64,10 +64,16 @@ type Connector struct {
 	errs *syncBuffer
 }
 
-// StartConnector starts `podnet-lab connect addrs...` in the pod. Close it
-// when done; it also dies with the process that started it.
-func (p *Pod) StartConnector(addrs ...string) (*Connector, error) {
+// StartConnector starts `podnet-lab connect addrs...` in the pod, on the
+// CPUs cpus names (taskset's list form, "" for any). Clients of several
+// nodes on the same CPU meet the same caches and the same neighbours: the
+// SYN, its answer and the connect's return run where the client runs.
+// Close it when done; it also dies with the process that started it.
+func (p *Pod) StartConnector(cpus string, addrs ...string) (*Connector, error) {
 	args := append([]string{p.Node.lab.labBinary(), "connect"}, addrs...)
+	if cpus != "" {
+		args = append([]string{"taskset", "-c", cpus}, args...)
+	}
 	cmd, cg, err := command(context.Background(), p.NS, p.Node.Cgroup, args, false)
 	if err != nil {
 		return nil, err
