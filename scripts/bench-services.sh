@@ -5,7 +5,9 @@
 # Full sync of 1,000 / 5,000 / 10,000 ClusterIP Services × 10 endpoints, one
 # endpoint changed at each size, rule and chain counts, RSS, and first-packet
 # latency (TCP connect through a ClusterIP to a real server) at 10 and at
-# 10,000 Services, with iptables-nft and iptables-legacy. Everything runs in
+# 10,000 Services, with iptables-nft and iptables-legacy; then ebpf mode, a
+# real proxyd's memory, connect latency at 10 against 10,000 Services in
+# lock-step, and throughput and TCP_RR in interleaved rounds. Everything runs in
 # network namespaces the benchmark creates and removes; needs root.
 #
 #   BENCH_BACKENDS="nft legacy"   iptables backends to measure
@@ -59,9 +61,23 @@ if [ "$rc" -ne 0 ]; then
 fi
 grep -E '^(\||$)' "$out"
 
-# TCP throughput through a ClusterIP, to the pod directly, and from the
-# outside through a NodePort, both modes (iperf3; 3 rounds of 5 s), and
-# TCP_RR through the ClusterIP against the pod address (podnet-lab rr).
+# ClusterIP connect latency at 10 against 10,000 Services, both modes: two
+# lab nodes, one proxyd and state directory each, their clients driven
+# connect by connect in lock-step (medians of the rounds' ratios, and the
+# same rounds at 10 against 10 first: the noise floor).
+echo
+PODNET_BENCH=1 PODNET_BIN="${PODNET_BIN:-$PWD/bin}" \
+	go test -count=1 -timeout 30m -run '^$' -bench '^BenchmarkClusterIPConnectLockstep$' -benchtime 1x -v ./e2e/ >"$out" 2>&1 || rc=$?
+if [ "$rc" -ne 0 ]; then
+	cat "$out" >&2
+	exit "$rc"
+fi
+grep -E '^(\||$|load average)' "$out"
+
+# TCP throughput (iperf3) and TCP_RR through a ClusterIP against the pod
+# directly, and through a NodePort from outside in ebpf against iptables
+# mode: two nodes in different modes, short interleaved rounds, medians of
+# the rounds' ratios (7 rounds of 2 s per phase).
 echo
 PODNET_BENCH=1 PODNET_BIN="${PODNET_BIN:-$PWD/bin}" \
 	go test -count=1 -timeout 30m -run '^$' -bench '^BenchmarkServiceThroughput$' -benchtime 1x -v ./e2e/ >"$out" 2>&1 || rc=$?
