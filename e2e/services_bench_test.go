@@ -33,11 +33,13 @@ import (
 //     again (the noise floor: the same path against itself), and the
 //     NodePort of each node from the outside namespace, each for
 //     PODNET_BENCH_SECONDS (2); the order within each pair flips every
-//     round; then TCP_RR to each node's ClusterIP and pod IP in turns of
-//     250 ms for the same time.
+//     round; then, from one process per node, TCP_RR and a bulk stream
+//     (`podnet-lab stream`, echoed back) to the ClusterIP, the pod IP and
+//     the pod IP again on connections taking turns of 250 ms, for the same
+//     time each: what is compared there meets the same load.
 //
 // It runs only with PODNET_BENCH=1, as scripts/bench-services.sh sets it;
-// PODNET_BENCH_ROUNDS (7) rounds per phase.
+// PODNET_BENCH_ROUNDS (5) rounds per phase.
 func BenchmarkServiceThroughput(b *testing.B) {
 	if os.Getenv("PODNET_BENCH") == "" {
 		b.Skip("set PODNET_BENCH=1, as scripts/bench-services.sh does")
@@ -46,7 +48,7 @@ func BenchmarkServiceThroughput(b *testing.B) {
 	if _, err := exec.LookPath("iperf3"); err != nil {
 		b.Skip("iperf3 not installed (scripts/deps.sh installs it)")
 	}
-	secs, rounds := 2, 7
+	secs, rounds := 2, 5
 	if s := os.Getenv("PODNET_BENCH_SECONDS"); s != "" {
 		fmt.Sscan(s, &secs)
 	}
@@ -132,18 +134,25 @@ endpoints: [{addresses: [%[4]s], conditions: {ready: true}, nodeName: %[5]s}]
 				// the server's 5201.
 				got[i+"np"] = benchIperf(b, secs, podServer(s.server), l.OutsideHost.Exec, nodes[i[0]-'0'].IP.String(), "-p", s.nodePort)
 			}
+			// The turn-taking clients, one process per node: ClusterIP,
+			// pod IP and pod IP again (its own connection: the floor), the
+			// order rotating every round.
 			for i, s := range sides {
-				targets := flip([]string{s.server.IP.String() + ":5202", s.vip + ":5202"})
-				rates, err := s.client.RequestRates(ctx, targets, time.Duration(secs)*time.Second)
+				pod, vip := s.server.IP.String()+":5202", s.vip+":5202"
+				targets, names := []string{pod, vip, pod}, []string{"pod", "vip", "pod2"}
+				for range r % 3 {
+					targets, names = append(targets[1:], targets[0]), append(names[1:], names[0])
+				}
+				rr, err := s.client.RequestRates(ctx, targets, time.Duration(secs)*time.Second)
 				if err != nil {
 					b.Fatal(err)
 				}
-				for j, t := range targets {
-					what := "rrpod"
-					if strings.HasPrefix(t, s.vip+":") {
-						what = "rrvip"
-					}
-					got[fmt.Sprint(i, what)] = rates[j]
+				st, err := s.client.StreamRates(ctx, targets, time.Duration(secs)*time.Second)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for j, name := range names {
+					got[fmt.Sprint(i, "rr"+name)], got[fmt.Sprint(i, "st"+name)] = rr[j], st[j]
 				}
 			}
 			res.add(phase, modes, got)
@@ -165,7 +174,8 @@ type tputResults struct {
 }
 
 // add records one round: got holds, for node i, "<i>pod", "<i>vip",
-// "<i>pod2", "<i>np", "<i>rrpod", "<i>rrvip"; modes[i] is node i's mode.
+// "<i>pod2", "<i>np", and "<i>rr" and "<i>st" followed by "pod", "vip",
+// "pod2" (TCP_RR, turn-taking streams); modes[i] is node i's mode.
 func (r *tputResults) add(phase string, modes []string, got map[string]float64) {
 	if r.figures == nil {
 		r.figures, r.ratios, r.phaseOf = map[string]map[string][]float64{}, map[string]map[string][]float64{}, map[string][]string{}
@@ -178,12 +188,14 @@ func (r *tputResults) add(phase string, modes []string, got map[string]float64) 
 			r.figures[mode], r.ratios[mode] = map[string][]float64{}, map[string][]float64{}
 		}
 		g := func(what string) float64 { return got[fmt.Sprint(i, what)] }
-		for _, what := range []string{"pod", "vip", "pod2", "np", "rrpod", "rrvip"} {
-			r.figures[mode][what] = append(r.figures[mode][what], g(what))
+		for _, kind := range []string{"", "rr", "st"} {
+			for _, what := range []string{"pod", "vip", "pod2"} {
+				r.figures[mode][kind+what] = append(r.figures[mode][kind+what], g(kind+what))
+			}
+			r.ratios[mode][kind+"vip/pod"] = append(r.ratios[mode][kind+"vip/pod"], g(kind+"vip")/g(kind+"pod"))
+			r.ratios[mode][kind+"pod2/pod"] = append(r.ratios[mode][kind+"pod2/pod"], g(kind+"pod2")/g(kind+"pod"))
 		}
-		r.ratios[mode]["vip/pod"] = append(r.ratios[mode]["vip/pod"], g("vip")/g("pod"))
-		r.ratios[mode]["pod2/pod"] = append(r.ratios[mode]["pod2/pod"], g("pod2")/g("pod"))
-		r.ratios[mode]["rrvip/rrpod"] = append(r.ratios[mode]["rrvip/rrpod"], g("rrvip")/g("rrpod"))
+		r.figures[mode]["np"] = append(r.figures[mode]["np"], g("np"))
 		// The other node's NodePort in the same round, other mode.
 		r.ratios[mode]["np/other np"] = append(r.ratios[mode]["np/other np"], g("np")/got[fmt.Sprint(1-i, "np")])
 		r.phaseOf[mode] = append(r.phaseOf[mode], phase)
@@ -199,23 +211,26 @@ func (r *tputResults) print(rounds, secs int) {
 			fmt.Printf("| %s | %s | %.2f Gbit/s | %s |\n", mode, p.name, benchMedian(v)/1e9, benchFmt(v))
 		}
 	}
-	fmt.Printf("\n| mode | path | TCP_RR round trips/s, median of %d × %d s | rounds |\n|---|---|---|---|\n", 2*rounds, secs)
+	fmt.Printf("\n| mode | path | turn-taking stream (podnet-lab stream), median of %d × %d s | TCP_RR round trips/s, same | stream rounds (Gbit/s) | TCP_RR rounds |\n|---|---|---|---|---|---|\n", 2*rounds, secs)
 	for _, mode := range modes {
-		for _, p := range []struct{ what, name string }{{"rrpod", "pod IP directly"}, {"rrvip", "ClusterIP"}} {
-			v := r.figures[mode][p.what]
+		for _, p := range []struct{ what, name string }{{"pod", "pod IP directly"}, {"vip", "ClusterIP"}, {"pod2", "pod IP directly, again"}} {
+			st, rr := r.figures[mode]["st"+p.what], r.figures[mode]["rr"+p.what]
 			var each []string
-			for _, x := range v {
+			for _, x := range rr {
 				each = append(each, fmt.Sprintf("%.0f", x))
 			}
-			fmt.Printf("| %s | %s | %.0f | %s |\n", mode, p.name, benchMedian(v), strings.Join(each, " "))
+			fmt.Printf("| %s | %s | %.2f Gbit/s | %.0f | %s | %s |\n", mode, p.name, benchMedian(st)/1e9, benchMedian(rr), benchFmt(st), strings.Join(each, " "))
 		}
 	}
 	fmt.Printf("\n| mode | ratio | median of the rounds' (range), all %d rounds | %s | %s | target |\n|---|---|---|---|---|---|\n", 2*rounds, r.phases[0], r.phases[1])
 	for _, mode := range modes {
 		for _, q := range []struct{ what, name, target string }{
-			{"vip/pod", "throughput, ClusterIP / pod IP", "≥ 0.97×"},
-			{"pod2/pod", "throughput, pod IP / pod IP (noise floor)", "—"},
-			{"rrvip/rrpod", "TCP_RR, ClusterIP / pod IP", "≥ 0.97×"},
+			{"vip/pod", "iperf3, ClusterIP / pod IP", "≥ 0.97×"},
+			{"pod2/pod", "iperf3, pod IP / pod IP (noise floor)", "—"},
+			{"stvip/pod", "stream in turns, ClusterIP / pod IP", "≥ 0.97×"},
+			{"stpod2/pod", "stream in turns, pod IP / pod IP (noise floor)", "—"},
+			{"rrvip/pod", "TCP_RR, ClusterIP / pod IP", "≥ 0.97×"},
+			{"rrpod2/pod", "TCP_RR, pod IP / pod IP (noise floor)", "—"},
 			{"np/other np", "throughput, NodePort from outside, ebpf / iptables", "—"},
 		} {
 			if q.what == "np/other np" && mode != "ebpf" {

@@ -5,6 +5,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestServeConnects(t *testing.T) {
@@ -45,5 +46,30 @@ func TestServeConnects(t *testing.T) {
 	}
 	if !strings.Contains(lines[1], "refused") {
 		t.Errorf("answer to the refused connect = %q, want connection refused", lines[1])
+	}
+}
+
+func TestStreamTakesTurnsAndCountsEveryByte(t *testing.T) {
+	var addrs []string
+	for range 2 {
+		ln, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		go func() { _ = serveTCP(ln, "s") }()
+		addrs = append(addrs, ln.Addr().String())
+	}
+	n, took, err := Stream(t.Context(), addrs, 200*time.Millisecond, 50*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range addrs {
+		if n[i] <= 0 || n[i]%streamChunk != 0 {
+			t.Errorf("%s: %d bytes, want a positive multiple of %d", addrs[i], n[i], streamChunk)
+		}
+		if took[i] < 200*time.Millisecond || took[i] > 5*time.Second {
+			t.Errorf("%s: took %v, want at least the 200ms asked", addrs[i], took[i])
+		}
 	}
 }

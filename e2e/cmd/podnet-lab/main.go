@@ -13,6 +13,7 @@
 //	podnet-lab probe [--timeout D] http|tcp|udp HOST:PORT
 //	podnet-lab rr [--duration D] [--slice D] HOST:PORT...
 //	podnet-lab connect HOST:PORT...
+//	podnet-lab stream [--duration D] [--slice D] HOST:PORT...
 package main
 
 import (
@@ -46,6 +47,10 @@ run by the lab inside pods and nodes:
                                              turns; prints "HOST:PORT N round trips in Ss" each
   podnet-lab connect HOST:PORT...            one TCP connect per line read (the address's index),
                                              answering "ok NANOSECONDS" or "err MESSAGE"
+  podnet-lab stream [--duration 5s] [--slice 250ms] HOST:PORT...
+                                             bulk TCP against echo servers' TCP ports, one
+                                             connection each, taking turns; prints
+                                             "HOST:PORT N bytes in Ss" each (N echoed back)
 `
 
 func main() {
@@ -73,6 +78,8 @@ func main() {
 		err = probeCmd(ctx, os.Args[2:])
 	case "rr":
 		err = rrCmd(ctx, os.Args[2:])
+	case "stream":
+		err = streamCmd(ctx, os.Args[2:])
 	case "connect":
 		err = connectCmd(os.Args[2:])
 	case "--version", "version":
@@ -152,27 +159,52 @@ func probeCmd(ctx context.Context, args []string) error {
 	return nil
 }
 
-func rrCmd(ctx context.Context, args []string) error {
-	fs := pflag.NewFlagSet("rr", pflag.ContinueOnError)
-	d := fs.Duration("duration", 5*time.Second, "how long to run against each address")
-	slice := fs.Duration("slice", 250*time.Millisecond, "how long one connection runs before the next one's turn")
+// turnFlags parses the flags rr and stream share: how long in all per
+// address, and the turn each connection gets.
+func turnFlags(cmd string, args []string, slice time.Duration) (addrs []string, d, s time.Duration, err error) {
+	fs := pflag.NewFlagSet(cmd, pflag.ContinueOnError)
+	fd := fs.Duration("duration", 5*time.Second, "how long to run against each address")
+	fslice := fs.Duration("slice", slice, "how long one connection runs before the next one's turn")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return nil, 0, 0, err
 	}
 	if fs.NArg() == 0 {
-		return errors.New("rr: want HOST:PORT...")
+		return nil, 0, 0, fmt.Errorf("%s: want HOST:PORT...", cmd)
 	}
-	if *d <= 0 || *d > 5*time.Minute {
-		return fmt.Errorf("rr: --duration %v: want 0 < duration <= 5m", *d)
+	if *fd <= 0 || *fd > 5*time.Minute {
+		return nil, 0, 0, fmt.Errorf("%s: --duration %v: want 0 < duration <= 5m", cmd, *fd)
 	}
-	if *slice <= 0 || *slice > *d {
-		return fmt.Errorf("rr: --slice %v: want 0 < slice <= duration", *slice)
+	if *fslice <= 0 || *fslice > *fd {
+		return nil, 0, 0, fmt.Errorf("%s: --slice %v: want 0 < slice <= duration", cmd, *fslice)
 	}
-	n, took, err := lab.RequestResponse(ctx, fs.Args(), *d, *slice)
+	return fs.Args(), *fd, *fslice, nil
+}
+
+func streamCmd(ctx context.Context, args []string) error {
+	addrs, d, slice, err := turnFlags("stream", args, 250*time.Millisecond)
 	if err != nil {
 		return err
 	}
-	for i, addr := range fs.Args() {
+	n, took, err := lab.Stream(ctx, addrs, d, slice)
+	if err != nil {
+		return err
+	}
+	for i, addr := range addrs {
+		fmt.Printf("%s %d bytes in %.3fs\n", addr, n[i], took[i].Seconds())
+	}
+	return nil
+}
+
+func rrCmd(ctx context.Context, args []string) error {
+	addrs, d, slice, err := turnFlags("rr", args, 250*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	n, took, err := lab.RequestResponse(ctx, addrs, d, slice)
+	if err != nil {
+		return err
+	}
+	for i, addr := range addrs {
 		fmt.Printf("%s %d round trips in %.3fs\n", addr, n[i], took[i].Seconds())
 	}
 	return nil
