@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -54,8 +55,11 @@ func Stream(ctx context.Context, addrs []string, d, slice time.Duration) ([]int6
 	n := make([]int64, len(addrs))
 	took := make([]time.Duration, len(addrs))
 	buf := make([]byte, streamChunk)
-	for took[len(addrs)-1] < d {
+	for slices.ContainsFunc(took, func(t time.Duration) bool { return t < d }) {
 		for i, c := range conns {
+			if took[i] >= d {
+				continue // a turn's drain can take one connection past d first
+			}
 			start := time.Now()
 			for time.Since(start) < min(slice, d-took[i]) {
 				if _, err := c.Write(buf); err != nil {
