@@ -47,7 +47,12 @@ func (z *Zone) answer(buf []byte, r *request) ([]byte, *node, zoneResult) {
 	if r.qtype == typeAXFR || r.qtype == typeIXFR {
 		return errorReply(buf, r, rcodeRefused), nil, answered
 	}
-	n := s.names[string(r.lower)]
+	var n *node
+	// Four labels under the zone ending in svc are endpoint names only
+	// (port names are one deeper), never in names: skip its lookup.
+	if rel != 4 || string(r.label(3)) != "svc" {
+		n = s.names[string(r.lower)]
+	}
 	if n == nil {
 		if e, pos, count := s.endpoint(r, rel); count > 0 {
 			return endpointAnswer(buf, r, s, e, pos, count, zoneOff)

@@ -124,24 +124,23 @@ func (e *svcEntry) run(pos int) int {
 }
 
 // find returns where the name with host part host starts in byHost, and
-// how many addresses it has (0: no such name).
+// how many addresses it has (0: no such name). The search is written out:
+// with slices.BinarySearchFunc's callback it took a quarter of an
+// endpoint query's time.
 func (e *svcEntry) find(host []byte) (int, int) {
-	pos, ok := slices.BinarySearchFunc(e.byHost, host, func(i uint32, h []byte) int { return compareHost(e.hostAt(int(i)), h) })
-	if !ok {
-		return 0, 0
-	}
-	return pos, e.run(pos)
-}
-
-// compareHost compares a stored host part with one of a question, without
-// converting either.
-func compareHost(a string, b []byte) int {
-	for i := range min(len(a), len(b)) {
-		if a[i] != b[i] {
-			return cmp.Compare(a[i], b[i])
+	lo, hi := 0, len(e.byHost)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if e.hostAt(int(e.byHost[m])) < string(host) {
+			lo = m + 1
+		} else {
+			hi = m
 		}
 	}
-	return cmp.Compare(len(a), len(b))
+	if lo == len(e.byHost) || e.hostAt(int(e.byHost[lo])) != string(host) {
+		return 0, 0
+	}
+	return lo, e.run(lo)
 }
 
 // endpoint finds the endpoint name r asks for: <host>.<svc>.<ns>.svc.<zone>.
