@@ -5,10 +5,11 @@
 // chosen and probed from main (proxy.Modes.Select); the agent knows no
 // backend, only package proxy.
 //
-// The node network is reconciled, never rebuilt: every sync computes the
-// routing plan from the Nodes and changes only what differs, triggered by
-// Node changes, by netlink events (someone removed a route) and by the
-// periodic resync.
+// The node network is reconciled, never rebuilt. A Node change updates the
+// routing table by that Node and writes only the entries that differ; a
+// full sync compares the whole plan with the kernel, at start, after a
+// failure, on netlink events that are not the echo of podnet's own changes
+// (someone removed a route) and at every periodic resync.
 package agent
 
 import (
@@ -382,8 +383,10 @@ type nodeNet struct {
 	dirty   map[string]struct{}
 	// fullSyncs counts the full syncs (tests).
 	fullSyncs atomic.Int64
-	// lastFull is when the last full sync started.
-	lastFull time.Time
+	// lastFull is when the last full sync started, and routesTook how
+	// long its routes took (the sysctls and chains go beside them).
+	lastFull   time.Time
+	routesTook time.Duration
 	// syncStart is when the current sync started (lastFull when it is
 	// a full one).
 	syncStart time.Time
@@ -491,7 +494,9 @@ func (n *nodeNet) sync() {
 	if full {
 		n.fullSyncs.Add(1)
 	}
-	if changes > 0 {
+	if changes > 0 && full {
+		n.log.Info("node network synced", "changes", changes, "took", took, "full", full, "routes", n.routesTook)
+	} else if changes > 0 {
 		n.log.Info("node network synced", "changes", changes, "took", took, "full", full)
 	}
 	if err != nil {
@@ -597,6 +602,19 @@ func (n *nodeNet) syncOnce(full bool) (int, error) {
 	if err := cfg.Validate(); err != nil {
 		return 0, err
 	}
+	// The sysctls and chains beside the routes: neither needs the other,
+	// and the iptables commands wait for the xtables lock while the
+	// Service proxy's first restore holds it.
+	host := make(chan error, 1)
+	go func() { host <- n.ensureHost() }()
+	start := time.Now()
+	changes, err := n.applyRoutes(routing.NewTable(cfg, n.store.Nodes()))
+	n.routesTook = time.Since(start)
+	return changes, errors.Join(<-host, err)
+}
+
+// ensureHost makes sure of the sysctls and podnet's iptables chains.
+func (n *nodeNet) ensureHost() error {
 	var errs []error
 	if err := hostnet.EnsureSysctls(n.sysctl, n.mod); err != nil {
 		errs = append(errs, err)
@@ -606,8 +624,7 @@ func (n *nodeNet) syncOnce(full bool) (int, error) {
 	} else if changed {
 		n.log.Info("iptables chains written", "chains", []string{hostnet.ChainPostrouting, hostnet.ChainForward})
 	}
-	changes, err := n.applyRoutes(routing.NewTable(cfg, n.store.Nodes()))
-	return changes, errors.Join(append(errs, err)...)
+	return errors.Join(errs...)
 }
 
 // applyRoutes puts table's plan in place, compared with the kernel, and

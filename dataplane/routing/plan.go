@@ -1,9 +1,13 @@
 // Package routing gives pods on this node a path to the pods of every other
-// node. Plan is a pure function from the cluster's Nodes to what the kernel
-// should hold (a VXLAN device, routes, neighbour and FDB entries); a
-// Reconciler diffs that plan against what the kernel holds and changes only
-// what differs, so a restart touches nothing that is already right and
-// established pod connections survive it.
+// node. Compute is a pure function from the cluster's Nodes to the Plan,
+// what the kernel should hold (a VXLAN device, routes, neighbour and FDB
+// entries); a Table holds the same plan by Node, so that one Node's change
+// yields the few entries that differ (a Delta) without walking the rest. A
+// Reconciler diffs a plan against what the kernel holds and changes only
+// what differs (Apply), so a restart touches nothing that is already right
+// and established pod connections survive it, or writes a Delta (Patch).
+// Watch reports the kernel's changes, and Table.Matches tells the echoes
+// of podnet's own from the changes that need repairing.
 //
 // Two ways to reach a peer's podCIDR:
 //
@@ -185,7 +189,8 @@ func VTEPMAC(ip netip.Addr) net.HardwareAddr {
 func VTEPAddr(podCIDR netip.Prefix) netip.Addr { return podCIDR.Masked().Addr() }
 
 // Compute returns the plan for this node given every Node of the cluster.
-// It is pure: same input, same plan, sorted.
+// It is pure: same input, same plan, sorted. It states the plan in one
+// place; the agent keeps it in a Table, which tests check against it.
 func Compute(c Config, nodes []*cluster.Node) Plan {
 	var p Plan
 	if self := find(nodes, c.NodeName); self != nil {
