@@ -1,10 +1,13 @@
 package routing
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -33,29 +36,93 @@ func scaleConfig(b Backend) Config {
 }
 
 // BenchmarkApplyAtScale programs the routes (and with VXLAN the neighbour
-// and FDB entries) to 4,999 peers into a namespace of its own: "program"
-// into an empty node, "resync" a full Apply that finds nothing to change,
-// "one node" an Update adding one Node and one removing it again, and
-// "bare" the same kernel objects added by plain netlink calls with no
-// reconciler at all (the floor of this library and kernel).
+// and FDB entries) to 4,999 peers into a namespace of its own. "first
+// program" times, in one namespace and turn about so that the box's load
+// falls on each alike, three ways of filling an empty node: the agent's
+// (a Table made from the Nodes, its plan Applied; "program-ms", the VXLAN
+// device created too), the same with Watch running and each event matched
+// against the table, as in proxyd ("watched-ms"), and the same kernel
+// objects added by one plain library call each with no reconciler
+// ("bare-ms", the device already there: the floor of one request per
+// object). "resync" is a full Apply that finds nothing to change, "one
+// node" a Table change adding one Node and one removing it again, each
+// Patched in.
 func BenchmarkApplyAtScale(b *testing.B) {
 	const n = 5000
 	nodes := scalePeers(n)
 	for _, backend := range []Backend{BackendHostGW, BackendVXLAN} {
 		cfg := scaleConfig(backend)
 		plan := Compute(cfg, nodes)
-		b.Run(string(backend)+"/program", func(b *testing.B) {
-			_, _, nsh := newTestNSWith(b, "192.168.0.11/16")
+		b.Run(string(backend)+"/first program", func(b *testing.B) {
+			_, h, nsh := newTestNSWith(b, "192.168.0.11/16")
 			r := &Reconciler{Kernel: newTestKernel(b, nsh), Device: DefaultDevice}
-			for b.Loop() {
-				b.StopTimer()
+			program := func() time.Duration {
 				if _, err := r.Apply(Plan{}); err != nil {
 					b.Fatal(err)
 				}
-				b.StartTimer()
-				if _, err := r.Apply(Compute(cfg, nodes)); err != nil {
+				start := time.Now()
+				if _, err := r.Apply(NewTable(cfg, nodes).Plan()); err != nil {
 					b.Fatal(err)
 				}
+				return time.Since(start)
+			}
+			watched := func() time.Duration {
+				if _, err := r.Apply(Plan{}); err != nil {
+					b.Fatal(err)
+				}
+				var t atomic.Pointer[Table]
+				var foreign atomic.Int64
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan error, 1)
+				go func() {
+					done <- Watch(ctx, nsh, DefaultDevice, func(e Event) {
+						if tab := t.Load(); tab == nil || !tab.Matches(e) {
+							foreign.Add(1)
+						}
+					})
+				}()
+				time.Sleep(50 * time.Millisecond) // let the subscriptions start
+				start := time.Now()
+				tab := NewTable(cfg, nodes)
+				t.Store(tab)
+				if _, err := r.Apply(tab.Plan()); err != nil {
+					b.Fatal(err)
+				}
+				took := time.Since(start)
+				time.Sleep(200 * time.Millisecond) // the last echoes
+				cancel()
+				<-done
+				if f := foreign.Load(); f > 0 {
+					b.Errorf("%d of the program's own events taken for foreign ones", f)
+				}
+				return took
+			}
+			bare := func() time.Duration {
+				if _, err := r.Apply(Plan{Device: plan.Device}); err != nil {
+					b.Fatal(err)
+				}
+				eth0, _ := h.LinkByName("eth0")
+				idx := eth0.Attrs().Index
+				if plan.Device != nil {
+					dev, _ := h.LinkByName(DefaultDevice)
+					idx = dev.Attrs().Index
+				}
+				start := time.Now()
+				bareAdd(b, h, plan, idx)
+				return time.Since(start)
+			}
+			ways := []func() time.Duration{program, watched, bare}
+			took := make([]time.Duration, len(ways))
+			i := 0
+			for b.Loop() {
+				for j := range ways {
+					w := (i + j) % len(ways)
+					took[w] += ways[w]()
+				}
+				i++
+			}
+			for w, unit := range []string{"program-ms", "watched-ms", "bare-ms"} {
+				b.ReportMetric(float64(took[w].Milliseconds())/float64(i), unit)
 			}
 		})
 		b.Run(string(backend)+"/resync", func(b *testing.B) {
@@ -84,24 +151,6 @@ func BenchmarkApplyAtScale(b *testing.B) {
 						b.Fatal(c, err)
 					}
 				}
-			}
-		})
-		b.Run(string(backend)+"/bare", func(b *testing.B) {
-			_, h, nsh := newTestNSWith(b, "192.168.0.11/16")
-			r := &Reconciler{Kernel: newTestKernel(b, nsh), Device: DefaultDevice}
-			for b.Loop() {
-				b.StopTimer()
-				if _, err := r.Apply(Plan{Device: plan.Device}); err != nil {
-					b.Fatal(err)
-				}
-				eth0, _ := h.LinkByName("eth0")
-				idx := eth0.Attrs().Index
-				if plan.Device != nil {
-					dev, _ := h.LinkByName(DefaultDevice)
-					idx = dev.Attrs().Index
-				}
-				b.StartTimer()
-				bareAdd(b, h, plan, idx)
 			}
 		})
 	}
