@@ -19,22 +19,11 @@ import (
 // block ".:53" with those plugins would show them, so dashboards and alerts
 // written for CoreDNS work unchanged; podnet's extras are named podnet_dns_*.
 //
-// The per-query counters and histograms are resolved once, on first use, so
-// counting a query is an array index and an atomic add or an observation.
+// The per-query figures are counted by each worker in plain memory and
+// added to the shared totals a batch at a time (queryStats); the totals are
+// turned into CoreDNS's series when scraped (queryCollector).
 type Metrics struct {
-	requests     *prometheus.CounterVec
-	responses    *prometheus.CounterVec
-	duration     *prometheus.HistogramVec
-	requestSize  *prometheus.HistogramVec
-	responseSize *prometheus.HistogramVec
-	doRequests   *prometheus.CounterVec
-	// byQuery[proto][family][type index] and byResponse[plugin][rcode].
-	byQuery    [2][2][len(monitoredTypes) + 1]atomic.Pointer[prometheus.Counter]
-	byResponse [numPlugins][maxRcode + 1]atomic.Pointer[prometheus.Counter]
-	latency    atomic.Pointer[prometheus.Observer]
-	// sizes[proto][0: request, 1: response].
-	sizes     [2][2]atomic.Pointer[prometheus.Observer]
-	doCounter atomic.Pointer[prometheus.Counter]
+	queries queryCollector
 	// epoch is what query times are read against (now): time.Since of a
 	// time with a monotonic reading reads one clock, time.Now two.
 	epoch time.Time
@@ -59,6 +48,9 @@ type Metrics struct {
 	cacheHitsSuccess   atomic.Pointer[prometheus.Counter]
 	cacheHitsDenial    atomic.Pointer[prometheus.Counter]
 	cacheRequestsTotal atomic.Pointer[prometheus.Counter]
+	cacheMissesTotal   atomic.Pointer[prometheus.Counter]
+	cacheStaleTotal    atomic.Pointer[prometheus.Counter]
+	cachePrefetchTotal atomic.Pointer[prometheus.Counter]
 }
 
 // monitoredTypes are the query types CoreDNS's metrics name; every other
@@ -69,7 +61,7 @@ var monitoredTypes = [...]uint16{
 	mdns.TypeSRV, mdns.TypeTXT, mdns.TypeHTTPS, mdns.TypeSVCB, mdns.TypeIXFR, mdns.TypeAXFR, mdns.TypeANY,
 }
 
-// typeIndex maps a query type to its slot in byQuery plus one (0: "other",
+// typeIndex maps a query type to its slot in the requests plus one (0: "other",
 // the last slot); every monitored type is below 256, and an array index
 // costs less than a map lookup on the query path.
 var typeIndex = func() (idx [256]uint8) {
@@ -106,10 +98,12 @@ const (
 )
 
 // timeBuckets are CoreDNS's plugin.TimeBuckets: 0.25 ms to 8 s.
-var timeBuckets = prometheus.ExponentialBuckets(0.00025, 2, 16)
+var timeBuckets = prometheus.ExponentialBuckets(0.00025, 2, numTimeBuckets)
+
+const numTimeBuckets = 16
 
 // sizeBuckets are CoreDNS's for request and response sizes, in bytes.
-var sizeBuckets = []float64{0, 100, 200, 300, 400, 511, 1023, 2047, 4095, 8291, 16e3, 32e3, 48e3, 64e3}
+var sizeBuckets = [...]float64{0, 100, 200, 300, 400, 511, 1023, 2047, 4095, 8291, 16e3, 32e3, 48e3, 64e3}
 
 var protoNames = [2]string{"udp", "tcp"}
 
@@ -124,30 +118,6 @@ func NewMetrics(reg prometheus.Registerer, zone *Zone, cache *Cache, fwd *Forwar
 	cacheTypeLabels := []string{"server", "type", "zones", "view"}
 	m := &Metrics{
 		epoch: time.Now(),
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "coredns_dns_requests_total", Help: "Counter of DNS requests made per zone, protocol and family.",
-		}, []string{"server", "zone", "view", "proto", "family", "type"}),
-		responses: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "coredns_dns_responses_total", Help: "Counter of response status codes.",
-		}, []string{"server", "zone", "view", "rcode", "plugin"}),
-		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "coredns_dns_request_duration_seconds",
-			Help:    "Histogram of the time (in seconds) each request took per zone.",
-			Buckets: timeBuckets,
-		}, []string{"server", "zone", "view"}),
-		requestSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "coredns_dns_request_size_bytes",
-			Help:    "Histogram of the size of each request in bytes, per zone and protocol.",
-			Buckets: sizeBuckets,
-		}, []string{"server", "zone", "view", "proto"}),
-		doRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "coredns_dns_do_requests_total", Help: "Counter of requests with the DNSSEC OK (DO) bit set, per zone.",
-		}, []string{"server", "zone", "view"}),
-		responseSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "coredns_dns_response_size_bytes",
-			Help:    "Histogram of the size of each response in bytes, per zone and protocol.",
-			Buckets: sizeBuckets,
-		}, []string{"server", "zone", "view", "proto"}),
 		cacheRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "coredns_cache_requests_total", Help: "The count of cache requests.",
 		}, cacheLabels),
@@ -206,7 +176,7 @@ func NewMetrics(reg prometheus.Registerer, zone *Zone, cache *Cache, fwd *Forwar
 		Name: "coredns_build_info", Help: "A metric with a constant '1' value labeled by version, revision, and goversion from which CoreDNS was built.",
 	}, []string{"version", "revision", "goversion"})
 	buildInfo.WithLabelValues(version.Version, version.Revision(), runtime.Version()).Set(1)
-	reg.MustRegister(m.requests, m.responses, m.duration, m.requestSize, m.doRequests, m.responseSize, m.cacheRequests, m.cacheHits, m.cacheMisses,
+	reg.MustRegister(&m.queries, m.cacheRequests, m.cacheHits, m.cacheMisses,
 		m.cacheStale, m.cachePrefetch, m.proxyDuration, m.healthcheckFails, m.healthcheckBroken,
 		m.forwardRefused, m.programming, m.panics, m.forged, m.forwardRequests, m.tcpRefused, buildInfo)
 	if cache != nil {
@@ -306,56 +276,8 @@ type queryInfo struct {
 	size    int // of the request, in bytes
 }
 
-// now is the time to pass to observe as the query's start.
+// now is the time to pass to lap as the start of a query or of a lap.
 func (m *Metrics) now() time.Duration { return time.Since(m.epoch) }
-
-// observe counts one answered query that started at start (now).
-func (m *Metrics) observe(qtype uint16, q queryInfo, resp []byte, start time.Duration) {
-	ti := len(monitoredTypes)
-	if qtype < 256 && typeIndex[qtype] != 0 {
-		ti = int(typeIndex[qtype]) - 1
-	}
-	proto, family := 0, 0
-	if q.tcp {
-		proto = 1
-	}
-	if q.v6 {
-		family = 1
-	}
-	p := &m.byQuery[proto][family][ti]
-	if p.Load() == nil {
-		typ := "other"
-		if ti < len(monitoredTypes) {
-			typ = mdns.TypeToString[qtype]
-		}
-		counter(p, m.requests, serverLabel, zoneRoot, noView, protoNames[proto], [2]string{"1", "2"}[family], typ)
-	}
-	(*p.Load()).Inc()
-	if q.do {
-		counter(&m.doCounter, m.doRequests, serverLabel, zoneRoot, noView).Inc()
-	}
-
-	rc := int(resp[3] & 0xF)
-	if rc == 0 && binary.BigEndian.Uint16(resp[10:]) > 0 && isBadVers(resp) {
-		rc = rcodeBadVers
-	}
-	counter(&m.byResponse[q.plugin][rc], m.responses, serverLabel, zoneRoot, noView, rcodeName(rc), pluginNames[q.plugin]).Inc()
-	observer(&m.latency, m.duration, serverLabel, zoneRoot, noView).Observe((m.now() - start).Seconds())
-	observer(&m.sizes[proto][0], m.requestSize, serverLabel, zoneRoot, noView, protoNames[proto]).Observe(float64(q.size))
-	observer(&m.sizes[proto][1], m.responseSize, serverLabel, zoneRoot, noView, protoNames[proto]).Observe(float64(len(resp)))
-}
-
-// observer returns the observer cached in p, creating it from vec with
-// values on first use.
-func observer(p *atomic.Pointer[prometheus.Observer], vec *prometheus.HistogramVec, values ...string) prometheus.Observer {
-	o := p.Load()
-	if o == nil {
-		obs := vec.WithLabelValues(values...)
-		o = &obs
-		p.Store(o)
-	}
-	return *o
-}
 
 // rcodeName is the rcode's name as CoreDNS's label spells it.
 func rcodeName(rc int) string {
@@ -380,7 +302,7 @@ func (m *Metrics) cacheHit(denial bool) {
 
 // cacheMiss counts a name the cache did not hold fresh.
 func (m *Metrics) cacheMiss() {
-	m.cacheMisses.WithLabelValues(serverLabel, zoneRoot, noView).Inc()
+	counter(&m.cacheMissesTotal, m.cacheMisses, serverLabel, zoneRoot, noView).Inc()
 	m.cacheRequest()
 }
 
@@ -389,11 +311,11 @@ func (m *Metrics) cacheRequest() {
 }
 
 func (m *Metrics) servedStale() {
-	m.cacheStale.WithLabelValues(serverLabel, zoneRoot, noView).Inc()
+	counter(&m.cacheStaleTotal, m.cacheStale, serverLabel, zoneRoot, noView).Inc()
 }
 
 func (m *Metrics) prefetched() {
-	m.cachePrefetch.WithLabelValues(serverLabel, zoneRoot, noView).Inc()
+	counter(&m.cachePrefetchTotal, m.cachePrefetch, serverLabel, zoneRoot, noView).Inc()
 }
 
 // upstreamAnswered records one exchange with an upstream.

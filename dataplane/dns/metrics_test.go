@@ -2,11 +2,14 @@ package dns
 
 import (
 	"context"
+	"net"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
 	mdns "github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	dto "github.com/prometheus/client_model/go"
 
@@ -178,4 +181,101 @@ func histogramSum(got metricstest.Families, name string) float64 {
 		return -1
 	}
 	return f.Metric[0].Histogram.GetSampleSum()
+}
+
+// A lap's queries, answered back to back, each took at most the lap's
+// time: under the first duration bucket they all fall in it, exactly as
+// timing each would put them. Over it the lap's time is split evenly and the
+// next lap is a single query, timed alone.
+func TestQueryLaps(t *testing.T) {
+	var st queryStats
+	st.lapStart = time.Second
+	st.untimed = 200
+	st.lap(time.Second + 100*time.Microsecond)
+	if st.counts[offDurations] != 200 || st.counts[offDurationSum] != uint64(100*time.Microsecond) || st.untimed != 0 {
+		t.Errorf("200 queries in 100µs: first bucket %d, sum %v", st.counts[offDurations], time.Duration(st.counts[offDurationSum]))
+	}
+	if st.lapLen != maxLap || st.lapStart != time.Second+100*time.Microsecond {
+		t.Errorf("after 0.5µs a query: laps of %d from %v, want %d from the lap's end", st.lapLen, st.lapStart, maxLap)
+	}
+	// One slow query alone: its own bucket (0.75 ms is over 0.5, under 1).
+	st = queryStats{untimed: 1}
+	st.lap(750 * time.Microsecond)
+	if st.counts[offDurations+2] != 1 || st.lapLen > 1 {
+		t.Errorf("one query of 0.75ms: buckets %v, next lap %d", st.counts[offDurations:offDurationSum], st.lapLen)
+	}
+	// Eight queries in 4 ms: 0.5 ms each as far as anyone knows.
+	st = queryStats{untimed: 8}
+	st.lap(4 * time.Millisecond)
+	if st.counts[offDurations+1] != 8 || st.counts[offDurationSum] != uint64(4*time.Millisecond) || st.lapLen > 1 {
+		t.Errorf("eight queries in 4ms: buckets %v, sum %d, next lap %d", st.counts[offDurations:offDurationSum], st.counts[offDurationSum], st.lapLen)
+	}
+	// Over 8 s: the +Inf bucket.
+	st = queryStats{untimed: 1}
+	st.lap(9 * time.Second)
+	if st.counts[offDurationSum-1] != 1 {
+		t.Errorf("one query of 9s: buckets %v", st.counts[offDurations:offDurationSum])
+	}
+}
+
+// A UDP worker adds its queries to /metrics once it has nothing left to
+// answer: a burst of queries is all counted, in every per-query series,
+// without another query to push it out.
+func TestUDPWorkerCountsEveryQuery(t *testing.T) {
+	z := NewZone(testState(), ZoneOptions{ShortNames: true})
+	z.Flush()
+	reg := prometheus.NewRegistry()
+	srv := NewServer(ServerOptions{Listen: []string{"127.0.0.1:0"}, Zone: z, Metrics: NewMetrics(reg, z, nil, nil), Sockets: 2})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan Listening, 1)
+	go srv.Run(ctx, ready)
+	to := net.UDPAddrFromAddrPort((<-ready).UDP[0])
+	const clients, each = 4, 50
+	var wg sync.WaitGroup
+	for range clients {
+		c, err := net.DialUDP("udp", nil, to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		q := new(mdns.Msg)
+		q.SetQuestion("svc1.testns.svc.cluster.local.", mdns.TypeA)
+		pkt, _ := q.Pack()
+		wg.Go(func() {
+			// The whole burst first, then the answers.
+			for range each {
+				c.Write(pkt)
+			}
+			buf := make([]byte, 512)
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			for range each {
+				if _, err := c.Read(buf); err != nil {
+					t.Errorf("answer: %v", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	h := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	want := float64(clients * each)
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		got := metricstest.Scrape(t, h)
+		req, _ := metricstest.Value(got, "coredns_dns_requests_total", "proto", "udp", "type", "A")
+		resp, _ := metricstest.Value(got, "coredns_dns_responses_total", "rcode", "NOERROR", "plugin", "kubernetes")
+		dur, _ := metricstest.Value(got, "coredns_dns_request_duration_seconds")
+		size, _ := metricstest.Value(got, "coredns_dns_response_size_bytes", "proto", "udp")
+		if req == want && resp == want && dur == want && size == want {
+			if sum := histogramSum(got, "coredns_dns_request_duration_seconds"); sum <= 0 || sum > 5 {
+				t.Errorf("duration sum %vs for %v queries answered within 5s", sum, want)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the burst: requests %v, responses %v, durations %v, response sizes %v; want %v each", req, resp, dur, size, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -68,6 +68,7 @@ type scratch struct {
 	key   []byte
 	r     request
 	q     queryInfo // how the current query came in and who answered it
+	stats queryStats
 }
 
 // NewServer returns a Server; it listens once Run is called.
@@ -186,7 +187,8 @@ func reusePort(_, _ string, c syscall.RawConn) error {
 // serveUDP answers datagrams one at a time. Batching with recvmmsg and
 // sendmmsg was measured and did not lower the CPU per query (the kernel's
 // loopback delivery dominates), while it allocated an address per datagram;
-// this loop allocates nothing.
+// this loop allocates nothing. The worker's run of queries between waits
+// is what its metrics time (queryStats).
 func (s *Server) serveUDP(ctx context.Context, c *net.UDPConn) {
 	pkt := make([]byte, 65535)
 	sc := s.pool.New().(*scratch)
@@ -194,22 +196,26 @@ func (s *Server) serveUDP(ctx context.Context, c *net.UDPConn) {
 	// Without control messages to read or send, recvfrom and sendto do
 	// the same as recvmsg and sendmsg with less copying in the kernel.
 	plain := src.out == nil
+	m := s.opts.Metrics
+	var idle func()
+	if m != nil {
+		idle = func() { m.idle(&sc.stats) }
+		m.wake(&sc.stats)
+	}
+	rd, err := newUDPReader(c, pkt, src.oob, idle)
+	if err != nil {
+		return
+	}
 	for {
-		var (
-			n, oobn int
-			from    netip.AddrPort
-			err     error
-		)
-		if plain {
-			n, from, err = c.ReadFromUDPAddrPort(pkt)
-		} else {
-			n, oobn, _, from, err = c.ReadMsgUDPAddrPort(pkt, src.oob)
-		}
+		n, oobn, from, waited, err := rd.read()
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
 			}
 			continue
+		}
+		if waited && m != nil {
+			m.wake(&sc.stats)
 		}
 		sc.q.v6 = from.Addr().Is6() && !from.Addr().Is4In6()
 		resp, async := s.serve(ctx, pkt[:n], sc, false, false)
@@ -223,6 +229,9 @@ func (s *Server) serveUDP(ctx context.Context, c *net.UDPConn) {
 			c.WriteToUDPAddrPort(resp, from)
 		default:
 			c.WriteMsgUDPAddrPort(resp, reply, from)
+		}
+		if m != nil {
+			m.answered(&sc.stats)
 		}
 	}
 }
@@ -322,7 +331,7 @@ func (s *Server) serveLater(ctx context.Context, c *net.UDPConn, pkt []byte, to 
 	go func() {
 		sc := s.pool.Get().(*scratch)
 		sc.q.v6 = v6
-		if resp, _ := s.serve(ctx, q, sc, false, true); resp != nil {
+		if resp := s.serveAlone(ctx, q, sc, false); resp != nil {
 			c.WriteMsgUDPAddrPort(resp, oob, to)
 		}
 		s.pool.Put(sc)
@@ -349,7 +358,7 @@ func (s *Server) Handle(ctx context.Context, pkt []byte, tcp bool) []byte {
 	sc := s.pool.Get().(*scratch)
 	defer s.pool.Put(sc)
 	sc.q.v6 = false
-	resp, _ := s.serve(ctx, pkt, sc, tcp, true)
+	resp := s.serveAlone(ctx, pkt, sc, tcp)
 	if resp == nil {
 		return nil
 	}
@@ -361,13 +370,6 @@ func (s *Server) Handle(ctx context.Context, pkt []byte, tcp bool) []byte {
 // block true on another goroutine.
 func (s *Server) serve(ctx context.Context, pkt []byte, sc *scratch, tcp, block bool) (resp []byte, async bool) {
 	defer s.recoverPanic(&resp, &async)
-	// Every query is timed, so the duration histogram's count is the
-	// query count, as CoreDNS's is: one monotonic clock read here and one
-	// in observe.
-	var start time.Duration
-	if s.opts.Metrics != nil {
-		start = s.opts.Metrics.now()
-	}
 	sc.q.tcp, sc.q.plugin, sc.q.size = tcp, pluginNone, len(pkt)
 	r := &sc.r
 	err := parseRequest(pkt, sc.lower[:], r)
@@ -377,7 +379,7 @@ func (s *Server) serve(ctx context.Context, pkt []byte, sc *scratch, tcp, block 
 		return nil, false
 	case err != nil:
 		resp = headerOnlyReply(sc.resp, pkt, rcodeFormErr)
-		s.observe(0, sc, resp, start)
+		s.observe(0, sc, resp)
 		return resp, false
 	}
 	switch {
@@ -412,7 +414,7 @@ func (s *Server) serve(ctx context.Context, pkt []byte, sc *scratch, tcp, block 
 		resp = truncate(resp, r)
 	}
 	sc.resp = resp[:0]
-	s.observe(r.qtype, sc, resp, start)
+	s.observe(r.qtype, sc, resp)
 	return resp, false
 }
 
@@ -428,10 +430,25 @@ func (s *Server) recoverPanic(resp *[]byte, async *bool) {
 	}
 }
 
-func (s *Server) observe(qtype uint16, sc *scratch, resp []byte, start time.Duration) {
+func (s *Server) observe(qtype uint16, sc *scratch, resp []byte) {
 	if s.opts.Metrics != nil {
-		s.opts.Metrics.observe(qtype, sc.q, resp, start)
+		sc.stats.count(qtype, &sc.q, resp)
 	}
+}
+
+// serveAlone answers one query that is not part of a UDP worker's run of
+// queries (TCP, a query waiting for an upstream, Handle): it is timed on
+// its own and counted in the totals at once.
+func (s *Server) serveAlone(ctx context.Context, pkt []byte, sc *scratch, tcp bool) []byte {
+	m := s.opts.Metrics
+	if m != nil {
+		m.wake(&sc.stats)
+	}
+	resp, _ := s.serve(ctx, pkt, sc, tcp, true)
+	if m != nil {
+		m.idle(&sc.stats)
+	}
+	return resp
 }
 
 // udpLimit is the largest UDP response the client accepts.

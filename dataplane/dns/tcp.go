@@ -114,7 +114,7 @@ func (s *Server) answerTCP(ctx context.Context, c *net.TCPConn, pkt []byte, v6 b
 	sc := s.pool.Get().(*scratch)
 	defer s.pool.Put(sc)
 	sc.q.v6 = v6
-	resp, _ := s.serve(ctx, pkt, sc, true, true)
+	resp := s.serveAlone(ctx, pkt, sc, true)
 	if resp == nil {
 		return false
 	}
