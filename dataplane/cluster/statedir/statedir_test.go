@@ -649,3 +649,49 @@ func byKey(objs []cluster.Object) map[cluster.Key]cluster.Object {
 	}
 	return out
 }
+
+// TestScanOfNamedFiles: a scan the watcher triggers reads the files it
+// names without a walk, but a name that is a directory, or is gone and may
+// have been one, walks: a new directory's files are read, a removed one's
+// dropped, and a file nobody named is left for the rescan.
+func TestScanOfNamedFiles(t *testing.T) {
+	dir := t.TempDir()
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	store := cluster.NewStore()
+	src := New(Options{Dir: dir, Store: store})
+	write(t, filepath.Join(dir, "a.yaml"), nsYAML("a"))
+	src.scan(w, nil)
+
+	write(t, filepath.Join(dir, "unnamed.yaml"), nsYAML("unnamed"))
+	write(t, filepath.Join(dir, "b.yaml"), nsYAML("b"))
+	write(t, filepath.Join(dir, "notes.txt"), "not state")
+	src.scan(w, map[string]bool{filepath.Join(dir, "b.yaml"): true, filepath.Join(dir, ".b.yaml.tmp"): true, filepath.Join(dir, "notes.txt"): true})
+	if got, want := storeKeys(store), []string{"Namespace a", "Namespace b"}; !slices.Equal(got, want) {
+		t.Fatalf("after a named file: %v, want %v (the unnamed file left for the rescan)", got, want)
+	}
+
+	write(t, filepath.Join(dir, "sub", "c.yaml"), nsYAML("c"))
+	src.scan(w, map[string]bool{filepath.Join(dir, "sub"): true})
+	if got, want := storeKeys(store), []string{"Namespace a", "Namespace b", "Namespace c", "Namespace unnamed"}; !slices.Equal(got, want) {
+		t.Fatalf("after a new directory: %v, want %v", got, want)
+	}
+
+	if err := os.RemoveAll(filepath.Join(dir, "sub")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "b.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	src.scan(w, map[string]bool{filepath.Join(dir, "b.yaml"): true})
+	if got, want := storeKeys(store), []string{"Namespace a", "Namespace c", "Namespace unnamed"}; !slices.Equal(got, want) {
+		t.Fatalf("after a named file removed: %v, want %v", got, want)
+	}
+	src.scan(w, map[string]bool{filepath.Join(dir, "sub"): true})
+	if got, want := storeKeys(store), []string{"Namespace a", "Namespace unnamed"}; !slices.Equal(got, want) {
+		t.Fatalf("after a directory removed: %v, want %v", got, want)
+	}
+}
