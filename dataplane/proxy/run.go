@@ -346,10 +346,10 @@ func usedEndpoints(sp *ServicePort) map[netip.Addr]bool {
 		return m
 	}
 	for _, e := range sp.ClusterEndpoints {
-		m[e.Addr] = true
+		m[e.Addr()] = true
 	}
 	for _, e := range sp.LocalEndpoints {
-		m[e.Addr] = true
+		m[e.Addr()] = true
 	}
 	return m
 }

@@ -48,7 +48,7 @@ func service(mod func(*cluster.Service)) *cluster.Service {
 func ips(eps []Endpoint) []string {
 	var out []string
 	for _, e := range eps {
-		out = append(out, e.Addr.String())
+		out = append(out, e.Addr().String())
 	}
 	return out
 }
@@ -141,7 +141,7 @@ func TestStaleUDP(t *testing.T) {
 		sp := &ServicePort{Name: PortName{Service: key, Port: "dns", Protocol: cluster.UDP}, Protocol: cluster.UDP,
 			ClusterIP: addr("10.96.0.10"), Port: 53}
 		for _, e := range eps {
-			sp.ClusterEndpoints = append(sp.ClusterEndpoints, Endpoint{Addr: addr(e), Port: 53})
+			sp.ClusterEndpoints = append(sp.ClusterEndpoints, NewEndpoint(addr(e), 53))
 		}
 		return sp
 	}
@@ -177,7 +177,7 @@ func TestEndpointLocalityFromPodCIDR(t *testing.T) {
 		var local []string
 		for _, e := range sps[0].Endpoints {
 			if e.Local {
-				local = append(local, e.Addr.String())
+				local = append(local, e.Addr().String())
 			}
 		}
 		// In the podCIDR whatever nodeName says; outside it only by name

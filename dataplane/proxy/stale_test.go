@@ -14,7 +14,7 @@ func TestStaleConntrackForNewServices(t *testing.T) {
 		sp := &ServicePort{Name: PortName{Service: key, Port: string(proto), Protocol: proto}, Protocol: proto,
 			ClusterIP: addr("10.96.0.20"), Port: 80, NodePort: nodePort, ExternalIPs: []netip.Addr{addr("192.0.2.50")}}
 		for _, e := range eps {
-			sp.ClusterEndpoints = append(sp.ClusterEndpoints, Endpoint{Addr: addr(e), Port: 8080})
+			sp.ClusterEndpoints = append(sp.ClusterEndpoints, NewEndpoint(addr(e), 8080))
 		}
 		return sp
 	}

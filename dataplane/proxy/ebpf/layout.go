@@ -259,7 +259,7 @@ func (pe *portEntries) backendAt(id, svc uint32) (backend, bool) {
 		return backend{}, false
 	}
 	e := endpointsOf(pe.sp, s)[i]
-	return backend{Addr: addr16(e.Addr), Port: be16(e.Port), Proto: protoNum(pe.sp.Protocol), Svc: svc}, true
+	return backend{Addr: addr16(e.Addr()), Port: be16(e.Port), Proto: protoNum(pe.sp.Protocol), Svc: svc}, true
 }
 
 // maglevOf returns the Maglev table pe wants for service id svc; false if
@@ -327,7 +327,7 @@ func (pe *portEntries) backends(yield func(uint32, backend) bool) {
 			if st.dups != nil && slices.Contains(st.dups, i) {
 				continue
 			}
-			if !yield(id, backend{Addr: addr16(eps[i].Addr), Port: be16(eps[i].Port), Proto: proto, Svc: st.id}) {
+			if !yield(id, backend{Addr: addr16(eps[i].Addr()), Port: be16(eps[i].Port), Proto: proto, Svc: st.id}) {
 				return
 			}
 		}

@@ -98,7 +98,9 @@ func garbage(s *FakeTable[svcKey, svcVal], b *FakeTable[uint32, backend]) []stri
 }
 
 func ep(ip string, port uint16, local bool) proxy.Endpoint {
-	return proxy.Endpoint{Addr: netip.MustParseAddr(ip), Port: port, Ready: true, Serving: true, Local: local}
+	e := proxy.NewEndpoint(netip.MustParseAddr(ip), port)
+	e.Ready, e.Serving, e.Local = true, true, local
+	return e
 }
 
 func key(name string) cluster.Key { return cluster.Key{Namespace: "default", Name: name} }

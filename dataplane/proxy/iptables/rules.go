@@ -481,7 +481,7 @@ func (c portCtx) clusterIPRules(pr *portRules) {
 	pr.clusterFronts = append(pr.clusterFronts, frontend{sp.ClusterIP, rules, frontRef{c.key, sp.Name, false, 0}})
 	for _, e := range internal {
 		if e.Local {
-			pr.hairpin = append(pr.hairpin, e.Addr)
+			pr.hairpin = append(pr.hairpin, e.Addr())
 		}
 	}
 }
@@ -495,7 +495,7 @@ func (g *Generator) externalRules(c portCtx, pr *portRules) {
 	pr.chains[c.extChain] = g.externalChain(c)
 	for _, e := range sp.ExternalEndpoints() {
 		if e.Local {
-			pr.hairpin = append(pr.hairpin, e.Addr)
+			pr.hairpin = append(pr.hairpin, e.Addr())
 		}
 	}
 	for _, ip := range sp.ExternalIPs {
