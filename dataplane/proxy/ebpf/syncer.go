@@ -297,9 +297,9 @@ func (s *Syncer) full(ports map[cluster.Key][]*proxy.ServicePort) error {
 	byKey := make(map[cluster.Key][]*portEntries, len(ports))
 	owner := make(map[svcKey]*portEntries, len(ports))
 	f := &fullSync{bySvc: make(map[uint32]*portEntries, len(ports)), udpRefs: make(map[netip.AddrPort]int)}
-	var all []*portEntries
+	var all, scratch []*portEntries
 	for _, k := range sortedKeys(ports) {
-		pes := make([]*portEntries, 0, len(ports[k]))
+		pes := scratch[:0]
 		for _, sp := range ports[k] {
 			// Ports unchanged since the last sync keep their entries:
 			// a periodic full sync then allocates little.
@@ -319,7 +319,13 @@ func (s *Syncer) full(ports map[cluster.Key][]*proxy.ServicePort) error {
 			pes = append(pes, pe)
 			all = append(all, pe)
 		}
-		byKey[k] = pes
+		// Most ports are kept as they were: their list too.
+		scratch = pes
+		if held := s.byKey[k]; slices.Equal(held, pes) {
+			byKey[k] = held
+		} else {
+			byKey[k] = slices.Clone(pes)
+		}
 	}
 	if err := f.compare(s.maps, owner); err != nil {
 		return err
@@ -349,22 +355,37 @@ func (s *Syncer) full(ports map[cluster.Key][]*proxy.ServicePort) error {
 }
 
 // sortedKeys orders a full sync, which decides who gets a frontend two
-// Services claim: by "namespace/name".
+// Services claim: by "namespace/name", compared without building the
+// strings (10,000 of them a full sync).
 func sortedKeys(ports map[cluster.Key][]*proxy.ServicePort) []cluster.Key {
-	type named struct {
-		s string
-		k cluster.Key
+	keys := slices.AppendSeq(make([]cluster.Key, 0, len(ports)), maps.Keys(ports))
+	slices.SortFunc(keys, compareSlashed)
+	return keys
+}
+
+// compareSlashed compares a and b as their "namespace/name" strings.
+func compareSlashed(a, b cluster.Key) int {
+	at := func(k cluster.Key, i int) (byte, bool) {
+		switch {
+		case i < len(k.Namespace):
+			return k.Namespace[i], true
+		case i == len(k.Namespace):
+			return '/', true
+		case i-len(k.Namespace)-1 < len(k.Name):
+			return k.Name[i-len(k.Namespace)-1], true
+		}
+		return 0, false
 	}
-	keys := make([]named, 0, len(ports))
-	for k := range ports {
-		keys = append(keys, named{k.String(), k})
+	for i := 0; ; i++ {
+		x, okA := at(a, i)
+		y, okB := at(b, i)
+		switch {
+		case !okA || !okB:
+			return cmp.Compare(len(a.Namespace)+len(a.Name), len(b.Namespace)+len(b.Name))
+		case x != y:
+			return cmp.Compare(x, y)
+		}
 	}
-	slices.SortFunc(keys, func(a, b named) int { return cmp.Compare(a.s, b.s) })
-	out := make([]cluster.Key, len(keys))
-	for i, n := range keys {
-		out[i] = n.k
-	}
-	return out
 }
 
 // adopt reads the ids of the entries in the maps, for a syncer that has
