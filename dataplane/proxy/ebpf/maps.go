@@ -75,15 +75,23 @@ func (t kernelTable[K, V]) Dump() (map[K]V, error) {
 
 func (t kernelTable[K, V]) Each(fn func(K, V)) error {
 	var cursor ebpf.MapBatchCursor
-	// Up to batchSize entries a read, and 1 MiB (256 Maglev tables).
+	// Up to batchSize entries a read, and 1 MiB (256 Maglev tables); the
+	// buffers start at 64 KiB and grow while reads fill them, so a map
+	// that holds little (the Maglev tables of a cluster without external
+	// Services) does not cost a full sync 1 MiB of garbage.
 	var v V
-	n := max(1, min(batchSize, (1<<20)/int(max(unsafe.Sizeof(v), 1))))
+	most := max(1, min(batchSize, (1<<20)/int(max(unsafe.Sizeof(v), 1))))
+	n := max(1, min(most, (64<<10)/int(max(unsafe.Sizeof(v), 1))))
 	keys := make([]K, n)
 	vals := make([]V, n)
 	for {
-		n, err := t.m.BatchLookup(&cursor, keys, vals, nil)
-		for i := range n {
+		got, err := t.m.BatchLookup(&cursor, keys, vals, nil)
+		for i := range got {
 			fn(keys[i], vals[i])
+		}
+		if got == len(keys) && len(keys) < most {
+			n = min(most, 4*len(keys))
+			keys, vals = make([]K, n), make([]V, n)
 		}
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return nil
