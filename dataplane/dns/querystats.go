@@ -79,6 +79,10 @@ var timeLimits = func() (l [numTimeBuckets]time.Duration) {
 // to the totals. Only the worker touches it.
 type queryStats struct {
 	counts [numCounts]uint64
+	// dirty lists the counts that are not zero, so adding one query to
+	// the totals touches its few counts, not all of them.
+	dirty  [numCounts]uint16
+	ndirty int
 	// untimed queries were counted since lapStart and wait for lap.
 	untimed  int
 	lapStart time.Duration
@@ -103,17 +107,27 @@ func (st *queryStats) count(qtype uint16, q *queryInfo, resp []byte) {
 	if rc == 0 && binary.BigEndian.Uint16(resp[10:]) > 0 && isBadVers(resp) {
 		rc = rcodeBadVers
 	}
-	c := &st.counts
-	c[requestIndex(proto, family, ti)]++
-	c[responseIndex(q.plugin, rc)]++
+	st.add(requestIndex(proto, family, ti), 1)
+	st.add(responseIndex(q.plugin, rc), 1)
 	if q.do {
-		c[offDO]++
+		st.add(offDO, 1)
 	}
-	c[sizeIndex(proto, 0, q.size)]++
-	c[sizeIndex(proto, 1, len(resp))]++
-	c[offSizeSums+2*proto] += uint64(q.size)
-	c[offSizeSums+2*proto+1] += uint64(len(resp))
+	st.add(sizeIndex(proto, 0, q.size), 1)
+	st.add(sizeIndex(proto, 1, len(resp)), 1)
+	st.add(offSizeSums+2*proto, uint64(q.size))
+	st.add(offSizeSums+2*proto+1, uint64(len(resp)))
 	st.untimed++
+}
+
+func (st *queryStats) add(i int, v uint64) {
+	if v == 0 {
+		return
+	}
+	if st.counts[i] == 0 {
+		st.dirty[st.ndirty] = uint16(i)
+		st.ndirty++
+	}
+	st.counts[i] += v
 }
 
 // lap times the untimed queries, answered one after the other from
@@ -130,8 +144,8 @@ func (st *queryStats) lap(now time.Duration) {
 	for b < len(timeLimits) && each > timeLimits[b] {
 		b++
 	}
-	st.counts[offDurations+b] += uint64(k)
-	st.counts[offDurationSum] += uint64(d)
+	st.add(offDurations+b, uint64(k))
+	st.add(offDurationSum, uint64(d))
 	st.untimed = 0
 	st.lapLen = int(min(timeLimits[0]/4/max(each, 1), maxLap))
 }
@@ -166,13 +180,12 @@ type queryCollector struct {
 // add moves st's counts into the totals.
 func (qc *queryCollector) add(st *queryStats) {
 	qc.mu.Lock()
-	for i, v := range st.counts {
-		if v != 0 {
-			qc.totals[i] += v
-		}
+	for _, i := range st.dirty[:st.ndirty] {
+		qc.totals[i] += st.counts[i]
+		st.counts[i] = 0
 	}
 	qc.mu.Unlock()
-	st.counts = [numCounts]uint64{}
+	st.ndirty = 0
 }
 
 var (
