@@ -12,15 +12,18 @@ import (
 // The per-query metrics (CoreDNS's requests, responses, DO requests and the
 // duration and size histograms) cost more than answering a cluster name
 // when each query updates Prometheus's counters and histograms and reads
-// the clock twice: ~14 atomic adds and ~90 ns of clock on top of a ~105 ns
-// answer (BENCHMARKS.md, "dnsd's metrics on the query path"). So a worker
+// the clock twice: ~14 atomic adds and ~90 ns of clock took a cluster
+// answer from 106 to 240 ns of CPU (BenchmarkServeMetrics; 108 ns this
+// way; BENCHMARKS.md, "dnsd's metrics on the query path"). So a worker
 // counts its queries in plain memory (queryStats), adds them to the shared
 // totals once per lap of up to maxLap queries and whenever it is about to
 // wait for the next query, and reads the clock once per lap; the totals
 // become CoreDNS's series only when scraped (queryCollector).
 //
-// A lap's queries were answered back to back, so each took at most the
-// lap's time: while a lap is shorter than the first duration bucket
+// A query's time runs from when its worker took it up to when the worker
+// took up the next one, so it includes sending the answer, as CoreDNS's
+// includes writing it. A lap's queries were answered back to back, so each
+// took at most the lap's time: while a lap is shorter than the first duration bucket
 // (0.25 ms), every query of it falls in that bucket and the histogram is what
 // timing each query would give, with the lap's time as their sum. A lap
 // over that bound is split evenly among its queries (its queries' own times
