@@ -16,8 +16,9 @@ import (
 // of its own for every endpoint, they took ~84 MB of dnsd's 119 MB live
 // heap at 10,000 Services × 10 endpoints; now an endpoint is its entry in
 // its Service's svcEntry (36 bytes and its host label) and its address in
-// the PTR map. Encoding an endpoint's answer is the few appends that
-// copying an encoded one was.
+// the PTR map. Finding and encoding an endpoint's answer takes ~50 ns more
+// than copying an encoded one did (an A record 171 against 122 ns at that
+// size, BENCHMARKS.md); Service names are answered as before.
 
 // svcEntry is what one Service contributes to the index besides the names
 // in snapshot.names: its endpoint names and the reverse records it owns.
