@@ -270,34 +270,29 @@ func (d *delta) touchFDB(t *Table, k fdbKey) {
 // result compares each touched entry before and after the change.
 func (d *delta) result(t *Table) Delta {
 	var out Delta
-	for _, r := range d.routes {
-		now, ok := t.routes[r.key]
-		switch {
-		case ok && (!r.had || now != r.before):
-			out.Set.Routes = append(out.Set.Routes, now)
-		case !ok && r.had:
-			out.Delete.Routes = append(out.Delete.Routes, r.before)
-		}
-	}
-	for _, n := range d.neighs {
-		now, ok := t.neighs[n.key]
-		switch {
-		case ok && (!n.had || !bytes.Equal(now.MAC, n.before.MAC)):
-			out.Set.Neighs = append(out.Set.Neighs, now)
-		case !ok && n.had:
-			out.Delete.Neighs = append(out.Delete.Neighs, n.before)
-		}
-	}
-	for _, f := range d.fdb {
-		now, ok := t.fdb[f.key]
-		switch {
-		case ok && !f.had:
-			out.Set.FDB = append(out.Set.FDB, now.f)
-		case !ok && f.had:
-			out.Delete.FDB = append(out.Delete.FDB, f.before)
-		}
-	}
+	out.Set.Routes, out.Delete.Routes = settle(d.routes, func(k netip.Prefix) (Route, bool) { r, ok := t.routes[k]; return r, ok },
+		func(a, b Route) bool { return a == b })
+	out.Set.Neighs, out.Delete.Neighs = settle(d.neighs, func(k netip.Addr) (Neigh, bool) { n, ok := t.neighs[k]; return n, ok },
+		func(a, b Neigh) bool { return bytes.Equal(a.MAC, b.MAC) })
+	// An FDB entry's key is all of it.
+	out.Set.FDB, out.Delete.FDB = settle(d.fdb, func(k fdbKey) (FDB, bool) { f, ok := t.fdb[k]; return f.f, ok },
+		func(FDB, FDB) bool { return true })
 	return out
+}
+
+// settle compares each touched entry with what the table now holds: the
+// entries to set (new or different) and those to delete (gone).
+func settle[K comparable, V any](ts []touched[K, V], now func(K) (V, bool), same func(a, b V) bool) (set, del []V) {
+	for _, t := range ts {
+		v, ok := now(t.key)
+		switch {
+		case ok && (!t.had || !same(v, t.before)):
+			set = append(set, v)
+		case !ok && t.had:
+			del = append(del, t.before)
+		}
+	}
+	return set, del
 }
 
 // Plan renders the table as Compute would: sorted by name, skipped nodes
