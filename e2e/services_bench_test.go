@@ -55,6 +55,12 @@ func BenchmarkServiceThroughput(b *testing.B) {
 	if s := os.Getenv("PODNET_BENCH_ROUNDS"); s != "" {
 		fmt.Sscan(s, &rounds)
 	}
+	slice := 250 * time.Millisecond
+	if s := os.Getenv("PODNET_BENCH_STREAM_SLICE"); s != "" {
+		if d, err := time.ParseDuration(s); err == nil && d > 0 {
+			slice = d
+		}
+	}
 	ctx := context.Background()
 	l := lab.Start(b, lab.Options{Nodes: lab.DefaultNodes()[:2]})
 	nodes := []*lab.Node{l.Node("node1"), l.Node("node2")}
@@ -147,7 +153,7 @@ endpoints: [{addresses: [%[4]s], conditions: {ready: true}, nodeName: %[5]s}]
 				if err != nil {
 					b.Fatal(err)
 				}
-				st, err := s.client.StreamRates(ctx, targets, time.Duration(secs)*time.Second)
+				st, err := s.client.StreamRates(ctx, targets, time.Duration(secs)*time.Second, slice)
 				if err != nil {
 					b.Fatal(err)
 				}

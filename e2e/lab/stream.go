@@ -82,10 +82,10 @@ func Stream(ctx context.Context, addrs []string, d, slice time.Duration) ([]int6
 
 // StreamRates runs `podnet-lab stream` (see Stream) from inside the pod,
 // with a real process in the node's cgroup, against the echo servers at
-// addrs for d each, in turns of 250 ms, and returns the bits per second
+// addrs for d each, in turns of slice, and returns the bits per second
 // echoed back from each.
-func (p *Pod) StreamRates(ctx context.Context, addrs []string, d time.Duration) ([]float64, error) {
-	out, err := p.Exec(ctx, append([]string{p.Node.lab.labBinary(), "stream", "--duration", d.String()}, addrs...)...)
+func (p *Pod) StreamRates(ctx context.Context, addrs []string, d, slice time.Duration) ([]float64, error) {
+	out, err := p.Exec(ctx, append([]string{p.Node.lab.labBinary(), "stream", "--duration", d.String(), "--slice", slice.String()}, addrs...)...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s", err, strings.TrimSpace(out))
 	}
