@@ -607,13 +607,7 @@ func TestSourceShrinkInPlaceSettles(t *testing.T) {
 func TestIncrementalMatchesFullLoad(t *testing.T) {
 	dir := t.TempDir()
 	rnd := rand.New(rand.NewPCG(1, 2))
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	store := cluster.NewStore()
-	src := New(Options{Dir: dir, Store: store})
+	src, store, w := scanner(t, dir)
 	for step := range 120 {
 		path := filepath.Join(dir, fmt.Sprintf("f%d.yaml", rnd.IntN(4)))
 		if rnd.IntN(6) == 0 {
@@ -656,13 +650,7 @@ func byKey(objs []cluster.Object) map[cluster.Key]cluster.Object {
 // dropped, and a file nobody named is left for the rescan.
 func TestScanOfNamedFiles(t *testing.T) {
 	dir := t.TempDir()
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	store := cluster.NewStore()
-	src := New(Options{Dir: dir, Store: store})
+	src, store, w := scanner(t, dir)
 	write(t, filepath.Join(dir, "a.yaml"), nsYAML("a"))
 	src.scan(w, nil)
 
@@ -694,4 +682,17 @@ func TestScanOfNamedFiles(t *testing.T) {
 	if got, want := storeKeys(store), []string{"Namespace a", "Namespace unnamed"}; !slices.Equal(got, want) {
 		t.Fatalf("after a directory removed: %v, want %v", got, want)
 	}
+}
+
+// scanner is a Source of dir for a test to scan by hand, with the watcher
+// its scans add directories to.
+func scanner(t *testing.T, dir string) (*Source, *cluster.Store, *fsnotify.Watcher) {
+	t.Helper()
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	store := cluster.NewStore()
+	return New(Options{Dir: dir, Store: store}), store, w
 }
