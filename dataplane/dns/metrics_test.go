@@ -229,8 +229,15 @@ func TestUDPWorkerCountsEveryQuery(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ready := make(chan Listening, 1)
-	go srv.Run(ctx, ready)
-	to := net.UDPAddrFromAddrPort((<-ready).UDP[0])
+	stopped := make(chan error, 1)
+	go func() { stopped <- srv.Run(ctx, ready) }()
+	var to *net.UDPAddr
+	select {
+	case l := <-ready:
+		to = net.UDPAddrFromAddrPort(l.UDP[0])
+	case err := <-stopped:
+		t.Fatal(err)
+	}
 	const clients, each = 4, 50
 	var wg sync.WaitGroup
 	for range clients {
