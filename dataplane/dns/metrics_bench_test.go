@@ -2,6 +2,7 @@ package dns
 
 import (
 	"context"
+	"net"
 	"runtime"
 	"testing"
 	"time"
@@ -67,4 +68,72 @@ func threadCPU(b *testing.B) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(ts.Nano())
+}
+
+// BenchmarkServeUDPMetrics is BenchmarkServeMetrics through a real UDP
+// socket on loopback, with the client in the same process: the process's
+// CPU time per query, client and system calls included, without and with
+// Metrics. 16 queries are kept in flight; a window whose answers do not
+// come within 200 ms is counted as lost and sent again.
+func BenchmarkServeUDPMetrics(b *testing.B) {
+	for _, on := range []bool{false, true} {
+		name := map[bool]string{false: "off", true: "on"}[on]
+		b.Run(name, func(b *testing.B) {
+			z := NewZone(testState(), ZoneOptions{ShortNames: true})
+			z.Flush()
+			var m *Metrics
+			if on {
+				m = NewMetrics(prometheus.NewRegistry(), z, nil, nil)
+			}
+			srv := NewServer(ServerOptions{Listen: []string{"127.0.0.1:0"}, Zone: z, Metrics: m, Sockets: 1})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			ready := make(chan Listening, 1)
+			stopped := make(chan error, 1)
+			go func() { stopped <- srv.Run(ctx, ready) }()
+			var to *net.UDPAddr
+			select {
+			case l := <-ready:
+				to = net.UDPAddrFromAddrPort(l.UDP[0])
+			case err := <-stopped:
+				b.Fatal(err)
+			}
+			c, err := net.DialUDP("udp", nil, to)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			q := new(mdns.Msg)
+			q.SetQuestion("svc1.testns.svc.cluster.local.", mdns.TypeA)
+			pkt, _ := q.Pack()
+			buf := make([]byte, 512)
+			const window = 16
+			lost := 0
+			cpu0 := processCPU(b)
+			b.ResetTimer()
+			for sent, got := 0, 0; got < b.N; {
+				for ; sent < b.N && sent-got < window; sent++ {
+					c.Write(pkt)
+				}
+				c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+				if _, err := c.Read(buf); err != nil {
+					lost += sent - got
+					sent = got
+					continue
+				}
+				got++
+			}
+			b.ReportMetric(float64(processCPU(b)-cpu0)/float64(b.N), "proc-cpu-ns/op")
+			b.ReportMetric(float64(lost), "lost")
+		})
+	}
+}
+
+// processCPU is the CPU time of the whole process.
+func processCPU(b *testing.B) time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
