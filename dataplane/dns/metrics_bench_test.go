@@ -85,19 +85,7 @@ func BenchmarkServeUDPMetrics(b *testing.B) {
 			if on {
 				m = NewMetrics(prometheus.NewRegistry(), z, nil, nil)
 			}
-			srv := NewServer(ServerOptions{Listen: []string{"127.0.0.1:0"}, Zone: z, Metrics: m, Sockets: 1})
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			ready := make(chan Listening, 1)
-			stopped := make(chan error, 1)
-			go func() { stopped <- srv.Run(ctx, ready) }()
-			var to *net.UDPAddr
-			select {
-			case l := <-ready:
-				to = net.UDPAddrFromAddrPort(l.UDP[0])
-			case err := <-stopped:
-				b.Fatal(err)
-			}
+			to := runLoopback(b, ServerOptions{Zone: z, Metrics: m, Sockets: 1})
 			c, err := net.DialUDP("udp", nil, to)
 			if err != nil {
 				b.Fatal(err)

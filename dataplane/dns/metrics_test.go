@@ -225,19 +225,7 @@ func TestUDPWorkerCountsEveryQuery(t *testing.T) {
 	z := NewZone(testState(), ZoneOptions{ShortNames: true})
 	z.Flush()
 	reg := prometheus.NewRegistry()
-	srv := NewServer(ServerOptions{Listen: []string{"127.0.0.1:0"}, Zone: z, Metrics: NewMetrics(reg, z, nil, nil), Sockets: 2})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ready := make(chan Listening, 1)
-	stopped := make(chan error, 1)
-	go func() { stopped <- srv.Run(ctx, ready) }()
-	var to *net.UDPAddr
-	select {
-	case l := <-ready:
-		to = net.UDPAddrFromAddrPort(l.UDP[0])
-	case err := <-stopped:
-		t.Fatal(err)
-	}
+	to := runLoopback(t, ServerOptions{Zone: z, Metrics: NewMetrics(reg, z, nil, nil), Sockets: 2})
 	const clients, each = 4, 50
 	var wg sync.WaitGroup
 	for range clients {
@@ -284,5 +272,25 @@ func TestUDPWorkerCountsEveryQuery(t *testing.T) {
 			t.Fatalf("after the burst: requests %v, responses %v, durations %v, response sizes %v; want %v each", req, resp, dur, size, want)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// runLoopback runs a Server with opts on a free port of 127.0.0.1 until the
+// test ends and returns its UDP address.
+func runLoopback(tb testing.TB, opts ServerOptions) *net.UDPAddr {
+	tb.Helper()
+	opts.Listen = []string{"127.0.0.1:0"}
+	srv := NewServer(opts)
+	ctx, cancel := context.WithCancel(context.Background())
+	tb.Cleanup(cancel)
+	ready := make(chan Listening, 1)
+	stopped := make(chan error, 1)
+	go func() { stopped <- srv.Run(ctx, ready) }()
+	select {
+	case l := <-ready:
+		return net.UDPAddrFromAddrPort(l.UDP[0])
+	case err := <-stopped:
+		tb.Fatal(err)
+		return nil
 	}
 }
