@@ -77,7 +77,7 @@ grep -E '^(\||$|load average)' "$out"
 # TCP throughput (iperf3) and TCP_RR through a ClusterIP against the pod
 # directly, and through a NodePort from outside in ebpf against iptables
 # mode: two nodes in different modes, short interleaved rounds, medians of
-# the rounds' ratios (5 rounds of 2 s per path in each of two phases).
+# the rounds' ratios (6 rounds of 2 s per path in each of two phases).
 echo
 PODNET_BENCH=1 PODNET_BIN="${PODNET_BIN:-$PWD/bin}" \
 	go test -count=1 -timeout 30m -run '^$' -bench '^BenchmarkServiceThroughput$' -benchtime 1x -v ./e2e/ >"$out" 2>&1 || rc=$?
