@@ -179,3 +179,48 @@ func TestFindUnderlay(t *testing.T) {
 		t.Errorf("no interface: err = %v", err)
 	}
 }
+
+// TestServiceProxyWaitsForTheFirstRoutes: the Service proxy's first sync
+// comes after the node network's first one has ended, not beside it.
+func TestServiceProxyWaitsForTheFirstRoutes(t *testing.T) {
+	kernel, routes, _ := fakeKernel()
+	release := make(chan struct{})
+	var released sync.Once
+	unblock := func() { released.Do(func() { close(release) }) }
+	links := kernel.Links
+	var once sync.Once
+	kernel.Links = func() ([]Link, error) {
+		once.Do(func() { <-release })
+		return links()
+	}
+	o := runOptions(t, kernel)
+	b := &recordingBackend{}
+	fake := proxy.Mode{Name: "fake", New: func(proxy.Config) (proxy.Backend, error) { return b, nil }}
+	o.ServiceProxy = &proxy.ServiceOptions{Mode: fake, Modes: proxy.Modes{fake}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, o) }()
+	defer func() {
+		unblock()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+
+	time.Sleep(500 * time.Millisecond)
+	if s := b.synced(); len(s) != 0 {
+		t.Fatalf("Service proxy synced %v while the node network's first sync was still running", s)
+	}
+	unblock()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(b.synced()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if s := b.synced(); len(s) == 0 || s[0] != 1 {
+		t.Fatalf("service proxy syncs %v, want a first one with the Service", s)
+	}
+	if d := routes.Dump(); !strings.Contains(d, "route 10.244.2.0/24 via 192.168.10.12 dev eth0") {
+		t.Errorf("the Service proxy synced before the route to node2 was in place:\n%s", d)
+	}
+}
