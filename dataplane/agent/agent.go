@@ -260,8 +260,10 @@ func Run(ctx context.Context, o Options) error {
 		sp.Config.IPTables = o.IPTables
 		sp.SyncPeriod, sp.MinSyncPeriod = o.SyncPeriod, o.MinSyncPeriod
 		g.Go("service proxy", func(ctx context.Context) error {
-			n.awaitFirstSync(ctx, routesFirstLimit)
-			return proxy.RunService(ctx, sp, proxy.Env{Store: src.Store, Health: checker, Progress: progress, Status: board, Metrics: reg, Logger: log.With("component", "service-proxy")})
+			return proxy.RunService(ctx, sp, proxy.Env{
+				Store: src.Store, Health: checker, Progress: progress, Status: board, Metrics: reg, Logger: log.With("component", "service-proxy"),
+				BeforeFirstSync: func(ctx context.Context) { n.awaitFirstSync(ctx, routesFirstLimit) },
+			})
 		})
 	}
 	return g.Wait()
@@ -408,18 +410,13 @@ type nodeNet struct {
 const routesFirstLimit = 5 * time.Second
 
 // awaitFirstSync returns once the node network's first sync has ended, or
-// limit after the cluster state loaded, or when ctx ends. The Service
-// proxy waits on it: at a node's start both would otherwise take the two
-// cores at once (the first Service sync of 10,000 Services against the
-// routes to 5,000 Nodes), and a Service is of little use before the
-// routes to its endpoints' nodes are in place; Services on a node
-// restarted keep their rules in the kernel meanwhile.
+// after limit, or when ctx ends. The Service proxy's first sync waits on
+// it, once the cluster state is loaded: at a node's start both would
+// otherwise take the two cores at once (the first Service sync of 10,000
+// Services against the routes to 5,000 Nodes), and a Service is of little
+// use before the routes to its endpoints' nodes are in place; Services on
+// a node restarted keep their rules in the kernel meanwhile.
 func (n *nodeNet) awaitFirstSync(ctx context.Context, limit time.Duration) {
-	select {
-	case <-n.store.Synced():
-	case <-ctx.Done():
-		return
-	}
 	t := time.NewTimer(limit)
 	defer t.Stop()
 	select {

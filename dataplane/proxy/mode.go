@@ -151,6 +151,8 @@ type Env struct {
 	Status  *status.Board
 	Metrics prometheus.Registerer
 	Logger  *slog.Logger
+	// BeforeFirstSync is Options.BeforeFirstSync.
+	BeforeFirstSync func(ctx context.Context)
 }
 
 // RunService builds the chosen mode's Backend, syncs it with the Store
@@ -186,19 +188,20 @@ func RunService(ctx context.Context, o ServiceOptions, env Env) error {
 		defer c.Close()
 	}
 	return Run(ctx, Options{
-		Store:         env.Store,
-		NodeName:      cfg.NodeName,
-		Backend:       &cleanupOthers{Backend: backend, modes: o.Modes, cfg: cfg, keep: o.Mode.Name},
-		Conntrack:     o.Conntrack,
-		SyncPeriod:    o.SyncPeriod,
-		MinSyncPeriod: o.MinSyncPeriod,
-		Health:        env.Health,
-		Progress:      env.Progress,
-		Status:        env.Status,
-		Mode:          o.Mode.Name,
-		Metrics:       NewMetrics(env.Metrics),
-		HealthChecks:  &HealthChecks{},
-		Logger:        cfg.Logger,
+		Store:           env.Store,
+		NodeName:        cfg.NodeName,
+		Backend:         &cleanupOthers{Backend: backend, modes: o.Modes, cfg: cfg, keep: o.Mode.Name},
+		Conntrack:       o.Conntrack,
+		SyncPeriod:      o.SyncPeriod,
+		MinSyncPeriod:   o.MinSyncPeriod,
+		Health:          env.Health,
+		Progress:        env.Progress,
+		Status:          env.Status,
+		Mode:            o.Mode.Name,
+		Metrics:         NewMetrics(env.Metrics),
+		HealthChecks:    &HealthChecks{},
+		Logger:          cfg.Logger,
+		BeforeFirstSync: env.BeforeFirstSync,
 	})
 }
 

@@ -64,6 +64,9 @@ type Options struct {
 	Metrics      *Metrics      // nil: not recorded
 	HealthChecks *HealthChecks // nil: no healthCheckNodePort servers
 	Logger       *slog.Logger
+	// BeforeFirstSync, when set, is called once the state is synced and
+	// returns when the first sync may start (or ctx ended).
+	BeforeFirstSync func(ctx context.Context)
 }
 
 // Run syncs the Backend with the Store until ctx ends: changes arriving
@@ -100,6 +103,9 @@ waitSynced:
 		case <-ctx.Done():
 			return nil
 		}
+	}
+	if o.BeforeFirstSync != nil {
+		o.BeforeFirstSync(ctx)
 	}
 	s.o.Logger.Info("service proxy starting", "node", o.NodeName, "syncPeriod", s.o.SyncPeriod, "minSyncPeriod", s.o.MinSyncPeriod)
 
