@@ -89,24 +89,31 @@ func runOptions(t *testing.T, kernel *Kernel) Options {
 	}
 }
 
-// TestRunWiresTheNode runs the whole agent on fakes: from the state
-// directory to the node config, the route to node2, podnet's chains, the
-// sysctls and a Service proxy that sees the Service.
-func TestRunWiresTheNode(t *testing.T) {
-	kernel, routes, ipt := fakeKernel()
-	o := runOptions(t, kernel)
+// runWithRecordingProxy runs the agent with o and a Service proxy
+// recording its syncs, until the test ends.
+func runWithRecordingProxy(t *testing.T, o Options) *recordingBackend {
 	b := &recordingBackend{}
 	fake := proxy.Mode{Name: "fake", New: func(proxy.Config) (proxy.Backend, error) { return b, nil }}
 	o.ServiceProxy = &proxy.ServiceOptions{Mode: fake, Modes: proxy.Modes{fake}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, o) }()
-	defer func() {
+	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("Run: %v", err)
 		}
-	}()
+	})
+	return b
+}
+
+// TestRunWiresTheNode runs the whole agent on fakes: from the state
+// directory to the node config, the route to node2, podnet's chains, the
+// sysctls and a Service proxy that sees the Service.
+func TestRunWiresTheNode(t *testing.T) {
+	kernel, routes, ipt := fakeKernel()
+	o := runOptions(t, kernel)
+	b := runWithRecordingProxy(t, o)
 
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -194,19 +201,8 @@ func TestServiceProxyWaitsForTheFirstRoutes(t *testing.T) {
 		return links()
 	}
 	o := runOptions(t, kernel)
-	b := &recordingBackend{}
-	fake := proxy.Mode{Name: "fake", New: func(proxy.Config) (proxy.Backend, error) { return b, nil }}
-	o.ServiceProxy = &proxy.ServiceOptions{Mode: fake, Modes: proxy.Modes{fake}}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- Run(ctx, o) }()
-	defer func() {
-		unblock()
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	b := runWithRecordingProxy(t, o)
+	t.Cleanup(unblock) // runs first: Run's end waits for the blocked sync
 
 	time.Sleep(500 * time.Millisecond)
 	if s := b.synced(); len(s) != 0 {
