@@ -88,16 +88,28 @@ func answerA(w mdns.ResponseWriter, r *mdns.Msg, ttl int, addr string) {
 	w.WriteMsg(m)
 }
 
+// listenUDPAndTCP opens a UDP socket and a TCP listener on one free
+// loopback port (a UDP port the kernel picks may be taken for TCP).
+func listenUDPAndTCP(t testing.TB) (net.PacketConn, net.Listener) {
+	for try := 0; ; try++ {
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := net.Listen("tcp", pc.LocalAddr().String())
+		if err == nil {
+			return pc, l
+		}
+		pc.Close()
+		if try == 20 {
+			t.Fatal(err)
+		}
+	}
+}
+
 func startGoUpstream(t testing.TB, h func(w mdns.ResponseWriter, r *mdns.Msg, tcp bool)) *goUpstream {
 	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	pc, l := listenUDPAndTCP(t)
 	u := &goUpstream{addr: pc.LocalAddr().(*net.UDPAddr).AddrPort()}
 	handler := mdns.HandlerFunc(func(w mdns.ResponseWriter, r *mdns.Msg) {
 		tcp := w.RemoteAddr().Network() == "tcp"

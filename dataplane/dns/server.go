@@ -127,34 +127,14 @@ func (s *Server) Run(ctx context.Context, ready chan<- Listening) error {
 	}
 	lc := net.ListenConfig{Control: reusePort}
 	for _, addr := range s.opts.Listen {
-		// The first socket decides the port (it may be 0); the others join it.
-		first, err := lc.ListenPacket(ctx, "udp", addr)
+		u, l, err := s.listen(ctx, lc, addr)
 		if err != nil {
 			closeAll()
-			return fmt.Errorf("listen udp %s: %w", addr, err)
+			return err
 		}
-		uc := first.(*net.UDPConn)
-		udp = append(udp, uc)
-		port := uc.LocalAddr().(*net.UDPAddr).AddrPort()
-		bound.UDP = append(bound.UDP, port)
-		joined := net.JoinHostPort(port.Addr().String(), fmt.Sprint(port.Port()))
-		if ap, err := netip.ParseAddrPort(addr); err == nil && ap.Addr().IsUnspecified() {
-			joined = net.JoinHostPort(ap.Addr().String(), fmt.Sprint(port.Port()))
-		}
-		for i := 1; i < s.opts.Sockets; i++ {
-			pc, err := lc.ListenPacket(ctx, "udp", joined)
-			if err != nil {
-				closeAll()
-				return fmt.Errorf("listen udp %s: %w", joined, err)
-			}
-			udp = append(udp, pc.(*net.UDPConn))
-		}
-		l, err := lc.Listen(ctx, "tcp", joined)
-		if err != nil {
-			closeAll()
-			return fmt.Errorf("listen tcp %s: %w", joined, err)
-		}
-		tcp = append(tcp, l.(*net.TCPListener))
+		udp = append(udp, u...)
+		tcp = append(tcp, l)
+		bound.UDP = append(bound.UDP, u[0].LocalAddr().(*net.UDPAddr).AddrPort())
 		bound.TCP = append(bound.TCP, l.Addr().(*net.TCPAddr).AddrPort())
 	}
 	if ready != nil {
@@ -171,6 +151,57 @@ func (s *Server) Run(ctx context.Context, ready chan<- Listening) error {
 	closeAll()
 	wg.Wait()
 	return nil
+}
+
+// portTries bounds the ports listen tries for an address of port 0.
+const portTries = 20
+
+// listen opens addr's UDP sockets (Sockets of them on one port) and its TCP
+// listener on the same port. The first UDP socket decides the port: for
+// port 0 the kernel picks a free UDP port whose TCP port may be taken, and
+// then another port is tried.
+func (s *Server) listen(ctx context.Context, lc net.ListenConfig, addr string) ([]*net.UDPConn, *net.TCPListener, error) {
+	for try := 1; ; try++ {
+		udp, l, err := s.listenOnce(ctx, lc, addr)
+		if err == nil || !errors.Is(err, syscall.EADDRINUSE) || try == portTries {
+			return udp, l, err
+		}
+		if _, p, perr := net.SplitHostPort(addr); perr != nil || p != "0" {
+			return udp, l, err
+		}
+	}
+}
+
+func (s *Server) listenOnce(ctx context.Context, lc net.ListenConfig, addr string) ([]*net.UDPConn, *net.TCPListener, error) {
+	var udp []*net.UDPConn
+	fail := func(err error) ([]*net.UDPConn, *net.TCPListener, error) {
+		for _, c := range udp {
+			c.Close()
+		}
+		return nil, nil, err
+	}
+	first, err := lc.ListenPacket(ctx, "udp", addr)
+	if err != nil {
+		return fail(fmt.Errorf("listen udp %s: %w", addr, err))
+	}
+	udp = append(udp, first.(*net.UDPConn))
+	port := first.LocalAddr().(*net.UDPAddr).AddrPort()
+	joined := net.JoinHostPort(port.Addr().String(), fmt.Sprint(port.Port()))
+	if ap, err := netip.ParseAddrPort(addr); err == nil && ap.Addr().IsUnspecified() {
+		joined = net.JoinHostPort(ap.Addr().String(), fmt.Sprint(port.Port()))
+	}
+	for i := 1; i < s.opts.Sockets; i++ {
+		pc, err := lc.ListenPacket(ctx, "udp", joined)
+		if err != nil {
+			return fail(fmt.Errorf("listen udp %s: %w", joined, err))
+		}
+		udp = append(udp, pc.(*net.UDPConn))
+	}
+	l, err := lc.Listen(ctx, "tcp", joined)
+	if err != nil {
+		return fail(fmt.Errorf("listen tcp %s: %w", joined, err))
+	}
+	return udp, l.(*net.TCPListener), nil
 }
 
 func reusePort(_, _ string, c syscall.RawConn) error {
