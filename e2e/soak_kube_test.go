@@ -187,47 +187,26 @@ func TestSoakServiceChurnAPI(t *testing.T) {
 			return body
 		}},
 	}
-	settle := func() []rssSettled { return churnSettle(t, procs, rounds) }
-	before := settle()
-
-	stable := &soakLoad{name: "stable Service"}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		stable.run(stop, 1000000, func() error {
-			out, err := probeFrom(k.client.NSPath(), "tcp", "10.96.101.1:80", 2*time.Second)
-			if err == nil && !strings.HasPrefix(out, "web") {
-				err = fmt.Errorf("answer %q", out)
-			}
-			return err
-		})
-	})
 	times := &churnTimes{}
-	var settled [][]rssSettled
-	var churnTook time.Duration
-	for range rounds {
-		began := time.Now()
-		k.churnServicesAPI(ctx, services, phase, web1, web2, times)
-		churnTook += time.Since(began)
-		settled = append(settled, settle())
-	}
-	close(stop)
-	wg.Wait()
-
-	stableTotal, stableFailed, _ := soakSummary(t, []*soakLoad{stable}, 50)
+	run := runChurnUnderLoad(t, procs, rounds, func() error {
+		out, err := probeFrom(k.client.NSPath(), "tcp", "10.96.101.1:80", 2*time.Second)
+		if err == nil && !strings.HasPrefix(out, "web") {
+			err = fmt.Errorf("answer %q", out)
+		}
+		return err
+	}, func() { k.churnServicesAPI(ctx, services, phase, web1, web2, times) })
 	if len(times.missed) > 0 {
 		t.Errorf("%d timed writes did not take effect within 30 s: %v", len(times.missed), times.missed)
 	}
-	memory := churnMemory(t, procs, before, settled)
 	p95 := func(ds []time.Duration) string { return percentile(ds, 0.95).Round(time.Millisecond).String() }
 	soakRow(t, "2 Service churn (API server)",
 		fmt.Sprintf("%d Services with slices created, endpoints changed, deleted through kube-apiserver, %d round(s) of %v; stable Service hammered (%d requests)",
-			services, rounds, (churnTook/time.Duration(rounds)).Round(time.Second), stableTotal),
+			services, rounds, run.perRound, run.stableTotal),
 		"none beyond the churn",
-		fmt.Sprintf("%d failed on the stable Service, %d of %d timed writes without effect", stableFailed, len(times.missed),
+		fmt.Sprintf("%d failed on the stable Service, %d of %d timed writes without effect", run.stableFailed, len(times.missed),
 			len(times.created)+len(times.changed)+len(times.resolved)+len(times.gone)+len(times.missed)),
 		fmt.Sprintf("write to served p95: created %s, endpoints changed %s; to resolvable p95 %s, deleted to NXDOMAIN p95 %s (%d samples each); %s",
-			p95(times.created), p95(times.changed), p95(times.resolved), p95(times.gone), len(times.created), memory))
+			p95(times.created), p95(times.changed), p95(times.resolved), p95(times.gone), len(times.created), run.memory))
 }
 
 // probeFrom is lab.Probe from inside the namespace at nsPath.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -216,4 +217,40 @@ func churnSettle(t *testing.T, procs []rssProc, rounds int) []rssSettled {
 		return out
 	}
 	return settleRSS(t, procs, 4*time.Minute)
+}
+
+// churnRun is what runChurnUnderLoad measured.
+type churnRun struct {
+	perRound                  time.Duration // the churn's mean time per round
+	stableTotal, stableFailed int64
+	memory                    string // churnMemory's figure
+}
+
+// runChurnUnderLoad is scenario 2's frame, the same through the state
+// directory and the API server: settle procs, hammer the stable Service
+// with probe while churn runs rounds times (each followed by a settle),
+// then fail the test on any failed probe and show the memory around the
+// rounds.
+func runChurnUnderLoad(t *testing.T, procs []rssProc, rounds int, probe func() error, churn func()) churnRun {
+	t.Helper()
+	before := churnSettle(t, procs, rounds)
+	stable := &soakLoad{name: "stable Service"}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { stable.run(stop, 1000000, probe) })
+	var settled [][]rssSettled
+	var took time.Duration
+	for range rounds {
+		began := time.Now()
+		churn()
+		took += time.Since(began)
+		settled = append(settled, churnSettle(t, procs, rounds))
+	}
+	close(stop)
+	wg.Wait()
+	var r churnRun
+	r.perRound = (took / time.Duration(rounds)).Round(time.Second)
+	r.stableTotal, r.stableFailed, _ = soakSummary(t, []*soakLoad{stable}, 50)
+	r.memory = churnMemory(t, procs, before, settled)
+	return r
 }

@@ -45,9 +45,14 @@ func soakSize(short, full int) int {
 	return short
 }
 
-// soakRow logs a table row and appends it to $PODNET_SOAK_REPORT.
+// soakRow logs a table row and appends it to $PODNET_SOAK_REPORT. Called
+// after the scenario's checks, it marks the row of a scenario that missed
+// its goal.
 func soakRow(t *testing.T, scenario, load, faults, failed, figure string) {
 	t.Helper()
+	if t.Failed() {
+		scenario = "FAILED " + scenario
+	}
 	row := strings.Join([]string{scenario, load, faults, failed, figure}, " | ")
 	t.Log(row)
 	if p := os.Getenv("PODNET_SOAK_REPORT"); p != "" {
@@ -456,19 +461,6 @@ func TestSoakServiceChurn(t *testing.T) {
 			return body
 		}},
 	}
-	settle := func() []rssSettled { return churnSettle(t, procs, rounds) }
-	before := settle()
-
-	stable := &soakLoad{name: "stable Service"}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		stable.run(stop, 1000000, func() error {
-			_, err := c.probeIn(c.c3.NSPath(), "tcp", "10.96.3.1:80", 2*time.Second)
-			return err
-		})
-	})
-
 	vip := func(i int) string { return fmt.Sprintf("10.96.%d.%d", 4+i/250, i%250+1) }
 	def := func(i int, ep *lab.Pod) svcDef {
 		return svcDef{name: fmt.Sprintf("churn%d", i), clusterIP: vip(i), ports: svcTCPPort(80), endpoints: []svcEndpoint{svcReady(ep)}}
@@ -542,30 +534,22 @@ func TestSoakServiceChurn(t *testing.T) {
 			return err != nil && derr == nil && m.Rcode == mdns.RcodeNameError
 		}, "the churned Services gone")
 	}
-	var settled [][]rssSettled
-	var churnTook time.Duration
-	for range rounds {
-		began := time.Now()
-		churn()
-		churnTook += time.Since(began)
-		settled = append(settled, settle())
-	}
-	close(stop)
-	wg.Wait()
-
-	stableTotal, stableFailed, _ := soakSummary(t, []*soakLoad{stable}, 50)
+	run := runChurnUnderLoad(t, procs, rounds, func() error {
+		_, err := c.probeIn(c.c3.NSPath(), "tcp", "10.96.3.1:80", 2*time.Second)
+		return err
+	}, churn)
 	samples := rounds * min(services, (services+max(1, services/50)-1)/max(1, services/50))
 	if len(served) < samples || len(resolved) < samples {
 		t.Errorf("of %d timed Services, %d were served and %d resolved within 30 s", samples, len(served), len(resolved))
 	}
 	soakRow(t, "2 Service churn (state directory)",
 		fmt.Sprintf("%d Services created, changed, deleted, %d round(s) of %v (half written in place); stable Service hammered (%d requests)",
-			services, rounds, (churnTook/time.Duration(rounds)).Round(time.Second), stableTotal),
+			services, rounds, run.perRound, run.stableTotal),
 		"none beyond the churn",
-		fmt.Sprintf("%d failed on the stable Service", stableFailed),
+		fmt.Sprintf("%d failed on the stable Service", run.stableFailed),
 		fmt.Sprintf("write to served p95 %v, to resolvable p95 %v (%d samples); %s",
 			percentile(served, 0.95).Round(time.Millisecond), percentile(resolved, 0.95).Round(time.Millisecond), len(served),
-			churnMemory(t, procs, before, settled)))
+			run.memory))
 }
 
 // churnMemory shows the RSS around the churn rounds: before and after the
