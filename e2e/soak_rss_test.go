@@ -238,6 +238,9 @@ func runChurnUnderLoad(t *testing.T, procs []rssProc, rounds int, probe func() e
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() { stable.run(stop, 1000000, probe) })
+	// Also on a churn's t.Fatal, so the client does not outlive the lab.
+	stopLoad := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	defer stopLoad()
 	var settled [][]rssSettled
 	var took time.Duration
 	for range rounds {
@@ -246,8 +249,7 @@ func runChurnUnderLoad(t *testing.T, procs []rssProc, rounds int, probe func() e
 		took += time.Since(began)
 		settled = append(settled, churnSettle(t, procs, rounds))
 	}
-	close(stop)
-	wg.Wait()
+	stopLoad()
 	var r churnRun
 	r.perRound = (took / time.Duration(rounds)).Round(time.Second)
 	r.stableTotal, r.stableFailed, _ = soakSummary(t, []*soakLoad{stable}, 50)
