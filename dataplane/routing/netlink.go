@@ -417,26 +417,7 @@ func Watch(ctx context.Context, ns netns.NsHandle, device string, onEvent func(E
 		return fmt.Errorf("open netlink: %w", err)
 	}
 	defer h.Close()
-	// Link names by index, to name a route's device and to tell the
-	// device's neighbour events from the rest; the link subscription
-	// keeps it current, and an index met before its link's event is
-	// looked up.
-	names := make(map[int]string)
-	if ls, err := h.LinkList(); err == nil {
-		for _, l := range ls {
-			names[l.Attrs().Index] = l.Attrs().Name
-		}
-	}
-	name := func(index int) string {
-		if n, ok := names[index]; ok {
-			return n
-		}
-		if l, err := h.LinkByIndex(index); err == nil {
-			names[index] = l.Attrs().Name
-			return l.Attrs().Name
-		}
-		return ""
-	}
+	names := newLinkNames(h)
 	for {
 		select {
 		case <-ctx.Done():
@@ -447,7 +428,7 @@ func Watch(ctx context.Context, ns netns.NsHandle, device string, onEvent func(E
 			if !ok {
 				return errors.New("route subscription closed")
 			}
-			if e, ok := routeEvent(u, name); ok {
+			if e, ok := routeEvent(u, names.name); ok {
 				onEvent(e)
 			}
 		case u, ok := <-neighs:
@@ -456,7 +437,7 @@ func Watch(ctx context.Context, ns netns.NsHandle, device string, onEvent func(E
 			}
 			// Ordinary ARP churns on every other interface; only the
 			// device's entries (neighbours and FDB) are podnet's.
-			if name(u.LinkIndex) == device {
+			if names.name(u.LinkIndex) == device {
 				if e, ok := neighEvent(u, device); ok {
 					onEvent(e)
 				}
@@ -465,22 +446,62 @@ func Watch(ctx context.Context, ns netns.NsHandle, device string, onEvent func(E
 			if !ok {
 				return errors.New("link subscription closed")
 			}
-			a := u.Attrs()
-			e := Event{Kind: EventLink, Deleted: u.Header.Type == syscall.RTM_DELLINK, Link: a.Name, Up: a.Flags&net.FlagUp != 0,
-				// A link being registered is announced with every flag as
-				// changed, before it is set up.
-				New: u.Change == ^uint32(0)}
-			if e.Deleted {
-				delete(names, a.Index)
-			} else {
-				names[a.Index] = a.Name
-			}
-			if v, ok := u.Link.(*netlink.Vxlan); ok {
-				e.Device = &VXLANDevice{Name: a.Name, VNI: v.VxlanId, Port: v.Port, MAC: a.HardwareAddr, MTU: a.MTU, Learning: v.Learning, Up: e.Up}
-			}
+			e := linkEvent(u)
+			names.follow(u.Attrs().Index, e)
 			onEvent(e)
 		}
 	}
+}
+
+// linkNames names links by index, to name a route's device and to tell
+// the device's neighbour events from the rest; the link subscription keeps
+// it current (follow), and an index met before its link's event is looked
+// up.
+type linkNames struct {
+	h     *netlink.Handle
+	names map[int]string
+}
+
+func newLinkNames(h *netlink.Handle) *linkNames {
+	n := &linkNames{h: h, names: make(map[int]string)}
+	if ls, err := h.LinkList(); err == nil {
+		for _, l := range ls {
+			n.names[l.Attrs().Index] = l.Attrs().Name
+		}
+	}
+	return n
+}
+
+func (n *linkNames) name(index int) string {
+	if name, ok := n.names[index]; ok {
+		return name
+	}
+	if l, err := n.h.LinkByIndex(index); err == nil {
+		n.names[index] = l.Attrs().Name
+		return l.Attrs().Name
+	}
+	return ""
+}
+
+// follow records the link event e of the link at index.
+func (n *linkNames) follow(index int, e Event) {
+	if e.Deleted {
+		delete(n.names, index)
+	} else {
+		n.names[index] = e.Link
+	}
+}
+
+func linkEvent(u netlink.LinkUpdate) Event {
+	a := u.Attrs()
+	e := Event{Kind: EventLink, Deleted: u.Header.Type == syscall.RTM_DELLINK, Link: a.Name, Up: a.Flags&net.FlagUp != 0,
+		// A link being registered is announced with every flag as
+		// changed, before it is set up.
+		New: u.Change == ^uint32(0)}
+	if v, ok := u.Link.(*netlink.Vxlan); ok {
+		e.Device = &VXLANDevice{Name: a.Name, VNI: v.VxlanId, Port: v.Port, MAC: a.HardwareAddr, MTU: a.MTU, Learning: v.Learning, Up: e.Up}
+	}
+	return e
 }
 
 func routeEvent(u netlink.RouteUpdate, name func(int) string) (Event, bool) {

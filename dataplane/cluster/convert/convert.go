@@ -213,18 +213,7 @@ func FromV1EndpointSlice(e *discoveryv1.EndpointSlice) (*cluster.EndpointSlice, 
 	out.Ports = make([]cluster.EndpointPort, 0, len(e.Ports))
 	out.Endpoints = make([]cluster.Endpoint, 0, len(e.Endpoints))
 	for _, p := range e.Ports {
-		var ep cluster.EndpointPort
-		if p.Name != nil {
-			ep.Name = intern(*p.Name)
-		}
-		ep.Protocol = cluster.TCP
-		if p.Protocol != nil {
-			ep.Protocol = protocol(*p.Protocol)
-		}
-		if p.Port != nil {
-			ep.Port = uint16(*p.Port)
-		}
-		out.Ports = append(out.Ports, ep)
+		out.Ports = append(out.Ports, fromV1EndpointPort(p))
 	}
 	// The endpoints' addresses share one array: one allocation a slice,
 	// not one an endpoint.
@@ -248,31 +237,51 @@ func FromV1EndpointSlice(e *discoveryv1.EndpointSlice) (*cluster.EndpointSlice, 
 				c.Addresses = addrs[start:len(addrs):len(addrs)]
 			}
 		}
-		if ep.Conditions.Ready != nil {
-			c.Ready = *ep.Conditions.Ready
-		}
-		c.Serving = c.Ready
-		if ep.Conditions.Serving != nil {
-			c.Serving = *ep.Conditions.Serving
-		}
-		if ep.Conditions.Terminating != nil {
-			c.Terminating = *ep.Conditions.Terminating
-		}
-		if ep.Hints != nil && (len(ep.Hints.ForZones) > 0 || len(ep.Hints.ForNodes) > 0) {
-			c.Hints = &cluster.Hints{}
-			for _, z := range ep.Hints.ForZones {
-				c.Hints.Zones = append(c.Hints.Zones, intern(z.Name))
-			}
-			for _, n := range ep.Hints.ForNodes {
-				c.Hints.Nodes = append(c.Hints.Nodes, intern(n.Name))
-			}
-		}
-		if ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" {
-			c.TargetPod = ep.TargetRef.Name
-		}
+		endpointDetails(&c, ep)
 		out.Endpoints = append(out.Endpoints, c)
 	}
 	return out, nil
+}
+
+func fromV1EndpointPort(p discoveryv1.EndpointPort) cluster.EndpointPort {
+	var ep cluster.EndpointPort
+	if p.Name != nil {
+		ep.Name = intern(*p.Name)
+	}
+	ep.Protocol = cluster.TCP
+	if p.Protocol != nil {
+		ep.Protocol = protocol(*p.Protocol)
+	}
+	if p.Port != nil {
+		ep.Port = uint16(*p.Port)
+	}
+	return ep
+}
+
+// endpointDetails sets c's conditions, hints and target pod from ep.
+func endpointDetails(c *cluster.Endpoint, ep discoveryv1.Endpoint) {
+	if ep.Conditions.Ready != nil {
+		c.Ready = *ep.Conditions.Ready
+	}
+	c.Serving = c.Ready
+	if ep.Conditions.Serving != nil {
+		c.Serving = *ep.Conditions.Serving
+	}
+	if ep.Conditions.Terminating != nil {
+		c.Terminating = *ep.Conditions.Terminating
+	}
+	if ep.Hints != nil && (len(ep.Hints.ForZones) > 0 || len(ep.Hints.ForNodes) > 0) {
+		c.Hints = &cluster.Hints{}
+		for _, z := range ep.Hints.ForZones {
+			c.Hints.Zones = append(c.Hints.Zones, intern(z.Name))
+		}
+		for _, n := range ep.Hints.ForNodes {
+			c.Hints.Nodes = append(c.Hints.Nodes, intern(n.Name))
+		}
+	}
+	if ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" {
+		c.TargetPod = ep.TargetRef.Name
+	}
 }
 
 // FromV1Namespace reduces a v1.Namespace.
