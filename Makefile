@@ -16,7 +16,7 @@ FUZZTIME ?= 20s
 
 BINARIES := bin/podnet bin/loopback bin/portmap bin/proxyd bin/dnsd bin/podnet-lab
 
-.PHONY: all build deps test demo demo-down bench soak lint generate clean apiserver image kube-node conformance
+.PHONY: all build deps test demo demo-down bench bench-table soak lint generate clean apiserver image kube-node conformance
 
 all: build
 
@@ -155,8 +155,16 @@ demo-down:
 	@test -x ./bin/podnet-lab || $(MAKE) bin/podnet-lab
 	./bin/podnet-lab down
 
+# The long benchmarks (hours of both cores; BENCH=dns,go selects parts). Each
+# run's output is kept in bench-results/; the summary table of BENCHMARKS.md
+# is printed at the end, with the figures of that run, and written back into
+# BENCHMARKS.md with BENCH_WRITE=1. bench-table prints (or writes) it again
+# from the kept runs, measuring nothing.
 bench: deps build apiserver
 	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) bash scripts/bench.sh
+
+bench-table:
+	bash scripts/bench-table.sh
 
 # The reliability scenarios at full size (make test runs them short); prints
 # one table. Needs root.
