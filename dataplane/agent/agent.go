@@ -36,6 +36,7 @@ import (
 	"github.com/podnet/podnet/dataplane/cluster/convert"
 	"github.com/podnet/podnet/dataplane/health"
 	"github.com/podnet/podnet/dataplane/hostnet"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/ipt"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
 	"github.com/podnet/podnet/dataplane/nodestatus"
@@ -165,7 +166,7 @@ func (o Options) kernel() (k Kernel, close func(), err error) {
 		k.Links = func() ([]Link, error) { return netlinkLinks(h) }
 	}
 	if k.Routes == nil {
-		nk, err := routing.NewNetlinkKernel(netns.None())
+		nk, err := routing.NewNetlinkKernel(netns.None(), ipfamily.OfPrefix(o.ClusterCIDR))
 		if err != nil {
 			close()
 			return k, func() {}, err
@@ -620,9 +621,10 @@ func (n *nodeNet) syncOnce(full bool) (int, error) {
 	if self == nil {
 		return 0, fmt.Errorf("node %q is not in the cluster state", n.o.NodeName)
 	}
-	ip, ok := self.InternalIP()
+	fam := ipfamily.OfPrefix(n.o.ClusterCIDR)
+	ip, ok := self.InternalIP(fam)
 	if !ok {
-		return 0, fmt.Errorf("node %q has no IPv4 InternalIP", n.o.NodeName)
+		return 0, fmt.Errorf("node %q has no %v InternalIP", n.o.NodeName, fam)
 	}
 	n.lastFull = time.Now()
 	n.syncStart = n.lastFull
@@ -631,7 +633,7 @@ func (n *nodeNet) syncOnce(full bool) (int, error) {
 		return 0, err
 	}
 	cfg := routing.Config{
-		NodeName: n.o.NodeName, Backend: n.o.Backend, NodeIP: ip, NodeSubnet: u.subnet,
+		NodeName: n.o.NodeName, Backend: n.o.Backend, Family: fam, NodeIP: ip, NodeSubnet: u.subnet,
 		Iface: u.iface, UnderlayMTU: u.mtu, Device: routing.DefaultDevice, VNI: n.o.VXLANVNI, Port: n.o.VXLANPort,
 	}
 	if err := cfg.Validate(); err != nil {
@@ -765,7 +767,8 @@ func Cleanup(logger *slog.Logger) error {
 			errs = append(errs, fmt.Errorf("iptables-%s: %w", b, err))
 		}
 	}
-	k, err := routing.NewNetlinkKernel(netns.None())
+	// proxyd routes IPv4 only until dual-stack is wired (issue 22).
+	k, err := routing.NewNetlinkKernel(netns.None(), ipfamily.IPv4)
 	if err != nil {
 		return errors.Join(append(errs, err)...)
 	}

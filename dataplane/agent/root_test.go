@@ -13,6 +13,7 @@ import (
 
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/hostnet"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/roottest"
 	"github.com/podnet/podnet/dataplane/routing"
 )
@@ -46,7 +47,7 @@ func TestOwnWritesDoNotTriggerAFullSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { nsh.Close() })
-	k, err := routing.NewNetlinkKernel(nsh)
+	k, err := routing.NewNetlinkKernel(nsh, ipfamily.IPv4)
 	if err != nil {
 		t.Fatal(err)
 	}

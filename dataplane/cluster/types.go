@@ -12,6 +12,8 @@ package cluster
 import (
 	"net/netip"
 	"time"
+
+	"github.com/podnet/podnet/dataplane/ipfamily"
 )
 
 // Kind names a type of object held by the Store.
@@ -90,20 +92,20 @@ type Node struct {
 func (n *Node) Kind() Kind { return KindNode }
 func (n *Node) Key() Key   { return Key{Name: n.Name} }
 
-// PodCIDR returns the node's first IPv4 pod CIDR, if it has one.
-func (n *Node) PodCIDR() (netip.Prefix, bool) {
+// PodCIDR returns the node's first pod CIDR of family f, if it has one.
+func (n *Node) PodCIDR(f ipfamily.Family) (netip.Prefix, bool) {
 	for _, p := range n.PodCIDRs {
-		if p.Addr().Is4() {
+		if f.HasPrefix(p) {
 			return p, true
 		}
 	}
 	return netip.Prefix{}, false
 }
 
-// InternalIP returns the node's first IPv4 InternalIP, if it has one.
-func (n *Node) InternalIP() (netip.Addr, bool) {
+// InternalIP returns the node's first InternalIP of family f, if it has one.
+func (n *Node) InternalIP(f ipfamily.Family) (netip.Addr, bool) {
 	for _, a := range n.InternalIPs {
-		if a.Is4() {
+		if f.Has(a) {
 			return a, true
 		}
 	}

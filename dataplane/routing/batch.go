@@ -10,6 +10,8 @@ import (
 	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/dataplane/ipfamily"
 )
 
 // batchSocket writes many rtnetlink requests with one sendmsg and reads
@@ -195,15 +197,16 @@ func appendAttrU32(b []byte, typ uint16, v uint32) []byte {
 	return appendAttr(b, typ, binary.NativeEndian.AppendUint32(nil, v)...)
 }
 
-func addr4(a netip.Addr) []byte { b := a.As4(); return b[:] }
+// af is the kernel's family byte for a.
+func af(a netip.Addr) byte { return byte(ipfamily.Of(a).AF()) }
 
 // routeRequest replaces (or deletes) r, a route of podnet's in the main
 // table through the link index.
 func routeRequest(r *Route, index int, del bool) request {
 	if del {
 		return request{typ: unix.RTM_DELROUTE, body: func(b []byte) []byte {
-			b = append(b, unix.AF_INET, byte(r.Dst.Bits()), 0, 0, unix.RT_TABLE_MAIN, Protocol, unix.RT_SCOPE_NOWHERE, 0, 0, 0, 0, 0)
-			return appendAttr(b, unix.RTA_DST, addr4(r.Dst.Addr())...)
+			b = append(b, af(r.Dst.Addr()), byte(r.Dst.Bits()), 0, 0, unix.RT_TABLE_MAIN, Protocol, unix.RT_SCOPE_NOWHERE, 0, 0, 0, 0, 0)
+			return appendAttr(b, unix.RTA_DST, r.Dst.Addr().AsSlice()...)
 		}}
 	}
 	return request{typ: unix.RTM_NEWROUTE, flags: unix.NLM_F_CREATE | unix.NLM_F_REPLACE, body: func(b []byte) []byte {
@@ -211,10 +214,10 @@ func routeRequest(r *Route, index int, del bool) request {
 		if r.Onlink {
 			flags = unix.RTNH_F_ONLINK
 		}
-		b = append(b, unix.AF_INET, byte(r.Dst.Bits()), 0, 0, unix.RT_TABLE_MAIN, Protocol, unix.RT_SCOPE_UNIVERSE, unix.RTN_UNICAST)
+		b = append(b, af(r.Dst.Addr()), byte(r.Dst.Bits()), 0, 0, unix.RT_TABLE_MAIN, Protocol, unix.RT_SCOPE_UNIVERSE, unix.RTN_UNICAST)
 		b = binary.NativeEndian.AppendUint32(b, flags)
-		b = appendAttr(b, unix.RTA_DST, addr4(r.Dst.Addr())...)
-		b = appendAttr(b, unix.RTA_GATEWAY, addr4(r.Gw)...)
+		b = appendAttr(b, unix.RTA_DST, r.Dst.Addr().AsSlice()...)
+		b = appendAttr(b, unix.RTA_GATEWAY, r.Gw.AsSlice()...)
 		return appendAttrU32(b, unix.RTA_OIF, uint32(index))
 	}}
 }
@@ -231,13 +234,13 @@ func ndmsg(b []byte, family byte, index int, state uint16, flags byte) []byte {
 func neighRequest(n *Neigh, index int, del bool) request {
 	if del {
 		return request{typ: unix.RTM_DELNEIGH, body: func(b []byte) []byte {
-			b = ndmsg(b, unix.AF_INET, index, 0, 0)
-			return appendAttr(b, unix.NDA_DST, addr4(n.IP)...)
+			b = ndmsg(b, af(n.IP), index, 0, 0)
+			return appendAttr(b, unix.NDA_DST, n.IP.AsSlice()...)
 		}}
 	}
 	return request{typ: unix.RTM_NEWNEIGH, flags: unix.NLM_F_CREATE | unix.NLM_F_REPLACE, body: func(b []byte) []byte {
-		b = ndmsg(b, unix.AF_INET, index, unix.NUD_PERMANENT, 0)
-		b = appendAttr(b, unix.NDA_DST, addr4(n.IP)...)
+		b = ndmsg(b, af(n.IP), index, unix.NUD_PERMANENT, 0)
+		b = appendAttr(b, unix.NDA_DST, n.IP.AsSlice()...)
 		return appendAttr(b, unix.NDA_LLADDR, n.MAC...)
 	}}
 }
@@ -250,7 +253,7 @@ func fdbRequest(f *FDB, index int, del bool) request {
 	}
 	return request{typ: typ, flags: flags, body: func(b []byte) []byte {
 		b = ndmsg(b, unix.AF_BRIDGE, index, unix.NUD_PERMANENT, unix.NTF_SELF)
-		b = appendAttr(b, unix.NDA_DST, addr4(f.Dst)...)
+		b = appendAttr(b, unix.NDA_DST, f.Dst.AsSlice()...)
 		return appendAttr(b, unix.NDA_LLADDR, f.MAC...)
 	}}
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+
+	"github.com/podnet/podnet/dataplane/ipfamily"
 )
 
 // FakeKernel is an in-memory Kernel that refuses what the kernel refuses:
@@ -146,6 +148,9 @@ func (k *FakeKernel) Routes() ([]Route, error) {
 func (k *FakeKernel) ReplaceRoute(r Route) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if ipfamily.Of(r.Gw) != ipfamily.Of(r.Dst.Addr()) {
+		return fmt.Errorf("route %s: gateway of another family: %w", r, syscall.EINVAL)
+	}
 	if subnet, ok := k.underlay[r.Dev]; ok {
 		if !r.Onlink && !subnet.Contains(r.Gw) {
 			return fmt.Errorf("route %s: gateway not on %s: %w", r, r.Dev, syscall.ENETUNREACH)

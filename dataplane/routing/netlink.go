@@ -12,6 +12,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/dataplane/ipfamily"
 )
 
 // NetlinkKernel is the real Kernel, in one network namespace: dumps and
@@ -26,11 +28,18 @@ type NetlinkKernel struct {
 	// Changes that fail are tried again once with a fresh lookup, so a
 	// link recreated behind our back costs one failed batch, not a wrong one.
 	index map[string]int
+	// family is the one whose routes, neighbours and device addresses
+	// this kernel reads: a Table routes one family.
+	family ipfamily.Family
 }
 
-// NewNetlinkKernel returns a Kernel working in the network namespace ns
-// (netns.None(): the caller's own). Close releases its sockets.
-func NewNetlinkKernel(ns netns.NsHandle) (*NetlinkKernel, error) {
+// NewNetlinkKernel returns a Kernel for family f working in the network
+// namespace ns (netns.None(): the caller's own). Close releases its
+// sockets.
+func NewNetlinkKernel(ns netns.NsHandle, f ipfamily.Family) (*NetlinkKernel, error) {
+	if !f.Valid() {
+		return nil, fmt.Errorf("netlink kernel: address family %v: want IPv4 or IPv6", f)
+	}
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
 		return nil, fmt.Errorf("open netlink: %w", err)
@@ -40,7 +49,7 @@ func NewNetlinkKernel(ns netns.NsHandle) (*NetlinkKernel, error) {
 		h.Close()
 		return nil, err
 	}
-	return &NetlinkKernel{h: h, batch: b, index: make(map[string]int)}, nil
+	return &NetlinkKernel{h: h, batch: b, index: make(map[string]int), family: f}, nil
 }
 
 // Close releases the kernel's netlink sockets.
@@ -193,7 +202,7 @@ func (k *NetlinkKernel) VXLAN(name string) (*VXLANDevice, error) {
 			}
 		}
 	}
-	addrs, err := k.h.AddrList(l, netlink.FAMILY_V4)
+	addrs, err := k.h.AddrList(l, k.family.AF())
 	if err != nil {
 		return nil, fmt.Errorf("list addresses of %s: %w", name, err)
 	}
@@ -231,7 +240,7 @@ func (k *NetlinkKernel) CreateVXLAN(d VXLANDevice) error {
 	if !d.Addr.IsValid() {
 		return nil
 	}
-	ipn := &net.IPNet{IP: d.Addr.Addr().AsSlice(), Mask: net.CIDRMask(d.Addr.Bits(), 32)}
+	ipn := &net.IPNet{IP: d.Addr.Addr().AsSlice(), Mask: net.CIDRMask(d.Addr.Bits(), d.Addr.Addr().BitLen())}
 	if err := k.h.AddrAdd(v, &netlink.Addr{IPNet: ipn}); err != nil {
 		return fmt.Errorf("add address %s: %w", d.Addr, err)
 	}
@@ -254,7 +263,7 @@ func (k *NetlinkKernel) UpdateVXLAN(d VXLANDevice) error {
 			return fmt.Errorf("set mac: %w", err)
 		}
 	}
-	addrs, err := k.h.AddrList(l, netlink.FAMILY_V4)
+	addrs, err := k.h.AddrList(l, k.family.AF())
 	if err != nil {
 		return fmt.Errorf("list addresses: %w", err)
 	}
@@ -271,7 +280,7 @@ func (k *NetlinkKernel) UpdateVXLAN(d VXLANDevice) error {
 		}
 	}
 	if d.Addr.IsValid() && !found {
-		ipn := &net.IPNet{IP: d.Addr.Addr().AsSlice(), Mask: net.CIDRMask(d.Addr.Bits(), 32)}
+		ipn := &net.IPNet{IP: d.Addr.Addr().AsSlice(), Mask: net.CIDRMask(d.Addr.Bits(), d.Addr.Addr().BitLen())}
 		if err := k.h.AddrAdd(l, &netlink.Addr{IPNet: ipn}); err != nil {
 			return fmt.Errorf("add address %s: %w", d.Addr, err)
 		}
@@ -292,7 +301,7 @@ func (k *NetlinkKernel) DeleteLink(name string) error {
 }
 
 func (k *NetlinkKernel) Routes() ([]Route, error) {
-	rs, err := k.h.RouteListFiltered(netlink.FAMILY_V4,
+	rs, err := k.h.RouteListFiltered(k.family.AF(),
 		&netlink.Route{Table: unix.RT_TABLE_MAIN, Protocol: Protocol},
 		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
 	if err != nil {
@@ -327,7 +336,7 @@ func (k *NetlinkKernel) Neighs(dev string) ([]Neigh, error) {
 	if err != nil || l == nil {
 		return nil, err
 	}
-	ns, err := k.h.NeighList(l.Attrs().Index, netlink.FAMILY_V4)
+	ns, err := k.h.NeighList(l.Attrs().Index, k.family.AF())
 	if err != nil {
 		return nil, err
 	}

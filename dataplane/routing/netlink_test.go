@@ -14,6 +14,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/roottest"
 )
 
@@ -60,7 +61,7 @@ func newTestNSWith(t testing.TB, addr string) (string, *netlink.Handle, netns.Ns
 // newTestKernel is a NetlinkKernel in nsh, closed at the end of the test.
 func newTestKernel(t testing.TB, nsh netns.NsHandle) *NetlinkKernel {
 	t.Helper()
-	k, err := NewNetlinkKernel(nsh)
+	k, err := NewNetlinkKernel(nsh, ipfamily.IPv4)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,6 +29,7 @@ import (
 	"strings"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 )
 
 // Backend chooses how peers are reached.
@@ -57,6 +58,9 @@ const (
 type Config struct {
 	NodeName string
 	Backend  Backend
+	// Family is the address family routed: of the podCIDRs, the peers'
+	// InternalIPs and NodeIP. Zero: NodeIP's.
+	Family ipfamily.Family
 	// NodeIP is this node's underlay address (the VXLAN source).
 	NodeIP netip.Addr
 	// NodeSubnet is the underlay subnet of the interface holding NodeIP;
@@ -77,8 +81,8 @@ func (c Config) Validate() error {
 	default:
 		return fmt.Errorf("backend: %q is not auto, host-gw or vxlan", c.Backend)
 	}
-	if !c.NodeIP.Is4() {
-		return fmt.Errorf("node IP: %v is not an IPv4 address", c.NodeIP)
+	if !c.NodeIP.IsValid() || c.Family != 0 && !c.Family.Has(c.NodeIP) {
+		return fmt.Errorf("node IP: %v is not an %v address", c.NodeIP, c.family())
 	}
 	if c.VNI < 1 || c.VNI > 1<<24-1 {
 		return fmt.Errorf("vxlan VNI: %d out of range 1-16777215", c.VNI)
@@ -90,6 +94,17 @@ func (c Config) Validate() error {
 		return fmt.Errorf("underlay MTU: %d too small", c.UnderlayMTU)
 	}
 	return nil
+}
+
+// family is the routed family: Family, else NodeIP's.
+func (c Config) family() ipfamily.Family {
+	if c.Family != 0 {
+		return c.Family
+	}
+	if f := ipfamily.Of(c.NodeIP); f != 0 {
+		return f
+	}
+	return ipfamily.IPv4
 }
 
 // PodMTU is the MTU pods get. With VXLAN possible (auto, vxlan) it leaves
@@ -111,7 +126,7 @@ type VXLANDevice struct {
 	Parent   string // underlay interface
 	MAC      net.HardwareAddr
 	MTU      int
-	Addr     netip.Prefix // own VTEP address, /32
+	Addr     netip.Prefix // own VTEP address, a host prefix
 	Learning bool         // always false; kept visible in dumps
 	Up       bool
 }
@@ -178,11 +193,13 @@ type Plan struct {
 	Skipped []string
 }
 
-// VTEPMAC derives a node's VTEP MAC from its IPv4 address: locally
-// administered, unicast, 0e:70 followed by the four address bytes.
+// VTEPMAC derives a node's VTEP MAC from its address: locally
+// administered, unicast, 0e:70 followed by the address's last four bytes
+// (an IPv4 address's four; nodes on one IPv6 underlay differ there too
+// unless their addresses are 2^32 apart).
 func VTEPMAC(ip netip.Addr) net.HardwareAddr {
-	b := ip.As4()
-	return net.HardwareAddr{0x0e, 0x70, b[0], b[1], b[2], b[3]}
+	b := ip.As16()
+	return net.HardwareAddr{0x0e, 0x70, b[12], b[13], b[14], b[15]}
 }
 
 // VTEPAddr is the VXLAN next hop of a node: its podCIDR's network address.
@@ -194,7 +211,7 @@ func VTEPAddr(podCIDR netip.Prefix) netip.Addr { return podCIDR.Masked().Addr() 
 func Compute(c Config, nodes []*cluster.Node) Plan {
 	var p Plan
 	if self := find(nodes, c.NodeName); self != nil {
-		p.PodCIDR, _ = self.PodCIDR()
+		p.PodCIDR, _ = self.PodCIDR(c.family())
 	}
 	p.Device = c.device(p.PodCIDR)
 	// Two nodes claiming one podCIDR (or two podCIDRs starting at one
@@ -245,7 +262,7 @@ func (c Config) device(podCIDR netip.Prefix) *VXLANDevice {
 		MAC: VTEPMAC(c.NodeIP), MTU: c.UnderlayMTU - VXLANOverhead, Up: true,
 	}
 	if podCIDR.IsValid() {
-		d.Addr = netip.PrefixFrom(VTEPAddr(podCIDR), 32)
+		d.Addr = ipfamily.Host(VTEPAddr(podCIDR))
 	}
 	return d
 }
@@ -253,13 +270,14 @@ func (c Config) device(podCIDR netip.Prefix) *VXLANDevice {
 // peerOf is node n as a peer of this node (whose podCIDR is self), or why
 // it cannot be one, judged from n alone.
 func (c Config) peerOf(self netip.Prefix, n *cluster.Node) (Peer, string) {
-	cidr, ok := n.PodCIDR()
+	f := c.family()
+	cidr, ok := n.PodCIDR(f)
 	if !ok {
-		return Peer{}, n.Name + ": no podCIDR"
+		return Peer{}, n.Name + ": no " + f.String() + " podCIDR"
 	}
-	ip, ok := n.InternalIP()
+	ip, ok := n.InternalIP(f)
 	if !ok {
-		return Peer{}, n.Name + ": no IPv4 InternalIP"
+		return Peer{}, n.Name + ": no " + f.String() + " InternalIP"
 	}
 	cidr = cidr.Masked()
 	if self.IsValid() && cidr.Overlaps(self) {

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -9,9 +10,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -378,4 +381,83 @@ func TestTableChangeCostsTheSameAtAnySize(t *testing.T) {
 		t.Errorf("allocations per add and remove: %.0f among 5,000 peers, %.0f among 50", allocs[5000], allocs[50])
 	}
 	t.Logf("allocations per add and remove: %v", allocs)
+}
+
+// TestIPv6Routes routes the IPv6 family of dual-stack Nodes: host-gw
+// routes via the peers' IPv6 InternalIPs on the node's subnet, VXLAN with a
+// /128 VTEP address and neighbours beyond it; the Nodes' IPv4 podCIDRs and
+// addresses are not this table's, and a Node without an IPv6 podCIDR is
+// skipped, named. The fake refuses a route whose gateway is of the other
+// family, as the kernel does without RTA_VIA.
+func TestIPv6Routes(t *testing.T) {
+	dual := func(name, ip4, ip6, cidr4, cidr6 string) *cluster.Node {
+		n := node(name, ip4, cidr4)
+		if ip6 != "" {
+			n.InternalIPs = append(n.InternalIPs, netip.MustParseAddr(ip6))
+		}
+		if cidr6 != "" {
+			n.PodCIDRs = append(n.PodCIDRs, netip.MustParsePrefix(cidr6))
+		}
+		return n
+	}
+	cfg := Config{
+		NodeName: "node1", Backend: BackendAuto, Family: ipfamily.IPv6,
+		NodeIP:     netip.MustParseAddr("fd00:10::11"),
+		NodeSubnet: netip.MustParsePrefix("fd00:10::/64"),
+		Iface:      "eth0", UnderlayMTU: 1500,
+		Device: DefaultDevice, VNI: DefaultVNI, Port: DefaultPort,
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	nodes := []*cluster.Node{
+		dual("node1", "192.168.10.11", "fd00:10::11", "10.244.1.0/24", "fd00:244:1::/64"),
+		dual("node2", "192.168.10.12", "fd00:10::12", "10.244.2.0/24", "fd00:244:2::/64"),
+		dual("node4", "192.168.20.14", "fd00:20::14", "10.244.4.0/24", "fd00:244:4::/64"),
+		dual("v4only", "192.168.10.15", "", "10.244.5.0/24", ""),
+	}
+	p := Compute(cfg, nodes)
+	if p.PodCIDR != netip.MustParsePrefix("fd00:244:1::/64") {
+		t.Errorf("plan podCIDR = %v", p.PodCIDR)
+	}
+	if p.Device == nil || p.Device.Addr != netip.MustParsePrefix("fd00:244:1::/128") || p.Device.Local != cfg.NodeIP {
+		t.Fatalf("device = %+v", p.Device)
+	}
+	if len(p.Skipped) != 1 || !strings.Contains(p.Skipped[0], "v4only: no IPv6 podCIDR") {
+		t.Errorf("skipped = %q", p.Skipped)
+	}
+	k := NewFakeKernel(map[string]netip.Prefix{"eth0": cfg.NodeSubnet})
+	r := &Reconciler{Kernel: k, Device: DefaultDevice}
+	if _, err := r.Apply(p); err != nil {
+		t.Fatal(err)
+	}
+	dump := k.Dump()
+	for _, want := range []string{
+		"route fd00:244:2::/64 via fd00:10::12 dev eth0",
+		"route fd00:244:4::/64 via fd00:244:4:: dev podnet.1 onlink",
+		"neigh fd00:244:4:: lladdr 0e:70:00:00:00:14 dev podnet.1 permanent",
+		"fdb 0e:70:00:00:00:14 dev podnet.1 dst fd00:20::14 self permanent",
+	} {
+		if !strings.Contains(dump, want) {
+			t.Errorf("kernel lacks %q:\n%s", want, dump)
+		}
+	}
+	if strings.Contains(dump, "10.244.") {
+		t.Errorf("IPv4 entries in the IPv6 table:\n%s", dump)
+	}
+	if changes, err := r.Apply(p); err != nil || len(changes) != 0 {
+		t.Errorf("second apply: %q, %v", changes, err)
+	}
+	tbl := NewTable(cfg, nodes)
+	if got, want := tbl.Plan().String(), p.String(); got != want {
+		t.Errorf("table plan\n%s\nwant\n%s", got, want)
+	}
+	err := k.ReplaceRoute(Route{Dst: netip.MustParsePrefix("fd00:244:9::/64"), Gw: netip.MustParseAddr("192.168.10.12"), Dev: "eth0"})
+	if !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("route via a gateway of the other family: %v, want EINVAL", err)
+	}
+	cfg.NodeIP = netip.MustParseAddr("192.168.10.11")
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "not an IPv6 address") {
+		t.Errorf("IPv4 node IP for the IPv6 family: %v", err)
+	}
 }

@@ -83,7 +83,7 @@ func NewTable(c Config, nodes []*cluster.Node) *Table {
 		t.fdb = make(map[fdbKey]fdbRef, len(nodes))
 	}
 	if self := find(nodes, c.NodeName); self != nil {
-		t.self, _ = self.PodCIDR()
+		t.self, _ = self.PodCIDR(c.family())
 	}
 	t.device = c.device(t.self)
 	var d delta

@@ -23,6 +23,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 )
 
 func eventually(t *testing.T, what string, cond func() bool) {
@@ -97,7 +98,7 @@ func TestSourceFeedsStore(t *testing.T) {
 	if n == nil {
 		t.Fatal("node n1 missing after sync")
 	}
-	if got, _ := n.PodCIDR(); got != netip.MustParsePrefix("10.244.1.0/24") || n.Zone != "z1" {
+	if got, _ := n.PodCIDR(ipfamily.IPv4); got != netip.MustParsePrefix("10.244.1.0/24") || n.Zone != "z1" {
 		t.Fatalf("node reduced wrongly: %+v", n)
 	}
 	s := store.Service(cluster.Key{Namespace: "default", Name: "web"})

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/proxy"
 )
 
@@ -34,7 +35,7 @@ var Mode = proxy.Mode{
 			NodePortAddresses: cfg.NodePortAddresses,
 			NodeIP: func() netip.Addr {
 				if n := cfg.Node(); n != nil {
-					if ip, ok := n.InternalIP(); ok {
+					if ip, ok := n.InternalIP(ipfamily.IPv4); ok {
 						return ip
 					}
 				}
