@@ -14,11 +14,16 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/dataplane/ipfamily"
 )
 
 // Filter selects entries. Zero fields match anything.
 type Filter struct {
-	Protocol    string // "udp", "tcp", "sctp"; required
+	Protocol string // "udp", "tcp", "sctp"; required
+	// Family is the table the filter looks in; zero: the family of
+	// OrigDst, else of ReplySrc (a filter with neither must name it).
+	Family      ipfamily.Family
 	OrigDst     netip.Addr
 	OrigDstPort uint16
 	ReplySrc    netip.Addr
@@ -51,6 +56,38 @@ func protoNum(p string) (uint8, error) {
 		return 0, errors.New("conntrack filter: protocol is required")
 	}
 	return 0, fmt.Errorf("conntrack filter: protocol %q is not tcp, udp or sctp", p)
+}
+
+// family is the conntrack table f looks in.
+func (f Filter) family() (ipfamily.Family, error) {
+	for _, fam := range []ipfamily.Family{f.Family, ipfamily.Of(f.OrigDst), ipfamily.Of(f.ReplySrc)} {
+		if fam != 0 {
+			return fam, nil
+		}
+	}
+	return 0, fmt.Errorf("conntrack filter %s: no address family", f)
+}
+
+// byFamily splits filters by the table they look in, IPv4 first.
+func byFamily(filters []Filter) ([][]Filter, []ipfamily.Family, error) {
+	var groups [][]Filter
+	var fams []ipfamily.Family
+	for _, fam := range ipfamily.All {
+		var g []Filter
+		for _, f := range filters {
+			ff, err := f.family()
+			if err != nil {
+				return nil, nil, err
+			}
+			if ff == fam {
+				g = append(g, f)
+			}
+		}
+		if len(g) > 0 {
+			groups, fams = append(groups, g), append(fams, fam)
+		}
+	}
+	return groups, fams, nil
 }
 
 // matcher is the filters of one call, indexed by protocol and destination
@@ -102,30 +139,40 @@ func matchIP(want netip.Addr, got net.IP) bool {
 	return ok && a.Unmap() == want
 }
 
-// Delete removes the IPv4 entries matching any of filters and returns how
-// many it removed. Finding none is not an error.
+// Delete removes the entries matching any of filters and returns how many
+// it removed: one dump of each family's table the filters look in.
+// Finding none is not an error.
 func Delete(filters ...Filter) (int, error) {
-	if len(filters) == 0 {
-		return 0, nil
-	}
-	m, err := newMatcher(filters)
+	groups, fams, err := byFamily(filters)
 	if err != nil {
 		return 0, err
 	}
-	n, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, m)
-	if err != nil {
-		return int(n), fmt.Errorf("delete conntrack entries (%d filters, first %s): %w", len(filters), filters[0], err)
+	total := 0
+	for i, g := range groups {
+		m, err := newMatcher(g)
+		if err != nil {
+			return total, err
+		}
+		n, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, netlink.InetFamily(fams[i].AF()), m)
+		total += int(n)
+		if err != nil {
+			return total, fmt.Errorf("delete %v conntrack entries (%d filters, first %s): %w", fams[i], len(g), g[0], err)
+		}
 	}
-	return int(n), nil
+	return total, nil
 }
 
-// Count returns how many IPv4 entries match f.
+// Count returns how many entries match f.
 func Count(f Filter) (int, error) {
+	fam, err := f.family()
+	if err != nil {
+		return 0, err
+	}
 	m, err := newMatcher([]Filter{f})
 	if err != nil {
 		return 0, err
 	}
-	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, netlink.InetFamily(fam.AF()))
 	if err != nil {
 		return 0, fmt.Errorf("list conntrack entries: %w", err)
 	}

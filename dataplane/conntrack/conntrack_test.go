@@ -6,12 +6,14 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/roottest"
 )
 
@@ -100,7 +102,7 @@ func TestDeleteInNamespace(t *testing.T) {
 		if n, err := Count(all); err != nil || n != 2 {
 			return fmt.Errorf("UDP entries before delete: %d, %v; want 2", n, err)
 		}
-		if n, err := Count(Filter{Protocol: "tcp", OrigDstPort: 5303}); err != nil || n != 1 {
+		if n, err := Count(Filter{Protocol: "tcp", Family: ipfamily.IPv4, OrigDstPort: 5303}); err != nil || n != 1 {
 			return fmt.Errorf("TCP entries before delete: %d, %v; want 1", n, err)
 		}
 		n, err := Delete(Filter{Protocol: "udp", OrigDst: lo, OrigDstPort: 5301, ReplySrc: lo}, Filter{Protocol: "tcp", OrigDst: lo, OrigDstPort: 5303})
@@ -110,15 +112,34 @@ func TestDeleteInNamespace(t *testing.T) {
 		if n, err := Count(all); err != nil || n != 1 {
 			return fmt.Errorf("UDP entries after delete: %d, %v; want 1", n, err)
 		}
-		if n, err := Count(Filter{Protocol: "tcp", OrigDstPort: 5303}); err != nil || n != 0 {
+		if n, err := Count(Filter{Protocol: "tcp", Family: ipfamily.IPv4, OrigDstPort: 5303}); err != nil || n != 0 {
 			return fmt.Errorf("TCP entries after delete: %d, %v; want 0", n, err)
 		}
-		if n, err := Delete(Filter{Protocol: "udp", OrigDstPort: 5999}); err != nil || n != 0 {
+		if n, err := Delete(Filter{Protocol: "udp", Family: ipfamily.IPv4, OrigDstPort: 5999}); err != nil || n != 0 {
 			return fmt.Errorf("deleting nothing: %d, %v", n, err)
 		}
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestFiltersSplitByFamily: each filter looks in its family's table (named,
+// or the family of its addresses); one with neither is refused, named.
+func TestFiltersSplitByFamily(t *testing.T) {
+	v4 := Filter{Protocol: "udp", OrigDst: netip.MustParseAddr("10.96.0.10")}
+	v6 := Filter{Protocol: "udp", ReplySrc: netip.MustParseAddr("fd00::5")}
+	v6port := Filter{Protocol: "tcp", Family: ipfamily.IPv6, OrigDstPort: 30080}
+	groups, fams, err := byFamily([]Filter{v6, v4, v6port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(fams) != 2 || fams[0] != ipfamily.IPv4 || fams[1] != ipfamily.IPv6 ||
+		len(groups[0]) != 1 || groups[0][0] != v4 || len(groups[1]) != 2 || groups[1][1] != v6port {
+		t.Errorf("byFamily = %v %v", fams, groups)
+	}
+	if _, err := Delete(Filter{Protocol: "tcp", OrigDstPort: 80}); err == nil || !strings.Contains(err.Error(), "tcp orig-port-dst 80: no address family") {
+		t.Errorf("Delete of a filter without family: %v", err)
 	}
 }

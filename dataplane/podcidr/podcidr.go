@@ -17,6 +17,7 @@ package podcidr
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,6 +28,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 )
@@ -61,15 +64,21 @@ func (o *Options) Validate() error {
 	if o.NodeName == "" {
 		return errors.New("podcidr: NodeName is required")
 	}
-	if !o.ClusterCIDR.IsValid() || !o.ClusterCIDR.Addr().Is4() {
-		return fmt.Errorf("podcidr: cluster CIDR %v: want an IPv4 prefix", o.ClusterCIDR)
+	f := ipfamily.OfPrefix(o.ClusterCIDR)
+	if !o.ClusterCIDR.IsValid() || !f.Valid() {
+		return fmt.Errorf("podcidr: cluster CIDR %v: want an IPv4 or IPv6 prefix", o.ClusterCIDR)
 	}
 	o.ClusterCIDR = o.ClusterCIDR.Masked()
+	// kube-controller-manager's defaults: /24 for IPv4, /64 for IPv6.
+	maxSize := f.Bits() - 2
 	if o.MaskSize == 0 {
 		o.MaskSize = 24
+		if f == ipfamily.IPv6 {
+			o.MaskSize = 64
+		}
 	}
-	if o.MaskSize < o.ClusterCIDR.Bits() || o.MaskSize > 30 || o.MaskSize-o.ClusterCIDR.Bits() > 16 {
-		return fmt.Errorf("podcidr: mask size %d: want %d..30 and at most 2^16 subnets of %v", o.MaskSize, o.ClusterCIDR.Bits(), o.ClusterCIDR)
+	if o.MaskSize < o.ClusterCIDR.Bits() || o.MaskSize > maxSize || o.MaskSize-o.ClusterCIDR.Bits() > 16 {
+		return fmt.Errorf("podcidr: mask size %d: want %d..%d and at most 2^16 subnets of %v", o.MaskSize, o.ClusterCIDR.Bits(), maxSize, o.ClusterCIDR)
 	}
 	if o.Namespace == "" {
 		o.Namespace = DefaultNamespace
@@ -153,7 +162,7 @@ func (o *Options) claims(ctx context.Context) (map[netip.Prefix]bool, netip.Pref
 			continue
 		}
 		taken[p] = true
-		if holder(&l) == o.NodeName {
+		if holder(&l) == o.NodeName && o.ClusterCIDR.Contains(p.Addr()) {
 			mine = p
 		}
 	}
@@ -230,8 +239,13 @@ func holder(l *coordinationv1.Lease) string {
 	return *l.Spec.HolderIdentity
 }
 
-// LeaseName is the name of the Lease claiming p: "podcidr-10.244.3.0-24".
+// LeaseName is the name of the Lease claiming p: "podcidr-10.244.3.0-24";
+// an IPv6 address, whose colons no object name may hold, is written as its
+// 32 hex digits ("podcidr-fd000244000000030000000000000000-64").
 func LeaseName(p netip.Prefix) string {
+	if ipfamily.OfPrefix(p) == ipfamily.IPv6 {
+		return fmt.Sprintf("podcidr-%x-%d", p.Addr().AsSlice(), p.Bits())
+	}
 	return fmt.Sprintf("podcidr-%s-%d", p.Addr(), p.Bits())
 }
 
@@ -245,17 +259,20 @@ func ParseLeaseName(name string) (netip.Prefix, bool) {
 	if i < 0 {
 		return netip.Prefix{}, false
 	}
-	p, err := netip.ParsePrefix(rest[:i] + "/" + rest[i+1:])
+	addr := rest[:i]
+	if b, err := hex.DecodeString(addr); err == nil && len(b) == 16 {
+		addr = netip.AddrFrom16([16]byte(b)).String()
+	}
+	p, err := netip.ParsePrefix(addr + "/" + rest[i+1:])
 	if err != nil || p != p.Masked() {
 		return netip.Prefix{}, false
 	}
 	return p, true
 }
 
-// nthSubnet is the i-th subnet of size bits in cidr.
+// nthSubnet is the i-th subnet of size bits in cidr (Validate keeps i in
+// range).
 func nthSubnet(cidr netip.Prefix, bits, i int) netip.Prefix {
-	a := cidr.Addr().As4()
-	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
-	v += uint32(i) << (32 - bits)
-	return netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), bits)
+	p, _ := ipfamily.Subnet(cidr, bits, uint64(i))
+	return p
 }

@@ -45,7 +45,14 @@ func TestLeaseName(t *testing.T) {
 	if got, ok := ParseLeaseName(LeaseName(p)); !ok || got != p {
 		t.Errorf("ParseLeaseName(LeaseName(%v)) = %v, %v", p, got, ok)
 	}
-	for _, bad := range []string{"node1", "podcidr-10.244.3.1-24", "podcidr-x-24", "podcidr-10.244.3.0"} {
+	p6 := netip.MustParsePrefix("fd00:244:0:3::/64")
+	if got := LeaseName(p6); got != "podcidr-fd000244000000030000000000000000-64" {
+		t.Errorf("LeaseName(%v) = %q", p6, got)
+	}
+	if got, ok := ParseLeaseName(LeaseName(p6)); !ok || got != p6 {
+		t.Errorf("ParseLeaseName(LeaseName(%v)) = %v, %v", p6, got, ok)
+	}
+	for _, bad := range []string{"node1", "podcidr-10.244.3.1-24", "podcidr-x-24", "podcidr-10.244.3.0", "podcidr-fd000244000000030000000000000001-64"} {
 		if _, ok := ParseLeaseName(bad); ok {
 			t.Errorf("ParseLeaseName(%q) accepted", bad)
 		}
@@ -134,7 +141,8 @@ func TestValidate(t *testing.T) {
 		{Client: c, ClusterCIDR: clusterCIDR},
 		{Client: c, NodeName: "n"},
 		{Client: c, NodeName: "n", ClusterCIDR: clusterCIDR, MaskSize: 8},
-		{Client: c, NodeName: "n", ClusterCIDR: netip.MustParsePrefix("fd00::/64")},
+		{Client: c, NodeName: "n", ClusterCIDR: netip.MustParsePrefix("fd00::/32")}, // 2^32 /64s
+		{Client: c, NodeName: "n", ClusterCIDR: netip.MustParsePrefix("fd00::/120"), MaskSize: 127},
 	} {
 		if err := o.Validate(); err == nil {
 			t.Errorf("Validate(%+v) accepted", o)
@@ -171,5 +179,23 @@ func TestConcurrentClaimsAreDistinct(t *testing.T) {
 		if s := nodeCIDR(t, c, fmt.Sprintf("n%d", i)); s != got[i].String() {
 			t.Errorf("node n%d: spec.podCIDR %q, Ensure said %v", i, s, got[i])
 		}
+	}
+}
+
+// An IPv6 cluster CIDR hands out /64s (kube-controller-manager's default
+// for the family), counted in the 128-bit address.
+func TestClaimsIPv6Subnet(t *testing.T) {
+	c := fake.NewClientset()
+	addNode(t, c, "n0", "fd00:244::/64")
+	addNode(t, c, "new", "")
+	got, err := Ensure(context.Background(), Options{Client: c, NodeName: "new", ClusterCIDR: netip.MustParsePrefix("fd00:244::/56")})
+	if err != nil || got.String() != "fd00:244:0:1::/64" {
+		t.Fatalf("Ensure = %v, %v; want fd00:244:0:1::/64", got, err)
+	}
+	if s := nodeCIDR(t, c, "new"); s != "fd00:244:0:1::/64" {
+		t.Errorf("Node.spec.podCIDR = %q", s)
+	}
+	if _, err := c.CoordinationV1().Leases(DefaultNamespace).Get(context.Background(), LeaseName(got), metav1.GetOptions{}); err != nil {
+		t.Errorf("claim Lease: %v", err)
 	}
 }

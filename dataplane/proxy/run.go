@@ -12,6 +12,7 @@ import (
 
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/health"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/runner"
 	"github.com/podnet/podnet/dataplane/status"
 )
@@ -33,7 +34,9 @@ type SyncResult struct {
 // ConntrackFilter selects conntrack entries of a protocol by their original
 // direction's destination and their reply source. Zero fields match all.
 type ConntrackFilter struct {
-	Protocol    cluster.Protocol
+	Protocol cluster.Protocol
+	// Family is the conntrack table to look in: the ServicePort's.
+	Family      ipfamily.Family
 	OrigDst     netip.Addr
 	OrigDstPort uint16
 	ReplySrc    netip.Addr
@@ -373,7 +376,7 @@ func frontends(sp *ServicePort, replySrc netip.Addr) []ConntrackFilter {
 		out = append(out, ConntrackFilter{Protocol: sp.Protocol, OrigDst: ip, OrigDstPort: sp.Port, ReplySrc: src})
 	}
 	if sp.NodePort != 0 {
-		out = append(out, ConntrackFilter{Protocol: sp.Protocol, OrigDstPort: sp.NodePort, ReplySrc: replySrc})
+		out = append(out, ConntrackFilter{Protocol: sp.Protocol, Family: ipfamily.Of(sp.ClusterIP), OrigDstPort: sp.NodePort, ReplySrc: replySrc})
 	}
 	return out
 }
