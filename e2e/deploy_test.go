@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -401,4 +402,46 @@ func TestDeployVariants(t *testing.T) {
 	if b, v := names(base), names(variant); !slices.Equal(b, v) {
 		t.Errorf("deploy/ebpf installs other objects than deploy/:\n%v\n%v", v, b)
 	}
+	checkDnsdDrain(t, base)
+}
+
+// checkDnsdDrain: dnsd's pod gives its drain time to end before the
+// kubelet kills it (--drain-max plus a forwarded query's deadline, 5 s,
+// under the grace period), and its readiness probe makes a draining dnsd
+// not serving within 2 s.
+func checkDnsdDrain(t *testing.T, docs []map[string]any) {
+	t.Helper()
+	for _, d := range docs {
+		md, _ := d["metadata"].(map[string]any)
+		if d["kind"] != "Deployment" || md["name"] != "podnet-dns" {
+			continue
+		}
+		var dep appsv1.Deployment
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(d, &dep); err != nil {
+			t.Fatal(err)
+		}
+		spec := dep.Spec.Template.Spec
+		maxDrain := 20 * time.Second // dnsd's default
+		for _, a := range spec.Containers[0].Command {
+			if v, ok := strings.CutPrefix(a, "--drain-max="); ok {
+				var err error
+				if maxDrain, err = time.ParseDuration(v); err != nil {
+					t.Fatalf("dnsd %s: %v", a, err)
+				}
+			}
+		}
+		grace := 30 * time.Second
+		if spec.TerminationGracePeriodSeconds != nil {
+			grace = time.Duration(*spec.TerminationGracePeriodSeconds) * time.Second
+		}
+		if maxDrain+5*time.Second >= grace {
+			t.Errorf("podnet-dns: --drain-max %v + 5s forward deadline not under the grace period %v", maxDrain, grace)
+		}
+		p := spec.Containers[0].ReadinessProbe
+		if p == nil || p.PeriodSeconds*max(p.FailureThreshold, 1) > 2 {
+			t.Errorf("podnet-dns readiness probe %+v: a draining dnsd stays serving for more than 2s", p)
+		}
+		return
+	}
+	t.Error("deploy/ has no podnet-dns Deployment")
 }

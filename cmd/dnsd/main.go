@@ -45,6 +45,8 @@ func (f *flags) flagSet() *pflag.FlagSet {
 	fs.StringArrayVar(&cfg.Listen, "listen", []string{"0.0.0.0:53"}, "address to serve DNS on, UDP and TCP (repeatable)")
 	fs.IntVar(&cfg.TCPMaxConns, "tcp-max-connections", dns.DefaultTCPMaxConns, "concurrent TCP connections; more are closed at once")
 	fs.DurationVar(&cfg.TCPIdleTimeout, "tcp-idle-timeout", 10*time.Second, "close a TCP connection idle this long between queries")
+	fs.DurationVar(&cfg.Drain.Quiet, "drain-quiet", 2*time.Second, "on SIGTERM, answer until no query has come for this long (0: stop at once)")
+	fs.DurationVar(&cfg.Drain.Max, "drain-max", 20*time.Second, "on SIGTERM, stop after this long even if queries still come (keep it below the pod's grace period, less --forward-deadline)")
 	fs.StringVar(&cfg.Zone.Domain, "cluster-domain", "cluster.local", "the cluster's DNS domain")
 	fs.Uint32Var(&f.ttl, "ttl", 5, "TTL of cluster records, in seconds")
 	fs.StringVar(&f.pods, "pods", "insecure", "pod records: insecure, verified or disabled")

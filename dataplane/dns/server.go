@@ -38,6 +38,9 @@ type ServerOptions struct {
 	// TCPMaxConns caps concurrent TCP connections; more are closed at
 	// once. DefaultTCPMaxConns by default.
 	TCPMaxConns int
+	// Drain says how the server stops once Run's context ends; the zero
+	// value stops at once.
+	Drain DrainOptions
 }
 
 // Server answers DNS over UDP and TCP. Its handler's rcode contract:
@@ -59,6 +62,19 @@ type Server struct {
 	pool sync.Pool // *scratch
 	// tcpConns holds a token per open TCP connection.
 	tcpConns chan struct{}
+
+	clock     Clock
+	draining  atomic.Bool
+	lastQuery atomic.Int64   // Unix nanoseconds of the last query while draining
+	inflight  sync.WaitGroup // forwarded UDP queries waiting for an upstream
+	connMu    sync.Mutex
+	conns     map[*tcpConn]struct{}
+	stopping  bool // the listeners are closed: new connections close at once
+
+	phase    atomic.Int32
+	workers  []*worker // one per UDP socket
+	tcpLoops []*worker // one per TCP listener
+	health   healthState
 }
 
 // scratch holds the per-query buffers, reused across queries.
@@ -88,7 +104,10 @@ func NewServer(opts ServerOptions) *Server {
 	if opts.TCPMaxConns <= 0 {
 		opts.TCPMaxConns = DefaultTCPMaxConns
 	}
-	s := &Server{opts: opts, tcpConns: make(chan struct{}, opts.TCPMaxConns)}
+	s := &Server{opts: opts, tcpConns: make(chan struct{}, opts.TCPMaxConns), clock: opts.Drain.Clock}
+	if s.clock == nil {
+		s.clock = systemClock{}
+	}
 	s.fwd.Store(opts.Forwarder)
 	s.pool.New = func() any { return &scratch{resp: make([]byte, 0, 4096), key: make([]byte, 0, 300)} }
 	return s
@@ -109,8 +128,10 @@ type Listening struct {
 	TCP []netip.AddrPort
 }
 
-// Run listens and serves until ctx ends. ready, if not nil, receives the
-// bound addresses once every socket is open.
+// Run listens and serves until ctx ends and the drain it is configured
+// with is over; then it closes its sockets and idle TCP connections and
+// returns once the queries in flight are answered. ready, if not nil,
+// receives the bound addresses once every socket is open.
 func (s *Server) Run(ctx context.Context, ready chan<- Listening) error {
 	var (
 		udp   []*net.UDPConn
@@ -140,16 +161,29 @@ func (s *Server) Run(ctx context.Context, ready chan<- Listening) error {
 	if ready != nil {
 		ready <- bound
 	}
-	var wg sync.WaitGroup
+	qctx := s.queryContext(ctx)
 	for _, c := range udp {
-		wg.Go(func() { s.serveUDP(ctx, c) })
+		s.workers = append(s.workers, &worker{addr: c.LocalAddr().String()})
 	}
 	for _, l := range tcp {
-		wg.Go(func() { s.serveTCP(ctx, l) })
+		s.tcpLoops = append(s.tcpLoops, &worker{addr: l.Addr().String()})
+	}
+	s.phase.Store(phaseServing)
+	defer s.phase.Store(phaseStopped)
+	var wg sync.WaitGroup
+	for i, c := range udp {
+		wg.Go(func() { s.serveUDP(qctx, c, s.workers[i]) })
+	}
+	for i, l := range tcp {
+		wg.Go(func() { s.serveTCP(qctx, l, s.tcpLoops[i]) })
 	}
 	<-ctx.Done()
+	s.phase.Store(phaseClosing)
+	s.drain()
 	closeAll()
+	s.closeConns()
 	wg.Wait()
+	s.inflight.Wait()
 	return nil
 }
 
@@ -220,7 +254,8 @@ func reusePort(_, _ string, c syscall.RawConn) error {
 // loopback delivery dominates), while it allocated an address per datagram;
 // this loop allocates nothing. The worker's run of queries between waits
 // is what its metrics time (queryStats).
-func (s *Server) serveUDP(ctx context.Context, c *net.UDPConn) {
+func (s *Server) serveUDP(ctx context.Context, c *net.UDPConn, w *worker) {
+	defer w.exited.Store(true)
 	pkt := make([]byte, 65535)
 	sc := s.pool.New().(*scratch)
 	src := newSourceAddr(c)
@@ -248,6 +283,8 @@ func (s *Server) serveUDP(ctx context.Context, c *net.UDPConn) {
 		if waited && m != nil {
 			m.wake(&sc.stats)
 		}
+		s.seen()
+		w.started.Add(1)
 		sc.q.v6 = from.Addr().Is6() && !from.Addr().Is4In6()
 		resp, async := s.serve(ctx, pkt[:n], sc, false, false)
 		reply := src.reply(oobn)
@@ -264,6 +301,7 @@ func (s *Server) serveUDP(ctx context.Context, c *net.UDPConn) {
 		if m != nil {
 			m.answered(&sc.stats)
 		}
+		w.finished.Add(1)
 	}
 }
 
@@ -359,14 +397,14 @@ func (s *Server) serveLater(ctx context.Context, c *net.UDPConn, pkt []byte, to 
 	q := append([]byte(nil), pkt...)
 	oob = append([]byte(nil), oob...)
 	v6 := sc.q.v6
-	go func() {
+	s.inflight.Go(func() {
 		sc := s.pool.Get().(*scratch)
 		sc.q.v6 = v6
 		if resp := s.serveAlone(ctx, q, sc, false); resp != nil {
 			c.WriteMsgUDPAddrPort(resp, oob, to)
 		}
 		s.pool.Put(sc)
-	}()
+	})
 	return nil
 }
 

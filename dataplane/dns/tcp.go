@@ -43,7 +43,8 @@ func getMsgBuf(n int) (*[]byte, int) {
 
 func putMsgBuf(b *[]byte, class int) { msgBufs[class].pool.Put(b) }
 
-func (s *Server) serveTCP(ctx context.Context, l *net.TCPListener) {
+func (s *Server) serveTCP(ctx context.Context, l *net.TCPListener, loop *worker) {
+	defer loop.exited.Store(true)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
@@ -79,19 +80,20 @@ func (s *Server) serveTCP(ctx context.Context, l *net.TCPListener) {
 // the last answer, and a message once begun within TCPReadTimeout.
 func (s *Server) serveConn(ctx context.Context, c *net.TCPConn) {
 	defer c.Close()
-	stop := context.AfterFunc(ctx, func() { c.Close() })
-	defer stop()
+	conn, forget := s.trackConn(c)
+	defer forget()
 	var lenBuf [2]byte
 	var v6 bool
 	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		v6 = a.IP.To4() == nil
 	}
 	wait := s.opts.TCPReadTimeout
-	for {
+	for conn.waitQuery() {
 		c.SetReadDeadline(time.Now().Add(wait))
 		if _, err := io.ReadFull(c, lenBuf[:]); err != nil {
 			return
 		}
+		conn.busy()
 		wait = s.opts.TCPIdleTimeout
 		n := int(binary.BigEndian.Uint16(lenBuf[:]))
 		c.SetReadDeadline(time.Now().Add(s.opts.TCPReadTimeout))
@@ -111,6 +113,7 @@ func (s *Server) serveConn(ctx context.Context, c *net.TCPConn) {
 // answerTCP serves one query and writes the answer with its length; false
 // ends the connection.
 func (s *Server) answerTCP(ctx context.Context, c *net.TCPConn, pkt []byte, v6 bool) bool {
+	s.seen()
 	sc := s.pool.Get().(*scratch)
 	defer s.pool.Put(sc)
 	sc.q.v6 = v6

@@ -39,7 +39,10 @@ type Config struct {
 	// TCPIdleTimeout closes idle ones (0: 10 s).
 	TCPMaxConns    int
 	TCPIdleTimeout time.Duration
-	Zone           dns.ZoneOptions
+	// Drain: once told to stop, dnsd reports not ready and answers until
+	// no query has come for Drain.Quiet, Drain.Max at most.
+	Drain dns.DrainOptions
+	Zone  dns.ZoneOptions
 	// Upstreams as HOST:PORT; when empty, the nameservers of ResolvConf.
 	Upstreams  []string
 	ResolvConf string
@@ -67,6 +70,9 @@ type Config struct {
 func (c *Config) Validate() error {
 	if c.StateDir != "" && c.Kubeconfig != "" {
 		return fmt.Errorf("state source: --state-dir %q and --kubeconfig %q both set; choose one", c.StateDir, c.Kubeconfig)
+	}
+	if c.Drain.Quiet < 0 || c.Drain.Max < 0 || (c.Drain.Max > 0 && c.Drain.Max < c.Drain.Quiet) {
+		return fmt.Errorf("drain: --drain-quiet %v and --drain-max %v: want 0 <= quiet <= max", c.Drain.Quiet, c.Drain.Max)
 	}
 	if len(c.Listen) == 0 {
 		return errors.New("listen: at least one address is needed")
@@ -98,8 +104,9 @@ func parseUpstream(s string) (netip.AddrPort, error) {
 	return netip.AddrPort{}, fmt.Errorf("upstream %q: want IP:PORT or IP", s)
 }
 
-// Run runs dnsd until ctx ends: the state source, the zone index, the
-// forwarder, the DNS server and the HTTP endpoints.
+// Run runs dnsd: the state source, the zone index, the forwarder, the DNS
+// server and the HTTP endpoints. When ctx ends, /ready fails at once and
+// the DNS server drains (cfg.Drain); everything else stops when it is done.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -128,7 +135,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := dns.NewMetrics(reg, zone, cache, fwd)
 	srv := dns.NewServer(dns.ServerOptions{Listen: cfg.Listen, Zone: zone, Forwarder: fwd, Cache: cache, Metrics: metrics,
-		TCPMaxConns: cfg.TCPMaxConns, TCPIdleTimeout: cfg.TCPIdleTimeout})
+		TCPMaxConns: cfg.TCPMaxConns, TCPIdleTimeout: cfg.TCPIdleTimeout, Drain: cfg.Drain})
 
 	board := &status.Board{}
 	board.Provide(StatusSection, func() any {
@@ -138,13 +145,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		return st
 	})
-	g := app.NewGroup(ctx)
-	ready := &readiness{up: make(chan struct{}), zone: zone, stale: src.Stale}
+	// The group outlives ctx: while the server drains, the forwarder, the
+	// state and /ready (failing) go on.
+	g := app.NewGroup(context.WithoutCancel(ctx))
+	ready := &readiness{up: make(chan struct{}), stopping: ctx.Done(), zone: zone, stale: src.Stale}
 	// Listen before anything else so a port conflict fails at start.
 	if err := app.Serve(g, log,
 		app.Endpoint{Name: "metrics", Addr: cfg.MetricsAddress, Path: "/metrics", Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})},
 		app.Endpoint{Name: "metrics", Addr: cfg.MetricsAddress, Path: status.Path, Handler: board},
-		app.Endpoint{Name: "health", Addr: cfg.HealthAddress, Path: "/health", Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "OK") })},
+		app.Endpoint{Name: "health", Addr: cfg.HealthAddress, Path: "/health", Handler: healthHandler(srv, ready.up)},
 		app.Endpoint{Name: "ready", Addr: cfg.ReadyAddress, Path: "/ready", Handler: ready},
 	); err != nil {
 		return err
@@ -156,7 +165,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	g.Go("forwarder", func(ctx context.Context) error {
 		return forwarding(ctx, cfg, fwd, applied, srv, metrics, cache, log)
 	})
-	g.Go("dns server", func(ctx context.Context) error { return srv.Run(ctx, serving) })
+	g.Go("dns server", func(gctx context.Context) error { return serveDNS(ctx, gctx, g, srv, serving, cfg.Drain, log) })
 	g.Go("free load garbage", func(ctx context.Context) error { freeLoadGarbage(ctx, zone); return nil })
 	g.Go("listening", func(ctx context.Context) error {
 		select {
@@ -170,15 +179,62 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return g.Wait()
 }
 
+// serveDNS runs the DNS server until stop ends (then it drains) or the
+// group fails, and ends the group once the server has returned.
+func serveDNS(stop, gctx context.Context, g *app.Group, srv *dns.Server, serving chan<- dns.Listening, d dns.DrainOptions, log *slog.Logger) error {
+	sctx, cancel := context.WithCancel(gctx)
+	defer cancel()
+	after := context.AfterFunc(stop, func() {
+		if d.Quiet > 0 {
+			log.Info("draining: not ready, answering until no query has come for a while", "quiet", d.Quiet, "max", d.Max)
+		}
+		cancel()
+	})
+	defer after()
+	if err := srv.Run(sctx, serving); err != nil {
+		return err
+	}
+	if d.Quiet > 0 && stop.Err() != nil {
+		log.Info("drained")
+	}
+	g.Cancel()
+	return nil
+}
+
+// healthHandler is /health: OK while the DNS server's sockets are served
+// (dns.Server.Health), before it listens too (a slow cluster state load is
+// /ready's business, not a reason to restart).
+func healthHandler(srv *dns.Server, up <-chan struct{}) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		select {
+		case <-up:
+			if err := srv.Health(); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+		default:
+		}
+		fmt.Fprintln(w, "OK")
+	})
+}
+
 // readiness is /ready: OK once dnsd listens and its index holds the whole
-// cluster state, and while that state is not stale.
+// cluster state, and while that state is not stale; failing from the moment
+// dnsd is told to stop, so its endpoint stops taking new queries while it
+// drains.
 type readiness struct {
-	up    chan struct{} // closed once the DNS server listens
-	zone  *dns.Zone
-	stale func() error
+	up       chan struct{} // closed once the DNS server listens
+	stopping <-chan struct{}
+	zone     *dns.Zone
+	stale    func() error
 }
 
 func (r *readiness) err() error {
+	select {
+	case <-r.stopping:
+		return errors.New("shutting down")
+	default:
+	}
 	select {
 	case <-r.up:
 	default:

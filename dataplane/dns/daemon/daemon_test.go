@@ -2,13 +2,20 @@ package daemon
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	mdns "github.com/miekg/dns"
+
 	"github.com/podnet/podnet/dataplane/dns"
+	"github.com/podnet/podnet/dataplane/testport"
 )
 
 // TestRunFailsOnBusyPortAtStart: a taken HTTP port fails dnsd at once,
@@ -35,5 +42,125 @@ func TestRunFailsOnBusyPortAtStart(t *testing.T) {
 	}
 	if ctx.Err() != nil {
 		t.Error("Run returned only when the context ended")
+	}
+}
+
+// stepClock is a dns.Clock that moves only when told: After fires once
+// the time has been moved past it.
+type stepClock struct {
+	mu     sync.Mutex
+	now    time.Time
+	timers map[chan time.Time]time.Time
+	asked  chan struct{}
+}
+
+func (c *stepClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *stepClock) After(d time.Duration) <-chan time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch := make(chan time.Time, 1)
+	c.timers[ch] = c.now.Add(d)
+	c.asked <- struct{}{}
+	return ch
+}
+
+// advance moves the time on by d and says whether a timer fired.
+func (c *stepClock) advance(d time.Duration) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	fired := false
+	for ch, at := range c.timers {
+		if !at.After(c.now) {
+			ch <- at
+			delete(c.timers, ch)
+			fired = true
+		}
+	}
+	return fired
+}
+
+// TestRunDrainsOnStop: when dnsd's context ends (SIGTERM), /ready fails at
+// once, queries are still answered, and Run returns only once none has
+// come for the quiet interval.
+func TestRunDrainsOnStop(t *testing.T) {
+	dnsPort, readyPort := testport.Free(t), testport.Free(t)
+	clock := &stepClock{now: time.Unix(1_000_000, 0), timers: map[chan time.Time]time.Time{}, asked: make(chan struct{}, 100)}
+	const quiet = 2 * time.Second
+	cfg := Config{
+		Listen:       []string{fmt.Sprintf("127.0.0.1:%d", dnsPort)},
+		Zone:         dns.ZoneOptions{Domain: "cluster.local", TTL: 5},
+		Upstreams:    []string{"127.0.0.1:5353"},
+		StateDir:     t.TempDir(),
+		ReadyAddress: fmt.Sprintf("127.0.0.1:%d", readyPort),
+		Drain:        dns.DrainOptions{Quiet: quiet, Max: time.Minute, Clock: clock},
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg, slog.New(slog.DiscardHandler)) }()
+	readyURL := fmt.Sprintf("http://127.0.0.1:%d/ready", readyPort)
+	status := func() (int, string) {
+		r, err := http.Get(readyURL)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer r.Body.Close()
+		b, _ := io.ReadAll(r.Body)
+		return r.StatusCode, strings.TrimSpace(string(b))
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for code, _ := status(); code != http.StatusOK; code, _ = status() {
+		if time.Now().After(deadline) {
+			t.Fatal("dnsd not ready after 20s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	query := func() error {
+		q := new(mdns.Msg)
+		q.SetQuestion("cluster.local.", mdns.TypeSOA)
+		m, _, err := (&mdns.Client{Net: "udp", Timeout: 3 * time.Second}).Exchange(q, cfg.Listen[0])
+		if err == nil && m.Rcode != mdns.RcodeSuccess {
+			err = fmt.Errorf("rcode %s", mdns.RcodeToString[m.Rcode])
+		}
+		return err
+	}
+	if err := query(); err != nil {
+		t.Fatal(err)
+	}
+
+	cancel()
+	<-clock.asked // the drain began
+	if code, body := status(); code != http.StatusServiceUnavailable || body != "shutting down" {
+		t.Errorf("/ready while draining: %d %q, want 503 \"shutting down\"", code, body)
+	}
+	for range 4 {
+		if err := query(); err != nil {
+			t.Fatalf("query while draining: %v", err)
+		}
+		if !clock.advance(quiet / 2) {
+			continue
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("Run returned while queries kept coming: %v", err)
+		case <-clock.asked:
+		}
+	}
+	if !clock.advance(quiet) {
+		t.Fatal("no drain timer fired a quiet interval after the last query")
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run still running 10s after a quiet interval without queries")
 	}
 }
