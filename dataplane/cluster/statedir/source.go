@@ -84,6 +84,10 @@ type Source struct {
 	dupFiles map[objID][]string
 	dups     string
 	synced   bool
+	// linked is true when the last walk found state files that are
+	// symbolic links: a change to a hidden directory or link then takes a
+	// walk.
+	linked bool
 	// unread is why the last scan before sync could not read everything.
 	unread error
 }
@@ -264,16 +268,25 @@ func (s *Source) scan(w *fsnotify.Watcher, dirty map[string]bool) (settleAt time
 // gone, or one to ignore. A directory, or a name gone that may have been
 // one, takes a walk (ok false), as does a scan with no names. At 5,000
 // Node files the walk's stat of every file was half of a one-file change.
+//
+// Every name is looked at before any file is read: a file read here and
+// then again by the walk would have its objects recorded as they already
+// are, and its change never reach the Store. That is how files written as
+// NAME.yaml.tmp and renamed to NAME.yaml were lost: the .tmp name, gone
+// and not a state file, took a walk after some files had been read.
 func (s *Source) readDirty(dirty map[string]bool) (before map[string][]cluster.Object, gone []string, ok bool) {
 	if len(dirty) == 0 {
 		return nil, nil, false
 	}
-	before = make(map[string][]cluster.Object)
+	read := make(map[string]fs.FileInfo)
 	for path := range dirty {
 		if strings.HasPrefix(filepath.Base(path), ".") {
-			continue // hidden: never read, nor a directory walked
+			if s.hiddenMatters(path) {
+				return nil, nil, false
+			}
+			continue // never read, nor a directory walked
 		}
-		info, err := os.Lstat(path)
+		info, err := os.Stat(path) // through a link: what a read gets
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
 			if !wanted(path) {
@@ -288,10 +301,35 @@ func (s *Source) readDirty(dirty map[string]bool) (before map[string][]cluster.O
 		case err != nil || info.IsDir():
 			return nil, nil, false
 		case wanted(path):
-			s.visit(path, info, true, before)
+			if l, err := os.Lstat(path); err == nil && l.Mode()&fs.ModeSymlink != 0 {
+				s.mu.Lock()
+				s.linked = true
+				s.mu.Unlock()
+			}
+			read[path] = info
 		}
 	}
+	before = make(map[string][]cluster.Object)
+	for path, info := range read {
+		s.visit(path, info, true, before)
+	}
 	return before, gone, true
+}
+
+// hiddenMatters reports whether a change to a hidden name may have changed
+// what a state file reads: a hidden directory or link (a ConfigMap
+// volume's `..data`, swapped whole) where state files are links, which a
+// walk then follows. Other hidden names are an editor's or an atomic
+// writer's temporary files.
+func (s *Source) hiddenMatters(path string) bool {
+	s.mu.Lock()
+	linked := s.linked
+	s.mu.Unlock()
+	if !linked {
+		return false
+	}
+	info, err := os.Lstat(path)
+	return errors.Is(err, fs.ErrNotExist) || err == nil && (info.IsDir() || info.Mode()&fs.ModeSymlink != 0)
 }
 
 // walk reads the files under the directory that are new, changed or dirty
@@ -301,6 +339,7 @@ func (s *Source) readDirty(dirty map[string]bool) (before map[string][]cluster.O
 func (s *Source) walk(w *fsnotify.Watcher, dirty map[string]bool) (seen map[string]bool, before map[string][]cluster.Object, walkErrs []error) {
 	seen = make(map[string]bool)
 	before = make(map[string][]cluster.Object)
+	linked := false
 	err := filepath.WalkDir(s.o.Dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if path == s.o.Dir {
@@ -328,10 +367,24 @@ func (s *Source) walk(w *fsnotify.Watcher, dirty map[string]bool) (seen map[stri
 		if err != nil {
 			return nil
 		}
+		if d.Type()&fs.ModeSymlink != 0 {
+			linked = true
+			// What the link leads to is what is read and compared; a
+			// link to nothing is a file gone (a ConfigMap key removed).
+			target, err := os.Stat(path)
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			} else if err == nil {
+				info = target
+			}
+		}
 		seen[path] = true
 		s.visit(path, info, dirty[path], before)
 		return nil
 	})
+	s.mu.Lock()
+	s.linked = linked
+	s.mu.Unlock()
 	if err != nil {
 		walkErrs = append(walkErrs, err)
 	}
@@ -345,10 +398,13 @@ func (s *Source) visit(path string, info fs.FileInfo, force bool, before map[str
 	s.mu.Lock()
 	f := s.files[path]
 	s.mu.Unlock()
-	if f != nil && !force && f.err == nil && f.shrunkSince.IsZero() && f.size == info.Size() && f.modTime.Equal(info.ModTime()) {
+	if f != nil && !force && f.err == nil && f.shrunkSince.IsZero() && f.size == info.Size() && f.modTime.Equal(info.ModTime()) && f.ino == inode(info) {
 		return
 	}
 	if s.load(path, info, f) {
+		if _, ok := before[path]; ok {
+			return // read twice in one scan: before holds what the Store has
+		}
 		var objs []cluster.Object
 		if f != nil {
 			objs = f.objs
