@@ -25,13 +25,17 @@ func commandBinary(t *testing.T, name, pkg string) string {
 	return bin
 }
 
-// TestCommandLine: each program prints its version, answers --help, and
-// refuses a bad flag with exit code 2 and a message naming the flag.
+// TestCommandLine: each program prints its version, answers --help on
+// stdout listing its subcommands, and refuses a bad flag or an unknown
+// word with exit code 2 and a message naming it.
 func TestCommandLine(t *testing.T) {
-	for _, c := range []struct{ name, pkg string }{
-		{"podnet", "../cmd/cni-plugin"},
-		{"proxyd", "../cmd/proxyd"},
-		{"dnsd", "../cmd/dnsd"},
+	for _, c := range []struct {
+		name, pkg   string
+		subcommands []string
+	}{
+		{"podnet", "../cmd/cni-plugin", []string{"install"}},
+		{"proxyd", "../cmd/proxyd", []string{"status", "init"}},
+		{"dnsd", "../cmd/dnsd", []string{"status"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			bin := commandBinary(t, c.name, c.pkg)
@@ -40,9 +44,18 @@ func TestCommandLine(t *testing.T) {
 			if err != nil || !strings.HasPrefix(string(out), c.name+" ") {
 				t.Errorf("--version: %v, %q", err, out)
 			}
-			out, err = exec.Command(bin, "--help").CombinedOutput()
+			out, err = exec.Command(bin, "--help").Output()
 			if err != nil || !strings.Contains(string(out), "--version") {
-				t.Errorf("--help: %v, %q", err, out)
+				t.Errorf("--help: %v, stdout %q", err, out)
+			}
+			for _, sc := range c.subcommands {
+				if !strings.Contains(string(out), "\n  "+c.name+" "+sc+" [flags]") {
+					t.Errorf("--help does not list the subcommand %s:\n%s", sc, out)
+				}
+			}
+			out, err = exec.Command(bin, "stauts").CombinedOutput()
+			if !errors.As(err, new(*exec.ExitError)) || err.(*exec.ExitError).ExitCode() != 2 || !strings.Contains(string(out), `"stauts"`) {
+				t.Errorf("a typo of a subcommand: %v, %q; want exit code 2 naming it", err, out)
 			}
 			out, err = exec.Command(bin, "--no-such-flag").CombinedOutput()
 			var exit *exec.ExitError

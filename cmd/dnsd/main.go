@@ -5,43 +5,59 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
 
+	"github.com/podnet/podnet/dataplane/app"
+	"github.com/podnet/podnet/dataplane/cli"
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/cluster/statedir"
 	"github.com/podnet/podnet/dataplane/dns"
 	"github.com/podnet/podnet/dataplane/dns/daemon"
-	"github.com/podnet/podnet/dataplane/logging"
-	"github.com/podnet/podnet/dataplane/version"
 )
 
 func main() {
-	os.Exit(run())
+	os.Exit(command().Main(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// daemon is dnsd's command line: the DNS server with its flags, and the
+// status subcommand.
+func command() app.Daemon {
+	var f flags
+	return app.Daemon{
+		Name:    "dnsd",
+		Summary: "podnet's cluster DNS server: authoritative for the cluster zone and the reverse zones, forwarding and caching the rest",
+		Subcommands: []cli.Subcommand{
+			{Name: "status", Summary: "print the zones, upstreams and cache of the dnsd running here", Run: runStatus},
+		},
+		Flags: f.register,
+		Setup: func(log *slog.Logger) (func(context.Context) error, error) {
+			cfg, err := f.config()
+			if err != nil {
+				return nil, err
+			}
+			return func(ctx context.Context) error { return daemon.Run(ctx, cfg, log) }, nil
+		},
+	}
 }
 
 // flags is dnsd's command line: the daemon's config, and the flags that
 // need parsing before they become part of it.
 type flags struct {
 	cfg                         daemon.Config
-	showVersion                 bool
 	ttl                         uint32
 	pods, dnsSvc, dnsIP, policy string
-	logOpts                     logging.Options
 	limits                      statedir.LimitFlags
 }
 
-// flagSet registers every flag into f, with its default.
-func (f *flags) flagSet() *pflag.FlagSet {
-	fs := pflag.NewFlagSet("dnsd", pflag.ContinueOnError)
+// register registers every flag into fs, with its default.
+func (f *flags) register(fs *pflag.FlagSet) {
 	cfg := &f.cfg
-	fs.BoolVar(&f.showVersion, "version", false, "print the version and exit")
 	fs.StringArrayVar(&cfg.Listen, "listen", []string{"0.0.0.0:53"}, "address to serve DNS on, UDP and TCP (repeatable)")
 	fs.IntVar(&cfg.TCPMaxConns, "tcp-max-connections", dns.DefaultTCPMaxConns, "concurrent TCP connections; more are closed at once")
 	fs.DurationVar(&cfg.TCPIdleTimeout, "tcp-idle-timeout", 10*time.Second, "close a TCP connection idle this long between queries")
@@ -73,46 +89,7 @@ func (f *flags) flagSet() *pflag.FlagSet {
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", ":9153", "address of /metrics (empty: off)")
 	fs.StringVar(&cfg.HealthAddress, "health-address", ":8080", "address of /health (empty: off)")
 	fs.StringVar(&cfg.ReadyAddress, "ready-address", ":8181", "address of /ready (empty: off)")
-	f.logOpts.AddFlags(fs)
 	f.limits.Register(fs)
-	return fs
-}
-
-func run() int {
-	if len(os.Args) > 1 && os.Args[1] == "status" {
-		return runStatus(os.Args[2:], os.Stdout)
-	}
-	var f flags
-	if err := f.flagSet().Parse(os.Args[1:]); err != nil {
-		if err == pflag.ErrHelp {
-			return 0
-		}
-		fmt.Fprintf(os.Stderr, "dnsd: %v (see dnsd --help)\n", err)
-		return 2
-	}
-	if f.showVersion {
-		fmt.Println("dnsd", version.String())
-		return 0
-	}
-	log, err := f.logOpts.New(os.Stderr)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "dnsd:", err)
-		return 2
-	}
-	cfg, err := f.config()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "dnsd:", err)
-		return 2
-	}
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	log.Info("dnsd starting", "version", version.String())
-	if err := daemon.Run(ctx, cfg, log); err != nil {
-		log.Error("dnsd failed", "err", err)
-		return 1
-	}
-	return 0
 }
 
 // config parses the flags that need it into the daemon's config and

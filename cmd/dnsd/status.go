@@ -12,8 +12,8 @@ import (
 
 // runStatus is `dnsd status`: it asks a running dnsd (its metrics port) for
 // its zones, upstreams and cache, and prints them.
-func runStatus(args []string, stdout io.Writer) int {
-	c, code, ok := status.ParseCommand("dnsd status", "metrics-address", "127.0.0.1:9153", args)
+func runStatus(args []string, stdout, stderr io.Writer) int {
+	c, code, ok := status.ParseCommand("dnsd status", "metrics-address", "127.0.0.1:9153", args, stdout, stderr)
 	if !ok {
 		return code
 	}

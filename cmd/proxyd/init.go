@@ -1,13 +1,13 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
 
 	"github.com/spf13/pflag"
 
+	"github.com/podnet/podnet/dataplane/cli"
 	"github.com/podnet/podnet/dataplane/hostnet"
 	"github.com/podnet/podnet/dataplane/podcidr"
 )
@@ -19,26 +19,16 @@ import (
 // then only reads them, and says so clearly if one was changed back.
 func runInit(args []string, stdout, stderr io.Writer) int {
 	fs := pflag.NewFlagSet("proxyd init", pflag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: proxyd init\n\nSets net.ipv4.ip_forward=1 and net.bridge.bridge-nf-call-iptables=1 (loading br_netfilter)\nin this network namespace, then exits; for a privileged init container before proxyd.")
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "proxyd init: unexpected argument %q\n", fs.Arg(0))
-		return 2
+	usage := "usage: proxyd init\n\nSets net.ipv4.ip_forward=1 and net.bridge.bridge-nf-call-iptables=1 (loading br_netfilter)\nin this network namespace, then exits; for a privileged init container before proxyd."
+	if code, ok := cli.SubcommandFlags(fs, usage, args, stdout, stderr); !ok {
+		return code
 	}
 	if err := hostnet.EnsureSysctls(hostnet.ProcSysctl{}, hostnet.ExecModprobe); err != nil {
 		fmt.Fprintf(stderr, "proxyd init: %v\n", err)
-		return 1
+		return cli.ExitError
 	}
 	fmt.Fprintln(stdout, "proxyd init: net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1")
-	return 0
+	return cli.ExitOK
 }
 
 // claimNamespace is --claim-namespace's default: the pod's own namespace,

@@ -8,28 +8,42 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
 
 	"github.com/podnet/podnet/dataplane/agent"
+	"github.com/podnet/podnet/dataplane/app"
+	"github.com/podnet/podnet/dataplane/cli"
 	"github.com/podnet/podnet/dataplane/cluster/kube"
 	"github.com/podnet/podnet/dataplane/cluster/statedir"
 	"github.com/podnet/podnet/dataplane/ipt"
-	"github.com/podnet/podnet/dataplane/logging"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
 	"github.com/podnet/podnet/dataplane/podcidr"
 	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/proxy/ebpf"
 	"github.com/podnet/podnet/dataplane/routing"
-	"github.com/podnet/podnet/dataplane/version"
 )
 
 func main() {
-	os.Exit(run(os.Args[1:]))
+	os.Exit(command().Main(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// daemon is proxyd's command line: the agent with its flags, and the
+// subcommands.
+func command() app.Daemon {
+	var f flags
+	return app.Daemon{
+		Name:    "proxyd",
+		Summary: "podnet's node agent (the node's pod network, routes to other nodes) and Service proxy",
+		Subcommands: []cli.Subcommand{
+			{Name: "status", Summary: "print what the proxyd running on this node has programmed", Run: runStatus},
+			{Name: "init", Summary: "set the sysctls proxyd needs and exit (a privileged init container)", Run: runInit},
+		},
+		Flags: f.register,
+		Setup: f.setup,
+	}
 }
 
 // flags is proxyd's command line.
@@ -41,18 +55,15 @@ type flags struct {
 	nodePortAddresses []string
 	masqueradeAll     bool
 	cleanup           bool
-	showVersion       bool
-	logOpts           logging.Options
 	kubeconfig        string
 	bpf               proxy.BPFConfig
 	limits            statedir.LimitFlags
 }
 
-// flagSet registers every flag into f, with its default.
-func (f *flags) flagSet() *pflag.FlagSet {
+// register registers every flag into fs, with its default.
+func (f *flags) register(fs *pflag.FlagSet) {
 	hostname, _ := os.Hostname()
 	o := &f.o
-	fs := pflag.NewFlagSet("proxyd", pflag.ContinueOnError)
 	fs.StringVar(&o.NodeName, "node-name", hostname, "this node's name in the cluster state")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the API server to read the cluster from (default: in-cluster config, unless --state-dir is set)")
 	fs.StringVar(&o.StateDir, "state-dir", "", "directory of Kubernetes objects (YAML/JSON) to read the cluster state from instead of the API server")
@@ -75,62 +86,25 @@ func (f *flags) flagSet() *pflag.FlagSet {
 	fs.StringVar(&f.bpf.Cgroup, "bpf-cgroup", "", "ebpf mode: the cgroup v2 directory whose processes get socket-level load balancing, or a hybrid host's cgroup root holding it at unified/ (default: the cgroup2 root this process sees)")
 	fs.StringVar(&f.bpf.PinDir, "bpf-pin-dir", ebpf.DefaultPinDir, "ebpf mode: where maps and links are pinned (a bpffs is mounted there if needed)")
 	fs.BoolVar(&f.cleanup, "cleanup", false, "remove everything proxyd installed and exit")
-	fs.BoolVar(&f.showVersion, "version", false, "print the version and exit")
-	f.logOpts.AddFlags(fs)
 	f.limits.Register(fs)
-	return fs
 }
 
-func run(args []string) int {
-	if len(args) > 0 {
-		switch args[0] {
-		case "status":
-			return runStatus(args[1:], os.Stdout)
-		case "init":
-			return runInit(args[1:], os.Stdout, os.Stderr)
-		}
-	}
-	var f flags
-	if err := f.flagSet().Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintf(os.Stderr, "proxyd: %v (see proxyd --help)\n", err)
-		return 2
-	}
-	if f.showVersion {
-		fmt.Println("proxyd", version.String())
-		return 0
-	}
-	logger, err := f.logOpts.New(os.Stderr)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "proxyd: %v\n", err)
-		return 2
-	}
-
+// setup checks the flags and returns what proxyd runs: the agent, or with
+// --cleanup the removal of what it installed.
+func (f *flags) setup(logger *slog.Logger) (func(context.Context) error, error) {
 	if f.cleanup {
-		err := errors.Join(agent.Cleanup(logger), modes.Cleanup(proxy.Config{Logger: logger, BPF: f.bpf}, ""))
-		if err != nil {
-			logger.Error("cleanup", "err", err)
-			return 1
-		}
-		return 0
+		return func(context.Context) error {
+			return errors.Join(agent.Cleanup(logger), modes.Cleanup(proxy.Config{Logger: logger, BPF: f.bpf}, ""))
+		}, nil
 	}
 	o, err := f.options(logger)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "proxyd: %v\n", err)
-		return 2
+		return nil, err
 	}
-
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	logger.Info("proxyd starting", "version", version.String(), "node", o.NodeName, "backend", o.Backend, "proxyMode", f.proxyMode)
-	if err := agent.Run(ctx, o); err != nil {
-		logger.Error("proxyd failed", "err", err)
-		return 1
-	}
-	logger.Info("proxyd stopped")
-	return 0
+	return func(ctx context.Context) error {
+		logger.Info("node agent", "node", o.NodeName, "backend", o.Backend, "proxyMode", f.proxyMode)
+		return agent.Run(ctx, o)
+	}, nil
 }
 
 // options turns the flags into the agent's options, the Service proxy's

@@ -2,11 +2,68 @@ package main
 
 import (
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/spf13/pflag"
 )
+
+// run runs proxyd's command line with its output discarded.
+func run(args []string) int { return command().Main(args, io.Discard, io.Discard) }
+
+// TestNoDaemonStartOnAStrayWord: a typo of a subcommand, or a word after
+// the flags, is a usage error naming the word; proxyd never starts (it would
+// write the node config and never return).
+func TestNoDaemonStartOnAStrayWord(t *testing.T) {
+	dir := t.TempDir()
+	nodeConfig := filepath.Join(dir, "node.json")
+	daemonFlags := []string{"--state-dir", dir, "--node-config", nodeConfig, "--proxy-mode", "none", "--healthz-bind-address", "", "--metrics-bind-address", ""}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"stauts"}, `unknown command "stauts": the subcommands are status, init`},
+		{append(daemonFlags, "stauts"), `unknown command "stauts"`},
+		{append(daemonFlags, "status"), `"status" is a subcommand and goes first`},
+		{[]string{"init", "now"}, `unexpected argument "now"`},
+		{[]string{"status", "json"}, `unexpected argument "json"`},
+	} {
+		var out, errOut strings.Builder
+		if code := command().Main(c.args, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), c.want) {
+			t.Errorf("proxyd %q: exit %d, stderr %q; want 2 and %q", c.args, code, errOut.String(), c.want)
+		}
+	}
+	if _, err := os.Stat(nodeConfig); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("node config %s: %v; want it never written", nodeConfig, err)
+	}
+}
+
+// TestHelp: --help goes to stdout, with the subcommands and the flags, and
+// exits 0; each subcommand's --help too.
+func TestHelp(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--help"}, []string{"Subcommands:", "status", "init", "--proxy-mode", "--version", "--log-format"}},
+		{[]string{"status", "--help"}, []string{"usage: proxyd status", "--metrics-bind-address", "--bpf-pin-dir"}},
+		{[]string{"init", "--help"}, []string{"usage: proxyd init", "privileged init container"}},
+	} {
+		var out, errOut strings.Builder
+		code := command().Main(c.args, &out, &errOut)
+		if code != 0 || errOut.Len() > 0 {
+			t.Errorf("proxyd %q: exit %d, stderr %q; want 0 and nothing", c.args, code, errOut.String())
+		}
+		for _, w := range c.want {
+			if !strings.Contains(out.String(), w) {
+				t.Errorf("proxyd %q: stdout lacks %q:\n%s", c.args, w, out.String())
+			}
+		}
+	}
+}
 
 // TestUnknownProxyModeRefused: a mode proxyd does not offer is a usage
 // error at flag validation.
@@ -30,19 +87,6 @@ func TestEBPFModeRefusedBeforeAnythingIsTouched(t *testing.T) {
 	}
 }
 
-// TestInitUsage: proxyd init takes no arguments; --help (which the
-// manifests test runs) exits 0 without touching the node.
-func TestInitUsage(t *testing.T) {
-	var out, errOut strings.Builder
-	if code := runInit([]string{"extra"}, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), `"extra"`) {
-		t.Errorf("proxyd init extra: exit %d, %q; want 2 naming the argument", code, errOut.String())
-	}
-	errOut.Reset()
-	if code := runInit([]string{"--help"}, &out, &errOut); code != 0 || !strings.Contains(errOut.String(), "privileged init container") {
-		t.Errorf("proxyd init --help: exit %d, %q", code, errOut.String())
-	}
-}
-
 // The podCIDR claims go to the pod's namespace (the DaemonSet's downward
 // API), else podnet's, where deploy/'s Role lets proxyd write Leases.
 func TestClaimNamespaceDefault(t *testing.T) {
@@ -55,7 +99,9 @@ func TestClaimNamespaceDefault(t *testing.T) {
 		t.Errorf("with POD_NAMESPACE=elsewhere: %q", got)
 	}
 	var f flags
-	if err := f.flagSet().Parse(nil); err != nil || f.o.ClaimNamespace != "elsewhere" {
+	fs := pflag.NewFlagSet("proxyd", pflag.ContinueOnError)
+	f.register(fs)
+	if err := fs.Parse(nil); err != nil || f.o.ClaimNamespace != "elsewhere" {
 		t.Errorf("--claim-namespace default %q (%v), want $POD_NAMESPACE", f.o.ClaimNamespace, err)
 	}
 }

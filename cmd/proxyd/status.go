@@ -29,9 +29,9 @@ type statusReport struct {
 // runStatus is `proxyd status`: it asks the proxyd running on this node
 // (its metrics port) what it has programmed and prints it; in ebpf mode
 // beside what the maps pinned in --bpf-pin-dir hold.
-func runStatus(args []string, stdout io.Writer) int {
+func runStatus(args []string, stdout, stderr io.Writer) int {
 	pinDir := ebpf.DefaultPinDir
-	c, code, ok := status.ParseCommand("proxyd status", "metrics-bind-address", "127.0.0.1:10249", args, func(fs *pflag.FlagSet) {
+	c, code, ok := status.ParseCommand("proxyd status", "metrics-bind-address", "127.0.0.1:10249", args, stdout, stderr, func(fs *pflag.FlagSet) {
 		fs.StringVar(&pinDir, "bpf-pin-dir", pinDir, "ebpf mode: where the running proxyd pins its maps")
 	})
 	if !ok {

@@ -25,7 +25,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"k8s.io/client-go/kubernetes"
@@ -208,8 +207,7 @@ func Run(ctx context.Context, o Options) error {
 	if o.IPTables.Backend == "" && (o.Kernel == nil || o.Kernel.IPTables == nil) {
 		o.IPTables.Backend = ipt.Detect()
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := app.NewRegistry()
 	checker := health.NewChecker()
 	// /healthz follows the Service proxy only, as kube-proxy's does: the
 	// node network and the cluster state report through checker, which

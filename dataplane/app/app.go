@@ -1,5 +1,6 @@
 // Package app is the skeleton podnet's daemons (proxyd's agent, dnsd) run
-// on: the cluster state from one of its two sources, a group of goroutines
+// on: the command line, logger and signals (Daemon), the metrics registry,
+// the cluster state from one of its two sources, a group of goroutines
 // that stop together when one fails, and HTTP endpoints that are listened
 // on before anything starts, so a port conflict fails the daemon at once.
 package app

@@ -6,16 +6,16 @@ package status
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/podnet/podnet/dataplane/cli"
 )
 
 // Path is where a daemon serves its Board.
@@ -90,13 +90,16 @@ type Command struct {
 	Name string // "proxyd status", for messages
 	Addr string // the daemon's metrics address
 	JSON bool   // -o json
+	// stderr is where Fetch reports a failure.
+	stderr io.Writer
 }
 
 // ParseCommand parses a status subcommand's flags: addrFlag (the daemon's
 // metrics address, defaultAddr if not given), -o text|json and whatever
-// more flags register adds. With ok false the command is over and exits
-// with code (usage printed or refused).
-func ParseCommand(name, addrFlag, defaultAddr string, args []string, register ...func(*pflag.FlagSet)) (c Command, code int, ok bool) {
+// more flags register adds. --help goes to stdout, errors to stderr. With
+// ok false the command is over and exits with code (usage printed or
+// refused).
+func ParseCommand(name, addrFlag, defaultAddr string, args []string, stdout, stderr io.Writer, register ...func(*pflag.FlagSet)) (c Command, code int, ok bool) {
 	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
 	c.Name = name
 	for _, r := range register {
@@ -104,18 +107,16 @@ func ParseCommand(name, addrFlag, defaultAddr string, args []string, register ..
 	}
 	fs.StringVar(&c.Addr, addrFlag, defaultAddr, "the metrics address of the daemon to ask")
 	output := fs.StringP("output", "o", "text", "text or json")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return c, 0, false
-		}
-		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
-		return c, 2, false
+	usage := "usage: " + name + " [flags]\n\nAsks the daemon running on this node (its metrics address) what it has programmed, and prints it."
+	if code, ok := cli.SubcommandFlags(fs, usage, args, stdout, stderr); !ok {
+		return c, code, false
 	}
 	if *output != "text" && *output != "json" {
-		fmt.Fprintf(os.Stderr, "%s: -o %q: want text or json\n", name, *output)
-		return c, 2, false
+		fmt.Fprintf(stderr, "%s: -o %q: want text or json\n", name, *output)
+		return c, cli.ExitUsage, false
 	}
 	c.JSON = *output == "json"
+	c.stderr = stderr
 	return c, 0, true
 }
 
@@ -123,7 +124,7 @@ func ParseCommand(name, addrFlag, defaultAddr string, args []string, register ..
 // could not.
 func (c Command) Fetch(out any) bool {
 	if err := Fetch(c.Addr, out); err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", c.Name, err)
+		fmt.Fprintf(c.stderr, "%s: %v\n", c.Name, err)
 		return false
 	}
 	return true

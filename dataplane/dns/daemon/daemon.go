@@ -17,8 +17,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/podnet/podnet/dataplane/app"
@@ -131,8 +129,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		cache = dns.NewCache(cfg.Cache)
 	}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := app.NewRegistry()
 	metrics := dns.NewMetrics(reg, zone, cache, fwd)
 	srv := dns.NewServer(dns.ServerOptions{Listen: cfg.Listen, Zone: zone, Forwarder: fwd, Cache: cache, Metrics: metrics,
 		TCPMaxConns: cfg.TCPMaxConns, TCPIdleTimeout: cfg.TCPIdleTimeout, Drain: cfg.Drain})
