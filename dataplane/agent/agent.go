@@ -189,7 +189,7 @@ func (o Options) kernel() (k Kernel, close func(), err error) {
 	}
 	if k.Watch == nil {
 		k.Watch = func(ctx context.Context, onEvent func(routing.Event)) error {
-			return routing.Watch(ctx, netns.None(), routing.DefaultDevice, onEvent)
+			return routing.Watch(ctx, netns.None(), routing.DefaultDevice, onEvent, nil)
 		}
 	}
 	return k, close, nil

@@ -56,7 +56,7 @@ func TestOwnWritesDoNotTriggerAFullSync(t *testing.T) {
 	n, store := newTestNodeNet(t, routing.BackendAuto, nil, hostnet.NewFakeIPTables())
 	n.rec = &routing.Reconciler{Kernel: k, Device: routing.DefaultDevice}
 	n.watch = func(ctx context.Context, onEvent func(routing.Event)) error {
-		return routing.Watch(ctx, nsh, routing.DefaultDevice, onEvent)
+		return routing.Watch(ctx, nsh, routing.DefaultDevice, onEvent, nil)
 	}
 	n.o.MinSyncPeriod = 10 * time.Millisecond
 	store.Upsert(testNode("node1", "192.168.10.11", "10.244.1.0/24"))

@@ -74,14 +74,15 @@ func BenchmarkApplyAtScale(b *testing.B) {
 				var foreign atomic.Int64
 				ctx, cancel := context.WithCancel(context.Background())
 				done := make(chan error, 1)
+				live := make(chan struct{})
 				go func() {
 					done <- Watch(ctx, nsh, DefaultDevice, func(e Event) {
 						if tab := t.Load(); tab == nil || !tab.Matches(e) {
 							foreign.Add(1)
 						}
-					})
+					}, func() { close(live) })
 				}()
-				time.Sleep(50 * time.Millisecond) // let the subscriptions start
+				<-live
 				start := time.Now()
 				tab := NewTable(cfg, nodes)
 				t.Store(tab)

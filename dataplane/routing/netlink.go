@@ -406,8 +406,10 @@ type Event struct {
 // Watch calls onEvent for every change the kernel reports to podnet's
 // routes, to the neighbour and FDB entries of device and to links, until
 // ctx ends; ns is the namespace to watch (netns.None() for the caller's
-// own). onEvent runs on Watch's goroutine and must not block.
-func Watch(ctx context.Context, ns netns.NsHandle, device string, onEvent func(Event)) error {
+// own). onEvent runs on Watch's goroutine and must not block. live, if not
+// nil, is called once, on that goroutine, when the subscriptions are in
+// place: every change made after it returns is reported.
+func Watch(ctx context.Context, ns netns.NsHandle, device string, onEvent func(Event), live func()) error {
 	done := make(chan struct{})
 	defer close(done)
 	// An overflowed socket loses events; a sync catches up on all of them.
@@ -427,6 +429,9 @@ func Watch(ctx context.Context, ns netns.NsHandle, device string, onEvent func(E
 	}
 	defer h.Close()
 	names := newLinkNames(h)
+	if live != nil {
+		live()
+	}
 	for {
 		select {
 		case <-ctx.Done():

@@ -3,10 +3,14 @@ package routing
 import (
 	"context"
 	"fmt"
+	"maps"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -189,56 +193,187 @@ func checkKernelHolds(t *testing.T, k Kernel, p Plan) {
 }
 
 // watched is a test namespace with Watch running on it from the start,
-// reporting on foreign the events its table does not match.
+// sorting the events it reports into those its table matches (own) and
+// the rest (foreign); settle says when every change made so far has been
+// reported.
 type watched struct {
-	ns      string
-	rec     *Reconciler
-	table   *Table
-	foreign chan Event
+	ns    string
+	h     *netlink.Handle
+	rec   *Reconciler
+	table *Table
+
+	mu           sync.Mutex
+	own, foreign []Event
+	// markers receives the events of settle's markers, kept out of own
+	// and foreign.
+	markers chan Event
+	// round numbers settle's calls, to tell one call's markers from
+	// another's; link is the name settle last gave the spare link.
+	round int
+	link  string
 }
+
+// The markers settle writes: a route tagged as podnet's to
+// markerNet.round, a neighbour markerNet.round on the device, and the
+// spare link (eth0's veth peer) renamed markerLink+round.
+const (
+	markerNet  = "198.51.100."
+	markerLink = "marker"
+)
 
 // watchedTestNS is a test namespace with Watch running, then the plan for
 // self, node2 (host-gw) and node4 (VXLAN) applied: none of the apply's own
-// events may count as foreign.
+// events may count as foreign, and there must be some.
 func watchedTestNS(t *testing.T) *watched {
 	t.Helper()
-	ns, _, nsh := newTestNS(t)
-	w := &watched{ns: ns, rec: &Reconciler{Kernel: newTestKernel(t, nsh), Device: DefaultDevice},
-		table: NewTable(config(BackendAuto), []*cluster.Node{self, node2, node4}), foreign: make(chan Event, 100)}
+	ns, h, nsh := newTestNS(t)
+	w := &watched{ns: ns, h: h, rec: &Reconciler{Kernel: newTestKernel(t, nsh), Device: DefaultDevice},
+		table: NewTable(config(BackendAuto), []*cluster.Node{self, node2, node4}), markers: make(chan Event, 16), link: "eth0-peer"}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
+	live := make(chan struct{})
 	go func() {
-		done <- Watch(ctx, nsh, DefaultDevice, func(e Event) {
-			if !w.table.Matches(e) {
-				w.foreign <- e
-			}
-		})
+		done <- Watch(ctx, nsh, DefaultDevice, w.record, func() { close(live) })
 	}()
 	t.Cleanup(func() { cancel(); <-done })
-	time.Sleep(100 * time.Millisecond) // let the subscriptions start
+	select {
+	case <-live:
+	case err := <-done:
+		t.Fatalf("Watch: %v", err)
+	}
 	if _, err := w.rec.Apply(w.table.Plan()); err != nil {
 		t.Fatal(err)
 	}
-	w.quiet(t, "the first apply")
+	w.ownOnly(t, "the first apply")
 	return w
 }
 
-// quiet fails when a foreign event comes within 300 ms.
-func (w *watched) quiet(t *testing.T, after string) {
-	t.Helper()
-	select {
-	case e := <-w.foreign:
-		t.Fatalf("after %s: foreign event %+v", after, e)
-	case <-time.After(300 * time.Millisecond):
+// record is Watch's onEvent.
+func (w *watched) record(e Event) {
+	if w.isMarker(e) {
+		w.markers <- e
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.table.Matches(e) {
+		w.own = append(w.own, e)
+	} else {
+		w.foreign = append(w.foreign, e)
 	}
 }
 
-// foreignSoon fails unless a foreign event comes within 2 s.
-func (w *watched) foreignSoon(t *testing.T, after string) {
+func (w *watched) isMarker(e Event) bool {
+	switch e.Kind {
+	case EventRoute:
+		return strings.HasPrefix(e.Route.Dst.String(), markerNet)
+	case EventNeigh:
+		return strings.HasPrefix(e.Neigh.IP.String(), markerNet)
+	case EventLink:
+		return strings.HasPrefix(e.Link, markerLink)
+	}
+	return false
+}
+
+// settle returns the events Watch reported since the last settle, once
+// every change made to the kernel before it has been reported: the kernel
+// queues each subscription's events in the order of the changes, so when
+// the events of a marker written on each subscription (route, neighbour,
+// link) have come, every earlier event has too.
+func (w *watched) settle(t *testing.T) (own, foreign []Event) {
 	t.Helper()
-	select {
-	case <-w.foreign:
-	case <-time.After(2 * time.Second):
+	w.round++
+	addr, link := netip.MustParseAddr(fmt.Sprintf("%s%d", markerNet, w.round)), fmt.Sprintf("%s%d", markerLink, w.round)
+	want := map[string]bool{"route " + addr.String(): true, "route deleted " + addr.String(): true, "link " + link: true}
+	eth0, err := w.h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: &net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(addr.BitLen(), addr.BitLen())}, Protocol: Protocol}
+	if err := w.h.RouteAdd(r); err != nil {
+		t.Fatalf("marker route: %v", err)
+	}
+	if err := w.h.RouteDel(r); err != nil {
+		t.Fatalf("marker route: %v", err)
+	}
+	if dev, err := w.h.LinkByName(DefaultDevice); err == nil && dev.Attrs().Flags&net.FlagUp != 0 {
+		want["neigh "+addr.String()], want["neigh deleted "+addr.String()] = true, true
+		n := &netlink.Neigh{LinkIndex: dev.Attrs().Index, IP: addr.AsSlice(), HardwareAddr: net.HardwareAddr{2, 0, 0, 0, 0, 0x99},
+			State: netlink.NUD_PERMANENT, Family: netlink.FAMILY_V4}
+		if addr.Is6() {
+			n.Family = netlink.FAMILY_V6
+		}
+		if err := w.h.NeighAdd(n); err != nil {
+			t.Fatalf("marker neighbour: %v", err)
+		}
+		if err := w.h.NeighDel(n); err != nil {
+			t.Fatalf("marker neighbour: %v", err)
+		}
+	}
+	spare, err := w.h.LinkByName(w.link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.h.LinkSetName(spare, link); err != nil {
+		t.Fatalf("marker link: %v", err)
+	}
+	w.link = link
+	timeout := time.After(10 * time.Second)
+	for len(want) > 0 {
+		select {
+		case e := <-w.markers:
+			delete(want, markerKey(e))
+		case <-timeout:
+			t.Fatalf("Watch did not report the markers %v within 10 s", slices.Sorted(maps.Keys(want)))
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	own, foreign = w.own, w.foreign
+	w.own, w.foreign = nil, nil
+	return own, foreign
+}
+
+// markerKey names a marker's event as settle's want does.
+func markerKey(e Event) string {
+	deleted := ""
+	if e.Deleted {
+		deleted = "deleted "
+	}
+	switch e.Kind {
+	case EventRoute:
+		return "route " + deleted + e.Route.Dst.Addr().String()
+	case EventNeigh:
+		return "neigh " + deleted + e.Neigh.IP.String()
+	}
+	return "link " + deleted + e.Link
+}
+
+// ownOnly fails unless what happened since the last settle was reported,
+// all of it as the table's own.
+func (w *watched) ownOnly(t *testing.T, after string) {
+	t.Helper()
+	own, foreign := w.settle(t)
+	if len(foreign) > 0 {
+		t.Fatalf("after %s: foreign events %+v", after, foreign)
+	}
+	if len(own) == 0 {
+		t.Fatalf("after %s: no event at all", after)
+	}
+}
+
+// quiet fails when anything since the last settle was foreign.
+func (w *watched) quiet(t *testing.T, after string) {
+	t.Helper()
+	if _, foreign := w.settle(t); len(foreign) > 0 {
+		t.Fatalf("after %s: foreign events %+v", after, foreign)
+	}
+}
+
+// foreignSeen fails unless something since the last settle was foreign.
+func (w *watched) foreignSeen(t *testing.T, after string) {
+	t.Helper()
+	if _, foreign := w.settle(t); len(foreign) == 0 {
 		t.Fatalf("no foreign event for %s", after)
 	}
 }
@@ -267,23 +402,23 @@ func TestWatchOwnWritesMatchTheTable(t *testing.T) {
 		if _, err := w.rec.Patch(d); err != nil {
 			t.Fatalf("%s: %v", step.what, err)
 		}
-		w.quiet(t, step.what)
+		w.ownOnly(t, step.what)
 	}
 	checkKernelHolds(t, w.rec.Kernel, w.table.Plan())
 
 	ipIn(t, w.ns, "route", "del", "10.244.2.0/24")
-	w.foreignSoon(t, "a route of the plan deleted")
+	w.foreignSeen(t, "a route of the plan deleted")
 	ipIn(t, w.ns, "route", "add", "10.244.99.0/24", "via", "192.168.10.99", "proto", "98")
-	w.foreignSoon(t, "a stray route tagged as podnet's")
+	w.foreignSeen(t, "a stray route tagged as podnet's")
 	ipIn(t, w.ns, "link", "set", DefaultDevice, "down")
-	w.foreignSoon(t, "the device down")
+	w.foreignSeen(t, "the device down")
 }
 
 // TestWatchSeesHandDeletion: a route of the plan deleted by hand is foreign.
 func TestWatchSeesHandDeletion(t *testing.T) {
 	w := watchedTestNS(t)
 	ipIn(t, w.ns, "route", "del", "10.244.2.0/24")
-	w.foreignSoon(t, "a deleted route")
+	w.foreignSeen(t, "a deleted route")
 }
 
 // TestWatchSeesNeighbourDeletionOnTheDeviceOnly: ARP on the underlay is
@@ -293,5 +428,5 @@ func TestWatchSeesNeighbourDeletionOnTheDeviceOnly(t *testing.T) {
 	ipIn(t, w.ns, "neigh", "add", "192.168.10.77", "lladdr", "02:00:00:00:00:77", "dev", "eth0")
 	w.quiet(t, "a neighbour added on eth0")
 	ipIn(t, w.ns, "neigh", "del", "10.244.4.0", "dev", DefaultDevice)
-	w.foreignSoon(t, "a deleted neighbour on podnet.1")
+	w.foreignSeen(t, "a deleted neighbour on podnet.1")
 }
