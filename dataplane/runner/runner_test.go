@@ -5,20 +5,27 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
-// job records when it ran and fails while fail > 0.
+// The tests run in a synctest bubble: time is fake and moves only when
+// every goroutine of the test waits, so "nothing ran for 250 ms" is a
+// statement about the runner's timers, not about the machine's load.
+// synctest.Wait returns once the runner has done all it can do now.
+
+// job records when it ran and fails while fail > 0. (synctest.Wait
+// orders nothing for the race detector, hence the lock.)
 type job struct {
-	mu   sync.Mutex
-	runs []time.Time
-	fail int
+	mu    sync.Mutex
+	times []time.Time
+	fail  int
 }
 
 func (j *job) run() error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	j.runs = append(j.runs, time.Now())
+	j.times = append(j.times, time.Now())
 	if j.fail > 0 {
 		j.fail--
 		return errors.New("failed")
@@ -26,115 +33,161 @@ func (j *job) run() error {
 	return nil
 }
 
-func (j *job) count() int {
+// runs are the times the job ran.
+func (j *job) runs() []time.Time {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return len(j.runs)
+	return append([]time.Time(nil), j.times...)
 }
 
-// waitRuns waits until the job ran n times, failing after 5 s.
-func (j *job) waitRuns(t *testing.T, n int) []time.Time {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for j.count() < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("job ran %d times, want %d", j.count(), n)
-		}
-		time.Sleep(time.Millisecond)
-	}
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return append([]time.Time(nil), j.runs...)
-}
-
+// start runs r until the test ends.
 func start(t *testing.T, r *Runner) {
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() { r.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 }
 
+// after lets d pass and the runner do whatever it does by then.
+func after(d time.Duration) {
+	time.Sleep(d)
+	synctest.Wait()
+}
+
 func TestBurstIsOneRunAfterMinInterval(t *testing.T) {
-	j := &job{}
-	r := New(j.run, Options{MinInterval: 100 * time.Millisecond})
-	r.Trigger() // before Run: the first run happens at start
-	start(t, r)
-	j.waitRuns(t, 1)
-	for range 10 {
-		r.Trigger()
-	}
-	runs := j.waitRuns(t, 2)
-	if gap := runs[1].Sub(runs[0]); gap < 100*time.Millisecond {
-		t.Errorf("second run %v after the first, want >= MinInterval", gap)
-	}
-	time.Sleep(250 * time.Millisecond)
-	if n := j.count(); n != 2 {
-		t.Errorf("%d runs for one trigger and a burst of 10, want 2", n)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		j := &job{}
+		r := New(j.run, Options{MinInterval: 100 * time.Millisecond})
+		r.Trigger() // before Run: the first run happens at start
+		start(t, r)
+		synctest.Wait()
+		if len(j.runs()) != 1 {
+			t.Fatalf("%d runs after a trigger before Run, want 1 at once", len(j.runs()))
+		}
+		for range 10 {
+			r.Trigger()
+		}
+		after(99 * time.Millisecond)
+		if len(j.runs()) != 1 {
+			t.Fatalf("%d runs 99 ms after the first, want the burst held back by MinInterval", len(j.runs()))
+		}
+		after(time.Millisecond)
+		if len(j.runs()) != 2 {
+			t.Fatalf("%d runs at MinInterval after the first, want the burst served", len(j.runs()))
+		}
+		after(time.Hour)
+		if len(j.runs()) != 2 {
+			t.Errorf("%d runs for one trigger and a burst of 10, want 2", len(j.runs()))
+		}
+	})
 }
 
 func TestNothingRunsUnasked(t *testing.T) {
-	j := &job{}
-	start(t, New(j.run, Options{MinInterval: time.Millisecond}))
-	time.Sleep(50 * time.Millisecond)
-	if n := j.count(); n != 0 {
-		t.Errorf("%d runs without a trigger or MaxInterval", n)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		j := &job{}
+		start(t, New(j.run, Options{MinInterval: time.Millisecond}))
+		after(24 * time.Hour)
+		if len(j.runs()) != 0 {
+			t.Errorf("%d runs without a trigger or MaxInterval", len(j.runs()))
+		}
+	})
 }
 
 func TestMaxIntervalRunsUnasked(t *testing.T) {
-	j := &job{}
-	r := New(j.run, Options{MinInterval: time.Millisecond, MaxInterval: 50 * time.Millisecond})
-	start(t, r)
-	runs := j.waitRuns(t, 3)
-	for i := 1; i < len(runs); i++ {
-		if gap := runs[i].Sub(runs[i-1]); gap < 50*time.Millisecond {
-			t.Errorf("run %d came %v after the previous one, want >= MaxInterval", i, gap)
+	synctest.Test(t, func(t *testing.T) {
+		j := &job{}
+		start(t, New(j.run, Options{MinInterval: time.Millisecond, MaxInterval: 50 * time.Millisecond}))
+		after(49 * time.Millisecond)
+		if len(j.runs()) != 0 {
+			t.Fatalf("%d runs before MaxInterval", len(j.runs()))
 		}
-	}
+		after(time.Millisecond + 2*50*time.Millisecond)
+		if len(j.runs()) != 3 {
+			t.Fatalf("%d runs after three MaxIntervals, want 3", len(j.runs()))
+		}
+		runs := j.runs()
+		for i := 1; i < len(runs); i++ {
+			if gap := runs[i].Sub(runs[i-1]); gap != 50*time.Millisecond {
+				t.Errorf("run %d came %v after the previous one, want MaxInterval", i, gap)
+			}
+		}
+	})
+}
+
+// TestTriggerPostponesMaxInterval: MaxInterval counts from the end of the
+// last run, asked for or not.
+func TestTriggerPostponesMaxInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		j := &job{}
+		r := New(j.run, Options{MaxInterval: 50 * time.Millisecond})
+		start(t, r)
+		after(30 * time.Millisecond)
+		r.Trigger()
+		after(49 * time.Millisecond)
+		if len(j.runs()) != 1 {
+			t.Fatalf("%d runs 49 ms after a triggered one, want 1", len(j.runs()))
+		}
+		after(time.Millisecond)
+		if len(j.runs()) != 2 {
+			t.Fatalf("%d runs MaxInterval after a triggered one, want 2", len(j.runs()))
+		}
+	})
 }
 
 func TestFailedRunIsRetried(t *testing.T) {
-	j := &job{fail: 2}
-	r := New(j.run, Options{MinInterval: 10 * time.Millisecond, RetryInterval: 30 * time.Millisecond})
-	r.Trigger()
-	start(t, r)
-	runs := j.waitRuns(t, 3) // two failures, then success
-	if gap := runs[1].Sub(runs[0]); gap < 30*time.Millisecond {
-		t.Errorf("retry %v after the failure, want >= RetryInterval", gap)
-	}
-	time.Sleep(100 * time.Millisecond)
-	if n := j.count(); n != 3 {
-		t.Errorf("%d runs, want 3: a successful run is not retried", n)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		j := &job{fail: 2}
+		r := New(j.run, Options{MinInterval: 10 * time.Millisecond, RetryInterval: 30 * time.Millisecond})
+		r.Trigger()
+		start(t, r)
+		after(29 * time.Millisecond)
+		if len(j.runs()) != 1 {
+			t.Fatalf("%d runs before RetryInterval after a failure, want 1", len(j.runs()))
+		}
+		after(time.Millisecond + 30*time.Millisecond) // two failures, then success
+		if len(j.runs()) != 3 {
+			t.Fatalf("%d runs, want 3: two failures, each retried", len(j.runs()))
+		}
+		after(time.Hour)
+		if len(j.runs()) != 3 {
+			t.Errorf("%d runs, want 3: a successful run is not retried", len(j.runs()))
+		}
+	})
 }
 
 func TestNoRetryWithoutRetryInterval(t *testing.T) {
-	j := &job{fail: 1}
-	r := New(j.run, Options{MinInterval: time.Millisecond})
-	r.Trigger()
-	start(t, r)
-	j.waitRuns(t, 1)
-	time.Sleep(50 * time.Millisecond)
-	if n := j.count(); n != 1 {
-		t.Errorf("%d runs, want 1", n)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		j := &job{fail: 1}
+		r := New(j.run, Options{MinInterval: time.Millisecond})
+		r.Trigger()
+		start(t, r)
+		after(time.Hour)
+		if len(j.runs()) != 1 {
+			t.Errorf("%d runs, want 1", len(j.runs()))
+		}
+	})
 }
 
 func TestRunStopsWithContext(t *testing.T) {
-	j := &job{}
-	r := New(j.run, Options{MinInterval: time.Hour})
-	r.Trigger()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { r.Run(ctx); close(done) }()
-	j.waitRuns(t, 1)
-	r.Trigger() // waits out MinInterval: an hour
-	time.Sleep(10 * time.Millisecond)
-	cancel()
-	select {
-	case <-done:
-	case <-time.After(time.Second):
-		t.Fatal("Run did not return after ctx ended while waiting out MinInterval")
-	}
+	synctest.Test(t, func(t *testing.T) {
+		j := &job{}
+		r := New(j.run, Options{MinInterval: time.Hour})
+		r.Trigger()
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { r.Run(ctx); close(done) }()
+		synctest.Wait()
+		r.Trigger() // waits out MinInterval: an hour
+		synctest.Wait()
+		cancel()
+		synctest.Wait()
+		select {
+		case <-done:
+		default:
+			t.Fatal("Run did not return after ctx ended while waiting out MinInterval")
+		}
+		if len(j.runs()) != 1 {
+			t.Errorf("%d runs, want the first only", len(j.runs()))
+		}
+	})
 }
