@@ -12,6 +12,8 @@ import (
 	"time"
 
 	mdns "github.com/miekg/dns"
+
+	"github.com/podnet/podnet/dataplane/roottest"
 )
 
 // startDnsmasq runs dnsmasq on a loopback port answering every name under
@@ -19,11 +21,11 @@ import (
 func startDnsmasq(t *testing.T, domain, addr string) int {
 	t.Helper()
 	port := dnsLoopbackPort(t)
-	dm := exec.Command("dnsmasq", "--no-daemon", "--no-resolv", "--no-hosts", "--bind-interfaces", "--listen-address=127.0.0.1",
+	dm := exec.Command(roottest.Tool(t, "dnsmasq", "dnsmasq-base"), "--no-daemon", "--no-resolv", "--no-hosts", "--bind-interfaces", "--listen-address=127.0.0.1",
 		fmt.Sprintf("--port=%d", port), "--address=/"+domain+"/"+addr, "--user="+dnsUserName(), "--pid-file=")
 	dm.Stderr = io.Discard
 	if err := dm.Start(); err != nil {
-		t.Skipf("dnsmasq: %v (scripts/deps.sh installs dnsmasq-base)", err)
+		t.Fatalf("start dnsmasq: %v", err)
 	}
 	t.Cleanup(func() { dm.Process.Kill(); dm.Wait() })
 	return port

@@ -22,9 +22,7 @@ import (
 // scripts/bench-routing.sh; it is not part of `make test`.
 func BenchmarkPodThroughput(b *testing.B) {
 	roottest.Require(b)
-	if _, err := exec.LookPath("iperf3"); err != nil {
-		b.Skip("iperf3 not installed (scripts/deps.sh installs it)")
-	}
+	roottest.Tool(b, "iperf3", "iperf3")
 	secs, rounds := 5, 3
 	if s := os.Getenv("PODNET_BENCH_SECONDS"); s != "" {
 		fmt.Sscan(s, &secs)

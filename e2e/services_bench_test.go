@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -42,12 +41,10 @@ import (
 // PODNET_BENCH_ROUNDS (6, a multiple of 3) rounds per phase.
 func BenchmarkServiceThroughput(b *testing.B) {
 	if os.Getenv("PODNET_BENCH") == "" {
-		b.Skip("set PODNET_BENCH=1, as scripts/bench-services.sh does")
+		roottest.Optional(b, "set PODNET_BENCH=1, as scripts/bench-services.sh does")
 	}
 	roottest.Require(b)
-	if _, err := exec.LookPath("iperf3"); err != nil {
-		b.Skip("iperf3 not installed (scripts/deps.sh installs it)")
-	}
+	roottest.Tool(b, "iperf3", "iperf3")
 	// Six rounds a phase: the stream's ratio depends on the connections'
 	// order in a turn (iptables mode: 1.10×, 0.86×, 0.98× the pod IP by
 	// rotation, 22:10 UTC), so every rotation gets the same share.

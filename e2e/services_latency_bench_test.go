@@ -43,7 +43,7 @@ import (
 //	                                    spread 0.98–1.04 (5 rounds each, 21:25 UTC)
 func BenchmarkClusterIPConnectLockstep(b *testing.B) {
 	if os.Getenv("PODNET_BENCH") == "" {
-		b.Skip("set PODNET_BENCH=1, as scripts/bench-services.sh does")
+		roottest.Optional(b, "set PODNET_BENCH=1, as scripts/bench-services.sh does")
 	}
 	roottest.Require(b)
 	envInt := func(name string, def int) int {

@@ -20,6 +20,7 @@ import (
 
 	mdns "github.com/miekg/dns"
 
+	"github.com/podnet/podnet/dataplane/roottest"
 	"github.com/podnet/podnet/dataplane/testport"
 )
 
@@ -35,11 +36,11 @@ type soakUpstream struct {
 
 func (u *soakUpstream) start() {
 	u.t.Helper()
-	cmd := exec.Command("dnsmasq", "--no-daemon", "--no-resolv", "--no-hosts", "--bind-interfaces", "--listen-address=127.0.0.1",
+	cmd := exec.Command(roottest.Tool(u.t, "dnsmasq", "dnsmasq-base"), "--no-daemon", "--no-resolv", "--no-hosts", "--bind-interfaces", "--listen-address=127.0.0.1",
 		fmt.Sprintf("--port=%d", u.port), "--address=/example.test/192.0.2.1", "--user="+dnsUserName(), "--pid-file=")
 	cmd.Stderr = io.Discard
 	if err := cmd.Start(); err != nil {
-		u.t.Skipf("dnsmasq: %v (scripts/deps.sh installs dnsmasq-base)", err)
+		u.t.Fatalf("start dnsmasq: %v", err)
 	}
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/roottest"
 	"github.com/podnet/podnet/dataplane/testport"
 )
 
@@ -27,10 +28,7 @@ func freePort(t testing.TB) uint16 { return uint16(testport.Free(t)) }
 // records and waits until it answers.
 func startDnsmasq(t testing.TB, port uint16, args ...string) *exec.Cmd {
 	t.Helper()
-	bin, err := exec.LookPath("dnsmasq")
-	if err != nil {
-		t.Skip("dnsmasq not installed (scripts/deps.sh installs dnsmasq-base)")
-	}
+	bin := roottest.Tool(t, "dnsmasq", "dnsmasq-base")
 	all := append([]string{"--no-daemon", "--no-resolv", "--no-hosts", "--bind-interfaces", "--listen-address=127.0.0.1",
 		fmt.Sprintf("--port=%d", port), "--user=" + currentUser(), "--pid-file="}, args...)
 	cmd := exec.Command(bin, all...)

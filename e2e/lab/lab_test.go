@@ -4,9 +4,14 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/dataplane/roottest"
 )
@@ -157,43 +162,74 @@ func TestPidStart(t *testing.T) {
 
 // TestSweepCgroupV1: the kubelet cgroup roots a crashed real-node run left
 // in the v1 hierarchies (with a child, as the kubelet makes them) are
-// removed by the sweep, those of other runs are not.
+// removed by the sweep, those of other runs are not. The hierarchy is the
+// test's own: a named one without controllers, mounted in a private mount
+// namespace of a child process (the test binary again), so the test runs
+// on hosts with cgroup v2 alone and the host's mounts never hold it.
 func TestSweepCgroupV1(t *testing.T) {
 	roottest.Require(t)
-	roots := CgroupV1Roots()
-	if len(roots) == 0 {
-		t.Skip("no cgroup v1 hierarchy on this host")
+	if os.Getenv(sweepV1ChildEnv) == "" {
+		runInMountNamespace(t, "^TestSweepCgroupV1$")
+		return
 	}
-	stale := FamilyPrefix + fmt.Sprintf("%04x", os.Getpid()&0xffff)
-	other := "zz" + stale
-	var dirs, others []string
-	for _, r := range roots {
-		d := filepath.Join(r, "podnet-"+stale+"-node1")
-		o := filepath.Join(r, "podnet-"+other+"-node1")
-		if err := os.MkdirAll(filepath.Join(d, "kubepods"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Mkdir(o, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		dirs, others = append(dirs, d), append(others, o)
+	root := t.TempDir()
+	if err := unix.Mount("cgroup", root, "cgroup", 0, fmt.Sprintf("none,name=podnet-test-%d", os.Getpid())); err != nil {
+		roottest.Unavailable(t, "mount a cgroup v1 hierarchy: %v", err)
 	}
 	t.Cleanup(func() {
-		for _, d := range append(dirs, others...) {
-			RemoveCgroupTree(d)
+		if err := unix.Unmount(root, 0); err != nil {
+			t.Errorf("unmount the test's cgroup v1 hierarchy: %v", err)
+		}
+	})
+	if roots := CgroupV1Roots(); !slices.Contains(roots, root) {
+		t.Fatalf("CgroupV1Roots() = %v, without %s mounted as one", roots, root)
+	}
+	stale := FamilyPrefix + fmt.Sprintf("%04x", os.Getpid()&0xffff)
+	d := filepath.Join(root, "podnet-"+stale+"-node1")
+	o := filepath.Join(root, "podnet-zz"+stale+"-node1")
+	if err := os.MkdirAll(filepath.Join(d, "kubepods"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(o, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, dir := range []string{d, o} {
+			if err := RemoveCgroupTree(dir); err != nil {
+				t.Error(err)
+			}
 		}
 	})
 	if err := sweepStale(t.Logf); err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range dirs {
-		if _, err := os.Stat(d); err == nil {
-			t.Errorf("%s survived the sweep", d)
-		}
+	if _, err := os.Stat(d); err == nil {
+		t.Errorf("%s survived the sweep", d)
 	}
-	for _, o := range others {
-		if _, err := os.Stat(o); err != nil {
-			t.Errorf("%s of another family was removed: %v", o, err)
-		}
+	if _, err := os.Stat(o); err != nil {
+		t.Errorf("%s of another family was removed: %v", o, err)
+	}
+}
+
+// sweepV1ChildEnv tells the test binary it is the child of
+// runInMountNamespace.
+const sweepV1ChildEnv = "PODNET_LAB_TEST_MOUNTNS_CHILD"
+
+// runInMountNamespace runs the tests matching run in a child process of
+// this test binary, in a mount namespace of its own whose mounts are
+// private (exec makes them so with CLONE_NEWNS), and fails t when they
+// fail. Whatever the child mounts is gone when it exits.
+func runInMountNamespace(t *testing.T, run string) {
+	t.Helper()
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run", run, "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), sweepV1ChildEnv+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	out, err := cmd.CombinedOutput()
+	t.Logf("in a private mount namespace:\n%s", out)
+	if err != nil {
+		t.Fatalf("%s in a private mount namespace: %v", run, err)
+	}
+	if !strings.Contains(string(out), "--- PASS: ") {
+		t.Fatalf("%s in a private mount namespace did not pass", run)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/podnet/podnet/dataplane/roottest"
 )
 
 // The one --bpf-cgroup value a DaemonSet passes, the host's /sys/fs/cgroup,
@@ -11,7 +13,7 @@ import (
 func TestResolveCgroup(t *testing.T) {
 	root, err := Cgroup2Root()
 	if err != nil {
-		t.Skip(err)
+		roottest.Unavailable(t, "%v", err)
 	}
 	if got, err := ResolveCgroup(root); err != nil || got != root {
 		t.Errorf("ResolveCgroup(%s) = %q, %v; want it as it is", root, got, err)

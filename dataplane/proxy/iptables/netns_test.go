@@ -121,9 +121,7 @@ func TestRealApplyInNamespace(t *testing.T) {
 	roottest.Require(t)
 	for _, backend := range []string{iptables.BackendNFT, iptables.BackendLegacy} {
 		t.Run(backend, func(t *testing.T) {
-			if _, err := exec.LookPath("iptables-" + backend + "-restore"); err != nil {
-				t.Skipf("iptables-%s-restore not installed", backend)
-			}
+			roottest.Tool(t, "iptables-"+backend+"-restore", "iptables")
 			l := newNetnsLab(t, backend[:3])
 			l.serve(t, "10.244.1.5:8080")
 			l.serve(t, "10.244.1.5:8081")
@@ -186,9 +184,7 @@ func TestRealApplyInNamespace(t *testing.T) {
 func TestDetectBackend(t *testing.T) {
 	roottest.Require(t)
 	for _, b := range []string{iptables.BackendNFT, iptables.BackendLegacy} {
-		if _, err := exec.LookPath("iptables-" + b + "-save"); err != nil {
-			t.Skipf("iptables-%s not installed", b)
-		}
+		roottest.Tool(t, "iptables-"+b+"-save", "iptables")
 	}
 	l := newNetnsLab(t, "det")
 	for _, tc := range []struct{ backend, other string }{
@@ -224,9 +220,7 @@ func TestRealIptablesAcceptsEveryRuleForm(t *testing.T) {
 	roottest.Require(t)
 	for _, backend := range []string{iptables.BackendNFT, iptables.BackendLegacy} {
 		t.Run(backend, func(t *testing.T) {
-			if _, err := exec.LookPath("iptables-" + backend + "-restore"); err != nil {
-				t.Skipf("iptables-%s-restore not installed", backend)
-			}
+			roottest.Tool(t, "iptables-"+backend+"-restore", "iptables")
 			l := newNetnsLab(t, "f"+backend[:3])
 			err := l.node.Do(func(ns.NetNS) error {
 				r := iptables.ExecRunner{Backend: backend}
