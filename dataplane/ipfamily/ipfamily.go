@@ -7,6 +7,7 @@
 package ipfamily
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 
@@ -130,12 +131,24 @@ func (f Family) Prefixes(ps []netip.Prefix) []netip.Prefix {
 // most significant), as the low bits of the result: the one place podnet
 // reads an address as a number, for IPv4 and IPv6 alike.
 func BitsAt(a netip.Addr, from, n int) uint64 {
-	b := a.AsSlice()
-	var v uint64
-	for i := from; i < from+n; i++ {
-		v = v<<1 | uint64(b[i/8]>>(7-i%8)&1)
+	if n == 0 {
+		return 0
 	}
-	return v
+	b := a.As16()
+	if a.Is4() {
+		from += 96 // As16 holds an IPv4 address in its last 32 bits
+	}
+	hi, lo := binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
+	var top uint64 // the 64 bits starting at from
+	switch {
+	case from == 0:
+		top = hi
+	case from < 64:
+		top = hi<<from | lo>>(64-from)
+	default:
+		top = lo << (from - 64)
+	}
+	return top >> (64 - n)
 }
 
 // Subnet returns the i-th subnet of length bits inside p, or false when p

@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	goiptables "github.com/coreos/go-iptables/iptables"
+
+	"github.com/podnet/podnet/dataplane/ipfamily"
 )
 
 // Backends of the iptables command.
@@ -27,10 +29,12 @@ const ServiceChainPrefix = "PODSVC-"
 // Backends lists both backends, nft first.
 var Backends = []string{BackendNFT, BackendLegacy}
 
-// Runner runs the iptables-<backend> commands. The commands inherit the
-// calling thread's network namespace.
+// Runner runs the iptables-<backend> commands, or ip6tables-<backend> for
+// IPv6. The commands inherit the calling thread's network namespace.
 type Runner struct {
 	Backend string // BackendNFT or BackendLegacy
+	// Family chooses iptables (IPv4, or zero) or ip6tables (IPv6).
+	Family ipfamily.Family
 }
 
 // New returns the Runner for backend; "" detects the one the node uses.
@@ -44,7 +48,18 @@ func New(backend string) (Runner, error) {
 	return Runner{}, fmt.Errorf("iptables backend %q: want %q or %q", backend, BackendNFT, BackendLegacy)
 }
 
-func (r Runner) cmd(tool string) string { return "iptables-" + r.Backend + tool }
+// For returns the runner of the same backend for family f.
+func (r Runner) For(f ipfamily.Family) Runner { return Runner{Backend: r.Backend, Family: f} }
+
+func (r Runner) cmd(tool string) string { return command(r.Family) + "-" + r.Backend + tool }
+
+// command is the family's iptables command.
+func command(f ipfamily.Family) string {
+	if f == ipfamily.IPv6 {
+		return "ip6tables"
+	}
+	return "iptables"
+}
 
 func run(name string, stdin []byte, args ...string) ([]byte, error) {
 	c := exec.Command(name, args...)
@@ -106,7 +121,11 @@ func (r Runner) Contains(s string) bool {
 // Chains returns go-iptables bound to this backend's iptables command, for
 // rule-at-a-time changes.
 func (r Runner) Chains() (*goiptables.IPTables, error) {
-	return goiptables.New(goiptables.Path(r.cmd("")))
+	proto := goiptables.ProtocolIPv4
+	if r.Family == ipfamily.IPv6 {
+		proto = goiptables.ProtocolIPv6
+	}
+	return goiptables.New(goiptables.Path(r.cmd("")), goiptables.IPFamily(proto))
 }
 
 // Available reports whether the backend's commands are installed.

@@ -3,6 +3,8 @@ package ipt
 import (
 	"strings"
 	"testing"
+
+	"github.com/podnet/podnet/dataplane/ipfamily"
 )
 
 func TestNewNamesBadBackend(t *testing.T) {
@@ -27,5 +29,17 @@ func TestChainRules(t *testing.T) {
 	got := ChainRules(save, []string{"A", "X"})
 	if strings.Join(got["A"], "|") != "-j B|-j E" || got["X"] == nil || len(got["X"]) != 0 {
 		t.Errorf("ChainRules = %q", got)
+	}
+}
+
+func TestIPv6RunnerRunsIP6Tables(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	r := Runner{Backend: BackendLegacy}.For(ipfamily.IPv6)
+	err := r.Available()
+	if err == nil || !strings.Contains(err.Error(), "ip6tables-legacy is not installed") {
+		t.Errorf("err = %v, want one naming ip6tables-legacy", err)
+	}
+	if r.For(ipfamily.IPv4).cmd("-save") != "iptables-legacy-save" || r.cmd("-restore") != "ip6tables-legacy-restore" {
+		t.Errorf("commands: %s, %s", r.For(ipfamily.IPv4).cmd("-save"), r.cmd("-restore"))
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/health"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/ipt"
 	"github.com/podnet/podnet/dataplane/status"
 )
@@ -42,7 +43,10 @@ type Mode struct {
 // Config is what every mode is built from: the node-wide settings, then
 // one typed part per mode that needs settings of its own.
 type Config struct {
-	NodeName          string
+	NodeName string
+	// Family is the address family the Backend serves: New is called once
+	// per family the daemon serves (see PerFamily).
+	Family            ipfamily.Family
 	ClusterCIDR       netip.Prefix
 	NodePortAddresses []netip.Prefix // empty: all of the node's addresses
 	MasqueradeAll     bool
@@ -124,6 +128,12 @@ func (c Config) withDefaults() Config {
 	if c.Node == nil {
 		c.Node = func() *cluster.Node { return nil }
 	}
+	if c.Family == 0 {
+		c.Family = ipfamily.OfPrefix(c.ClusterCIDR)
+	}
+	if c.Family == 0 {
+		c.Family = ipfamily.IPv4
+	}
 	return c
 }
 
@@ -133,8 +143,11 @@ type ServiceOptions struct {
 	// Modes are all the modes the daemon offers: at start, the state of
 	// every other one is removed, so switching modes on a node leaves
 	// nothing of the old one behind.
-	Modes         Modes
-	Config        Config
+	Modes  Modes
+	Config Config
+	// Families are the address families served, one Backend each; empty:
+	// the family of Config.ClusterCIDR.
+	Families      []ipfamily.Family
 	Conntrack     Conntrack // nil: no conntrack cleanup
 	SyncPeriod    time.Duration
 	MinSyncPeriod time.Duration
@@ -167,12 +180,10 @@ func RunService(ctx context.Context, o ServiceOptions, env Env) error {
 		cfg.Node = func() *cluster.Node { return env.Store.Node(cfg.NodeName) }
 	}
 	cfg = cfg.withDefaults()
-	if o.Mode.New == nil {
-		return fmt.Errorf("proxy mode %q: no backend", o.Mode.Name)
-	}
-	backend, err := o.Mode.New(cfg)
+	families := o.families()
+	backend, err := o.newBackend(cfg, families)
 	if err != nil {
-		return fmt.Errorf("proxy mode %s: %w", o.Mode.Name, err)
+		return err
 	}
 	if backend == nil {
 		if env.Status != nil {
@@ -190,6 +201,7 @@ func RunService(ctx context.Context, o ServiceOptions, env Env) error {
 	return Run(ctx, Options{
 		Store:           env.Store,
 		NodeName:        cfg.NodeName,
+		Families:        families,
 		Backend:         &cleanupOthers{Backend: backend, modes: o.Modes, cfg: cfg, keep: o.Mode.Name},
 		Conntrack:       o.Conntrack,
 		SyncPeriod:      o.SyncPeriod,
@@ -203,6 +215,43 @@ func RunService(ctx context.Context, o ServiceOptions, env Env) error {
 		Logger:          cfg.Logger,
 		BeforeFirstSync: env.BeforeFirstSync,
 	})
+}
+
+func (o ServiceOptions) families() []ipfamily.Family {
+	if len(o.Families) > 0 {
+		return o.Families
+	}
+	if f := ipfamily.OfPrefix(o.Config.ClusterCIDR); f != 0 {
+		return []ipfamily.Family{f}
+	}
+	return []ipfamily.Family{ipfamily.IPv4}
+}
+
+// newBackend builds the mode's Backend for each family: the one Backend
+// of a single family, else a PerFamily of them; nil for a mode that runs
+// none.
+func (o ServiceOptions) newBackend(cfg Config, families []ipfamily.Family) (Backend, error) {
+	if o.Mode.New == nil {
+		return nil, fmt.Errorf("proxy mode %q: no backend", o.Mode.Name)
+	}
+	per := make(PerFamily, len(families))
+	for _, f := range families {
+		c := cfg
+		c.Family = f
+		b, err := o.Mode.New(c)
+		if err != nil {
+			per.Close()
+			return nil, fmt.Errorf("proxy mode %s (%v): %w", o.Mode.Name, f, err)
+		}
+		if b == nil {
+			return nil, nil
+		}
+		per[f] = b
+	}
+	if len(per) == 1 {
+		return per[families[0]], nil
+	}
+	return per, nil
 }
 
 // cleanupOthers removes the other modes' state after the first successful

@@ -52,8 +52,11 @@ const HealthComponent = "service-proxy"
 
 // Options configure Run.
 type Options struct {
-	Store         *cluster.Store
-	NodeName      string
+	Store    *cluster.Store
+	NodeName string
+	// Families are the address families whose ServicePorts Backend gets,
+	// in this order within a Service; empty: IPv4.
+	Families      []ipfamily.Family
 	Backend       Backend
 	Conntrack     Conntrack // nil: no conntrack cleanup
 	SyncPeriod    time.Duration
@@ -171,12 +174,16 @@ func newSyncer(o Options) *syncer {
 	if o.Metrics == nil {
 		o.Metrics = NewMetrics(nil)
 	}
+	if len(o.Families) == 0 {
+		// proxyd serves IPv4 alone until dual-stack is wired (issue 22).
+		o.Families = []ipfamily.Family{ipfamily.IPv4}
+	}
 	tracker := NewTracker(o.Store, o.NodeName)
 	o.Metrics.watch(o.Store)
 	return &syncer{
 		o:          o,
 		tracker:    tracker,
-		state:      NewState(),
+		state:      NewState(o.Families...),
 		now:        time.Now,
 		start:      time.Now(),
 		forceFull:  true,

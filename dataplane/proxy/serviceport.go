@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 )
 
 // PortName identifies one port of one Service.
@@ -92,7 +93,9 @@ func (e Endpoint) Hints() *cluster.Hints {
 	return e.from.Hints
 }
 
-// ServicePort is one port of one Service, resolved for this node.
+// ServicePort is one port of one Service in one address family, resolved
+// for this node: a dual-stack Service has one per family, each with the
+// cluster IP, external addresses and endpoints of that family.
 //
 // A built ServicePort is never changed: a change to the Service or its
 // endpoints builds a new one. Backends rely on this and may key what they
@@ -100,7 +103,7 @@ func (e Endpoint) Hints() *cluster.Hints {
 // so), so neither the proxy nor a backend may write to one it was handed.
 type ServicePort struct {
 	Name      PortName
-	ClusterIP netip.Addr // the IPv4 cluster IP
+	ClusterIP netip.Addr // the cluster IP of the port's family
 	Port      uint16
 	Protocol  cluster.Protocol
 	NodePort  uint16 // 0: none
@@ -115,7 +118,8 @@ type ServicePort struct {
 	InternalPolicyLocal bool
 	HealthCheckNodePort uint16
 
-	// Endpoints holds every IPv4 endpoint of the port, sorted by address.
+	// Endpoints holds every endpoint of the port's family, sorted by
+	// address.
 	Endpoints []Endpoint
 	// ClusterEndpoints are the endpoints for traffic with policy Cluster,
 	// after readiness and topology; LocalEndpoints those for policy Local.
@@ -125,6 +129,9 @@ type ServicePort struct {
 	// is then rejected rather than dropped.
 	HasEndpoints bool
 }
+
+// Family is the port's address family, its cluster IP's.
+func (sp *ServicePort) Family() ipfamily.Family { return ipfamily.Of(sp.ClusterIP) }
 
 // External reports whether the port is reachable from outside the cluster
 // network (NodePort, externalIPs, load-balancer IPs).
@@ -183,32 +190,34 @@ func (n NodeInfo) local(a netip.Addr, nodeName string) bool {
 	return false
 }
 
-// Handled reports whether this proxy implements svc: not headless, not
-// ExternalName, not claimed by another proxy, with an IPv4 cluster IP.
-func Handled(svc *cluster.Service) bool {
+// Handled reports whether this proxy implements svc in family f: not
+// headless, not ExternalName, not claimed by another proxy, with a cluster
+// IP of f.
+func Handled(svc *cluster.Service, f ipfamily.Family) bool {
 	if svc == nil || svc.Headless || svc.ProxyName != "" || svc.Type == cluster.ServiceTypeExternalName {
 		return false
 	}
-	_, ok := clusterIPv4(svc)
+	_, ok := clusterIP(svc, f)
 	return ok
 }
 
-func clusterIPv4(svc *cluster.Service) (netip.Addr, bool) {
+func clusterIP(svc *cluster.Service, f ipfamily.Family) (netip.Addr, bool) {
 	for _, a := range svc.ClusterIPs {
-		if a.Is4() {
+		if f.Has(a) {
 			return a, true
 		}
 	}
 	return netip.Addr{}, false
 }
 
-// BuildServicePorts resolves one Service and its EndpointSlices for node.
-// It returns nil for Services this proxy leaves alone.
-func BuildServicePorts(svc *cluster.Service, eps []*cluster.EndpointSlice, node NodeInfo) []*ServicePort {
-	if !Handled(svc) {
+// BuildServicePorts resolves one Service and its EndpointSlices for node
+// in family f: one ServicePort per port, for the Service's cluster IP of f.
+// It returns nil for Services this proxy leaves alone in f.
+func BuildServicePorts(svc *cluster.Service, eps []*cluster.EndpointSlice, node NodeInfo, f ipfamily.Family) []*ServicePort {
+	if !Handled(svc, f) {
 		return nil
 	}
-	vip, _ := clusterIPv4(svc)
+	vip, _ := clusterIP(svc, f)
 	var out []*ServicePort
 	for _, p := range svc.Ports {
 		sp := &ServicePort{
@@ -216,17 +225,17 @@ func BuildServicePorts(svc *cluster.Service, eps []*cluster.EndpointSlice, node 
 			ClusterIP:                vip,
 			Port:                     p.Port,
 			Protocol:                 p.Protocol,
-			ExternalIPs:              only4(svc.ExternalIPs),
+			ExternalIPs:              f.Addrs(svc.ExternalIPs),
 			AffinityTimeout:          svc.SessionAffinityTimeout,
 			ExternalPolicyLocal:      svc.ExternalTrafficPolicyLocal,
 			InternalPolicyLocal:      svc.InternalTrafficPolicyLocal,
-			LoadBalancerSourceRanges: svc.LoadBalancerSourceRanges,
+			LoadBalancerSourceRanges: f.Prefixes(svc.LoadBalancerSourceRanges),
 		}
 		if svc.Type == cluster.ServiceTypeNodePort || svc.Type == cluster.ServiceTypeLoadBalancer {
 			sp.NodePort = p.NodePort
 		}
 		if svc.Type == cluster.ServiceTypeLoadBalancer {
-			sp.LoadBalancerIPs = only4(svc.LoadBalancerIPs)
+			sp.LoadBalancerIPs = f.Addrs(svc.LoadBalancerIPs)
 		}
 		if !sp.External() {
 			sp.ExternalPolicyLocal = false
@@ -234,19 +243,9 @@ func BuildServicePorts(svc *cluster.Service, eps []*cluster.EndpointSlice, node 
 		if sp.ExternalPolicyLocal {
 			sp.HealthCheckNodePort = svc.HealthCheckNodePort
 		}
-		sp.Endpoints = collectEndpoints(p, eps, node)
+		sp.Endpoints = collectEndpoints(p, eps, node, f)
 		categorize(sp, svc.TrafficDistribution, node)
 		out = append(out, sp)
-	}
-	return out
-}
-
-func only4(addrs []netip.Addr) []netip.Addr {
-	var out []netip.Addr
-	for _, a := range addrs {
-		if a.Is4() {
-			out = append(out, a)
-		}
 	}
 	return out
 }
@@ -254,10 +253,10 @@ func only4(addrs []netip.Addr) []netip.Addr {
 // collectEndpoints merges the slices' endpoints for one Service port: the
 // slice port with the same name and protocol gives the target port. An
 // address listed twice keeps its most usable entry.
-func collectEndpoints(p cluster.ServicePort, eps []*cluster.EndpointSlice, node NodeInfo) []Endpoint {
+func collectEndpoints(p cluster.ServicePort, eps []*cluster.EndpointSlice, node NodeInfo, f ipfamily.Family) []Endpoint {
 	byAddr := make(map[netip.AddrPort]Endpoint)
 	for _, es := range eps {
-		if es.AddressType != "" && es.AddressType != "IPv4" {
+		if es.AddressType != "" && es.AddressType != f.String() {
 			continue
 		}
 		var port uint16
@@ -272,7 +271,7 @@ func collectEndpoints(p cluster.ServicePort, eps []*cluster.EndpointSlice, node 
 		}
 		for i := range es.Endpoints {
 			e := &es.Endpoints[i]
-			if len(e.Addresses) == 0 || !e.Addresses[0].Is4() {
+			if len(e.Addresses) == 0 || !f.Has(e.Addresses[0]) {
 				continue
 			}
 			n := Endpoint{

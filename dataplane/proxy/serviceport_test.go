@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 )
 
 func addr(s string) netip.Addr { return netip.MustParseAddr(s) }
@@ -29,7 +30,7 @@ func build(t *testing.T, svc *cluster.Service, node NodeInfo, eps ...tep) *Servi
 		}
 		es.Endpoints = append(es.Endpoints, ce)
 	}
-	sps := BuildServicePorts(svc, []*cluster.EndpointSlice{es}, node)
+	sps := BuildServicePorts(svc, []*cluster.EndpointSlice{es}, node, ipfamily.IPv4)
 	if len(sps) != 1 {
 		t.Fatalf("got %d service ports", len(sps))
 	}
@@ -125,7 +126,7 @@ func TestServicesLeftAlone(t *testing.T) {
 		"other proxy":   func(s *cluster.Service) { s.ProxyName = "other" },
 		"external name": func(s *cluster.Service) { s.Type, s.ClusterIPs = cluster.ServiceTypeExternalName, nil },
 	} {
-		if sps := BuildServicePorts(service(mod), nil, NodeInfo{}); sps != nil {
+		if sps := BuildServicePorts(service(mod), nil, NodeInfo{}, ipfamily.IPv4); sps != nil {
 			t.Errorf("%s: got %d ports, want none", name, len(sps))
 		}
 	}
@@ -173,7 +174,7 @@ func TestEndpointLocalityFromPodCIDR(t *testing.T) {
 		}{{"10.244.1.5", ""}, {"10.244.1.6", "n2"}, {"10.244.2.7", ""}, {"192.168.10.11", "n1"}} {
 			es.Endpoints = append(es.Endpoints, cluster.Endpoint{Addresses: []netip.Addr{addr(e.ip)}, NodeName: e.node, Ready: true, Serving: true})
 		}
-		sps := BuildServicePorts(svc, []*cluster.EndpointSlice{es}, me)
+		sps := BuildServicePorts(svc, []*cluster.EndpointSlice{es}, me, ipfamily.IPv4)
 		var local []string
 		for _, e := range sps[0].Endpoints {
 			if e.Local {

@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 )
 
 // Tracker records which Services changed since the last sync. Its handler
@@ -64,14 +65,19 @@ func (t *Tracker) Take() (dirty map[cluster.Key]bool, all bool) {
 	return dirty, all
 }
 
-// State is the current set of ServicePorts, rebuilt incrementally.
+// State is the current set of ServicePorts, rebuilt incrementally: a
+// Service's ports of every family the State serves, family by family in
+// the order given.
 type State struct {
-	Ports map[cluster.Key][]*ServicePort
-	node  NodeInfo
+	Ports    map[cluster.Key][]*ServicePort
+	node     NodeInfo
+	families []ipfamily.Family
 }
 
-// NewState returns an empty State.
-func NewState() *State { return &State{Ports: make(map[cluster.Key][]*ServicePort)} }
+// NewState returns an empty State building ServicePorts of families.
+func NewState(families ...ipfamily.Family) *State {
+	return &State{Ports: make(map[cluster.Key][]*ServicePort), families: families}
+}
 
 // Update rebuilds the Services in dirty (every Service when all) from store
 // and returns the keys whose ports really changed.
@@ -95,7 +101,11 @@ func (s *State) Update(store *cluster.Store, nodeName string, dirty map[cluster.
 	}
 	changed := make(map[cluster.Key]bool)
 	for key := range dirty {
-		ports := BuildServicePorts(store.Service(key), store.EndpointSlicesFor(key), node)
+		svc, eps := store.Service(key), store.EndpointSlicesFor(key)
+		var ports []*ServicePort
+		for _, f := range s.families {
+			ports = append(ports, BuildServicePorts(svc, eps, node, f)...)
+		}
 		old, had := s.Ports[key]
 		if len(ports) == 0 {
 			if had {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 )
 
 func TestTracker(t *testing.T) {
@@ -42,7 +43,7 @@ func TestStateTakesThePodCIDRFromTheNode(t *testing.T) {
 	for _, o := range objs {
 		st.Upsert(o)
 	}
-	state := NewState()
+	state := NewState(ipfamily.IPv4)
 	state.Update(st, "n1", nil, true)
 	st.Upsert(&cluster.Node{Name: "n1", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}})
 	// The node's podCIDR arriving rebuilds every Service.

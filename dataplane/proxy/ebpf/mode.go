@@ -24,6 +24,11 @@ var Mode = proxy.Mode{
 		return err
 	},
 	New: func(cfg proxy.Config) (proxy.Backend, error) {
+		if cfg.Family != ipfamily.IPv4 {
+			// bpf/ parses IPv4 packets and keys its maps by 32-bit
+			// addresses.
+			return nil, fmt.Errorf("ebpf mode serves IPv4 only, not %v", cfg.Family)
+		}
 		cg, err := cgroupOf(cfg)
 		if err != nil {
 			return nil, err
@@ -35,7 +40,7 @@ var Mode = proxy.Mode{
 			NodePortAddresses: cfg.NodePortAddresses,
 			NodeIP: func() netip.Addr {
 				if n := cfg.Node(); n != nil {
-					if ip, ok := n.InternalIP(ipfamily.IPv4); ok {
+					if ip, ok := n.InternalIP(cfg.Family); ok {
 						return ip
 					}
 				}

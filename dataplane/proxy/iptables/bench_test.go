@@ -15,6 +15,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/proxy/iptables"
 	"github.com/podnet/podnet/dataplane/roottest"
@@ -39,7 +40,7 @@ func benchState(n, eps int) (*cluster.Store, *proxy.State) {
 	}
 	st := cluster.NewStore()
 	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, objs)
-	state := proxy.NewState()
+	state := proxy.NewState(ipfamily.IPv4)
 	state.Update(st, nodeName, nil, true)
 	return st, state
 }

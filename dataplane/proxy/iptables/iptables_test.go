@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/proxy/iptables"
 	"github.com/podnet/podnet/dataplane/proxy/iptables/iptablestest"
@@ -76,7 +77,7 @@ func epPort(name string, p cluster.Protocol, n uint16) cluster.EndpointPort {
 func world(objs ...cluster.Object) map[cluster.Key][]*proxy.ServicePort {
 	st := cluster.NewStore()
 	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, objs)
-	state := proxy.NewState()
+	state := proxy.NewState(ipfamily.IPv4)
 	state.Update(st, nodeName, nil, true)
 	return state.Ports
 }
@@ -386,7 +387,7 @@ func TestPartialSyncRewritesOnlyChangedChains(t *testing.T) {
 	}
 	st := cluster.NewStore()
 	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, objs)
-	state := proxy.NewState()
+	state := proxy.NewState(ipfamily.IPv4)
 	state.Update(st, nodeName, nil, true)
 	f := iptablestest.New()
 	p := iptables.NewProxier(defaultCfg, f)
@@ -590,7 +591,7 @@ func TestIncrementalGenerate(t *testing.T) {
 	}
 	st := cluster.NewStore()
 	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, objs)
-	state := proxy.NewState()
+	state := proxy.NewState(ipfamily.IPv4)
 	state.Update(st, nodeName, nil, true)
 	g := iptables.NewGenerator(defaultCfg)
 	g.Generate(state.Ports)
@@ -627,7 +628,7 @@ func TestHairpinWithoutNodeName(t *testing.T) {
 				es := slice(s, []cluster.EndpointPort{epPort("p", proto, 8080)}, ep{localPod, form.node, true})
 				st := cluster.NewStore()
 				st.Replace([]cluster.Kind{cluster.KindNode, cluster.KindService, cluster.KindEndpointSlice}, []cluster.Object{me, s, es})
-				state := proxy.NewState()
+				state := proxy.NewState(ipfamily.IPv4)
 				state.Update(st, nodeName, nil, true)
 				f := iptablestest.New()
 				apply(t, f, defaultCfg, state.Ports)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/ipt"
 	"github.com/podnet/podnet/dataplane/proxy"
 )
@@ -13,36 +14,40 @@ import (
 var Mode = proxy.Mode{
 	Name: "iptables",
 	Probe: func(cfg proxy.Config) error {
-		return cfg.IPTables.Available()
+		return cfg.IPTables.For(cfg.Family).Available()
 	},
 	New: func(cfg proxy.Config) (proxy.Backend, error) {
 		if cfg.IPTables.Backend == "" {
 			return nil, errors.New("no iptables backend chosen")
 		}
-		cfg.Logger.Info("service proxy: iptables mode", "backend", cfg.IPTables.Backend)
+		cfg.Logger.Info("service proxy: iptables mode", "backend", cfg.IPTables.Backend, "family", cfg.Family)
 		return NewProxier(Config{
+			Family:            cfg.Family,
 			ClusterCIDR:       cfg.ClusterCIDR,
 			NodePortAddresses: cfg.NodePortAddresses,
 			MasqueradeAll:     cfg.MasqueradeAll,
-		}, cfg.IPTables), nil
+		}, cfg.IPTables.For(cfg.Family)), nil
 	},
 	Cleanup: cleanupBackends,
 }
 
 // cleanupBackends removes every rule and chain of the Service proxy from
-// both iptables backends: a node may have switched backends too.
+// both iptables backends of both families: a node may have switched
+// backends too.
 func cleanupBackends(cfg proxy.Config) error {
 	var errs []error
 	for _, b := range ipt.Backends {
-		r := ipt.Runner{Backend: b}
-		if !r.Contains(ChainPrefix) {
-			continue
+		for _, f := range ipfamily.All {
+			r := ipt.Runner{Backend: b, Family: f}
+			if !r.Contains(ChainPrefix) {
+				continue
+			}
+			if err := Cleanup(r); err != nil {
+				errs = append(errs, fmt.Errorf("clean up %v iptables-%s: %w", f, b, err))
+				continue
+			}
+			cfg.Logger.Info("service proxy rules removed", "backend", b, "family", f)
 		}
-		if err := Cleanup(r); err != nil {
-			errs = append(errs, fmt.Errorf("clean up iptables-%s: %w", b, err))
-			continue
-		}
-		cfg.Logger.Info("service proxy rules removed", "backend", b)
 	}
 	return errors.Join(errs...)
 }

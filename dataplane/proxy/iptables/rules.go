@@ -51,6 +51,7 @@ import (
 	"strings"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/ipt"
 	"github.com/podnet/podnet/dataplane/proxy"
 )
@@ -75,6 +76,10 @@ const (
 
 // Config is what rule generation needs besides the ServicePorts.
 type Config struct {
+	// Family is the address family of the rules (iptables or ip6tables);
+	// zero: the family of ClusterCIDR, else IPv4. Ports of another family
+	// are not this generator's.
+	Family ipfamily.Family
 	// ClusterCIDR is the pod network; traffic to a cluster IP from outside
 	// it is masqueraded. Invalid: only MasqueradeAll masquerades.
 	ClusterCIDR netip.Prefix
@@ -147,6 +152,12 @@ type Generator struct {
 
 // NewGenerator returns a Generator for cfg.
 func NewGenerator(cfg Config) *Generator {
+	if cfg.Family == 0 {
+		cfg.Family = ipfamily.OfPrefix(cfg.ClusterCIDR)
+	}
+	if cfg.Family == 0 {
+		cfg.Family = ipfamily.IPv4
+	}
 	return &Generator{cfg: cfg, cache: make(map[*proxy.ServicePort]*portRules)}
 }
 
@@ -208,7 +219,7 @@ func (g *Generator) Generate(ports map[cluster.Key][]*proxy.ServicePort) Ruleset
 	}
 	slices.SortFunc(hp, netip.Addr.Compare)
 	for _, a := range hp {
-		post = append(post, fmt.Sprintf("-s %s/32 -d %s/32 -j MASQUERADE", a, a))
+		post = append(post, fmt.Sprintf("-s %s -d %s -j MASQUERADE", ipfamily.Host(a), ipfamily.Host(a)))
 	}
 	post = append(post,
 		fmt.Sprintf("-m mark ! --mark %#x/%#x -j RETURN", MarkMasq, MarkMasq),
@@ -274,7 +285,7 @@ func (g *Generator) full(ports map[cluster.Key][]*proxy.ServicePort) map[string]
 			continue
 		}
 		sort.SliceStable(tr.fronts, func(i, j int) bool { return tr.fronts[i].addr.Less(tr.fronts[j].addr) })
-		t := tree{parts: g.parts, name: tr.name, head: tr.head}
+		t := tree{parts: g.parts, name: tr.name, head: tr.head, width: g.cfg.Family.Bits()}
 		services = append(services, t.build(tr.fronts, commonPrefix(tr.fronts))...)
 	}
 	g.parts[ChainServices] = append(services, part{lines: g.nodePortJumps()})
@@ -393,12 +404,13 @@ func (g *Generator) materialize(parts []part, ports map[cluster.Key][]*proxy.Ser
 func (g *Generator) nodePortJumps() []string {
 	if len(g.cfg.NodePortAddresses) == 0 {
 		// Not on loopback: DNAT from 127.0.0.1 to a pod needs route_localnet
-		// and would otherwise be dropped as martian.
-		return []string{"! -d 127.0.0.0/8 -m addrtype --dst-type LOCAL -j " + ChainNodePorts}
+		// and would otherwise be dropped as martian (IPv6 never routes
+		// from ::1).
+		return []string{fmt.Sprintf("! -d %s -m addrtype --dst-type LOCAL -j %s", g.cfg.Family.Loopback(), ChainNodePorts)}
 	}
 	var out []string
 	for _, p := range g.cfg.NodePortAddresses {
-		if p.Addr().Is4() {
+		if g.cfg.Family.HasPrefix(p) {
 			out = append(out, fmt.Sprintf("-d %s -m addrtype --dst-type LOCAL -j %s", p.Masked(), ChainNodePorts))
 		}
 	}
@@ -448,7 +460,7 @@ type portCtx struct {
 
 // match is the match of traffic to addr on the port.
 func (c portCtx) match(addr netip.Addr) string {
-	return fmt.Sprintf("-d %s/32 %s --dport %d", addr, c.proto, c.sp.Port)
+	return fmt.Sprintf("-d %s %s --dport %d", ipfamily.Host(addr), c.proto, c.sp.Port)
 }
 
 // target is where traffic for eps goes: their chain, or a mark that
@@ -551,7 +563,7 @@ func (c portCtx) firewallRules(pr *portRules) string {
 	}
 	var fw []string
 	for _, r := range sp.LoadBalancerSourceRanges {
-		if r.Addr().Is4() {
+		if sp.Family().HasPrefix(r) {
 			fw = append(fw, fmt.Sprintf("-s %s -j %s", r.Masked(), c.extChain))
 		}
 	}
@@ -624,11 +636,13 @@ func (g *Generator) leafHead(p netip.Prefix) []string {
 	return nil
 }
 
-// tree builds a dispatch tree of chains named name+<prefix>.
+// tree builds a dispatch tree of chains named name+<prefix>, over
+// addresses width bits wide (32 or 128).
 type tree struct {
 	parts map[string][]part
 	name  string
 	head  func(netip.Prefix) []string // rules opening each leaf; may be nil
+	width int
 }
 
 func (t tree) leaf(fronts []frontend, p netip.Prefix) []part {
@@ -655,21 +669,21 @@ func (t tree) build(fronts []frontend, p netip.Prefix) []part {
 	for bits < fanBits && len(fronts) > leafMax<<bits {
 		bits++
 	}
-	bits = min(bits, 32-common)
+	bits = min(bits, t.width-common)
 	var out []part
 	for i := 0; i < len(fronts); {
-		key := addrBits(fronts[i].addr) >> (32 - common - bits)
+		key := ipfamily.BitsAt(fronts[i].addr, common, bits)
 		j := i
-		for j < len(fronts) && addrBits(fronts[j].addr)>>(32-common-bits) == key {
+		for j < len(fronts) && ipfamily.BitsAt(fronts[j].addr, common, bits) == key {
 			j++
 		}
 		group := fronts[i:j]
 		if group[0].addr == group[len(group)-1].addr && len(group) <= 2 {
 			// One address: its rules go inline, no chain.
-			out = append(out, t.leaf(group, netip.PrefixFrom(group[0].addr, 32))...)
+			out = append(out, t.leaf(group, ipfamily.Host(group[0].addr))...)
 		} else {
 			sub := commonPrefix(group)
-			name := fmt.Sprintf("%s%08X-%d", t.name, addrBits(sub.Addr()), sub.Bits())
+			name := t.chainName(sub)
 			t.parts[name] = t.build(group, sub)
 			out = append(out, part{lines: []string{fmt.Sprintf("-d %s -j %s", sub, name)}})
 		}
@@ -678,18 +692,23 @@ func (t tree) build(fronts []frontend, p netip.Prefix) []part {
 	return out
 }
 
+// chainName names the tree chain of prefix p: the address in hex and the
+// length for IPv4 ("PODSVC-D-0A600000-20"); for IPv6, whose 32 hex digits
+// would pass iptables' 28-character limit, a hash of the prefix.
+func (t tree) chainName(p netip.Prefix) string {
+	if t.width == 32 {
+		return fmt.Sprintf("%s%08X-%d", t.name, ipfamily.BitsAt(p.Addr(), 0, 32), p.Bits())
+	}
+	return t.name + hash(p.String())
+}
+
 // commonPrefix is the longest prefix holding every address of fronts
 // (sorted).
 func commonPrefix(fronts []frontend) netip.Prefix {
-	lo, hi := addrBits(fronts[0].addr), addrBits(fronts[len(fronts)-1].addr)
+	lo, hi := fronts[0].addr, fronts[len(fronts)-1].addr
 	common := 0
-	for common < 32 && (lo^hi)&(1<<(31-common)) == 0 {
+	for common < lo.BitLen() && ipfamily.BitsAt(lo, common, 1) == ipfamily.BitsAt(hi, common, 1) {
 		common++
 	}
-	return netip.PrefixFrom(fronts[0].addr, common).Masked()
-}
-
-func addrBits(a netip.Addr) uint32 {
-	b := a.As4()
-	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	return netip.PrefixFrom(lo, common).Masked()
 }

@@ -243,7 +243,11 @@ func (t *tracer) matches(r rule) bool {
 
 func parsePrefix(s string) netip.Prefix {
 	if !strings.Contains(s, "/") {
-		s += "/32"
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			panic(fmt.Sprintf("bad address %q in rule", s))
+		}
+		return netip.PrefixFrom(a, a.BitLen())
 	}
 	p, err := netip.ParsePrefix(s)
 	if err != nil {

@@ -1,0 +1,131 @@
+package proxy
+
+import (
+	"errors"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/ipfamily"
+)
+
+// dualStack is a LoadBalancer Service with a cluster IP, an external IP, a
+// load-balancer IP and a source range of each family, and one
+// EndpointSlice per family.
+func dualStack() (*cluster.Service, []*cluster.EndpointSlice) {
+	svc := &cluster.Service{Namespace: "ns", Name: "ds", Type: cluster.ServiceTypeLoadBalancer,
+		ClusterIPs:               []netip.Addr{addr("10.96.0.5"), addr("fd00:96::5")},
+		ExternalIPs:              []netip.Addr{addr("fd00:ee::1"), addr("192.0.2.1")},
+		LoadBalancerIPs:          []netip.Addr{addr("192.0.2.9"), addr("2001:db8::9")},
+		LoadBalancerSourceRanges: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("2001:db8:1::/48")},
+		Ports:                    []cluster.ServicePort{{Name: "http", Protocol: cluster.TCP, Port: 80, NodePort: 30080}}}
+	ports := []cluster.EndpointPort{{Name: "http", Protocol: cluster.TCP, Port: 8080}}
+	v4 := &cluster.EndpointSlice{Namespace: "ns", Name: "ds-4", ServiceName: "ds", AddressType: "IPv4", Ports: ports,
+		Endpoints: []cluster.Endpoint{{Addresses: []netip.Addr{addr("10.244.1.5")}, NodeName: "n1", Ready: true, Serving: true}}}
+	v6 := &cluster.EndpointSlice{Namespace: "ns", Name: "ds-6", ServiceName: "ds", AddressType: "IPv6", Ports: ports,
+		Endpoints: []cluster.Endpoint{
+			{Addresses: []netip.Addr{addr("fd00:244:1::5")}, NodeName: "n1", Ready: true, Serving: true},
+			{Addresses: []netip.Addr{addr("fd00:244:2::7")}, NodeName: "n2", Ready: true, Serving: true},
+		}}
+	return svc, []*cluster.EndpointSlice{v4, v6}
+}
+
+// TestIPv6ServicePorts: a dual-stack Service gives one ServicePort per
+// family, each holding only its family's addresses and endpoints; a
+// single-stack Service gives none in the other family.
+func TestIPv6ServicePorts(t *testing.T) {
+	svc, eps := dualStack()
+	node := NodeInfo{Name: "n1", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:244:1::/64")}}
+	six := BuildServicePorts(svc, eps, node, ipfamily.IPv6)
+	if len(six) != 1 {
+		t.Fatalf("IPv6 ports: %d", len(six))
+	}
+	sp := six[0]
+	if sp.ClusterIP != addr("fd00:96::5") || sp.Family() != ipfamily.IPv6 || sp.NodePort != 30080 {
+		t.Errorf("IPv6 port: cluster IP %v, family %v, NodePort %d", sp.ClusterIP, sp.Family(), sp.NodePort)
+	}
+	if !slices.Equal(sp.ExternalIPs, []netip.Addr{addr("fd00:ee::1")}) || !slices.Equal(sp.LoadBalancerIPs, []netip.Addr{addr("2001:db8::9")}) ||
+		!slices.Equal(sp.LoadBalancerSourceRanges, []netip.Prefix{netip.MustParsePrefix("2001:db8:1::/48")}) {
+		t.Errorf("IPv6 port: external %v, LB %v, ranges %v", sp.ExternalIPs, sp.LoadBalancerIPs, sp.LoadBalancerSourceRanges)
+	}
+	if got := ips(sp.ClusterEndpoints); !slices.Equal(got, []string{"fd00:244:1::5", "fd00:244:2::7"}) {
+		t.Errorf("IPv6 endpoints %v", got)
+	}
+	if !sp.Endpoints[0].Local || sp.Endpoints[1].Local {
+		t.Errorf("local: %v %v", sp.Endpoints[0].Local, sp.Endpoints[1].Local)
+	}
+	four := BuildServicePorts(svc, eps, node, ipfamily.IPv4)
+	if len(four) != 1 || four[0].ClusterIP != addr("10.96.0.5") || !slices.Equal(ips(four[0].ClusterEndpoints), []string{"10.244.1.5"}) ||
+		!slices.Equal(four[0].ExternalIPs, []netip.Addr{addr("192.0.2.1")}) {
+		t.Errorf("IPv4 port: %+v", four)
+	}
+	svc.ClusterIPs = svc.ClusterIPs[:1]
+	if got := BuildServicePorts(svc, eps, node, ipfamily.IPv6); got != nil || Handled(svc, ipfamily.IPv6) || !Handled(svc, ipfamily.IPv4) {
+		t.Errorf("IPv4-only Service in IPv6: %v", got)
+	}
+}
+
+// TestStateBuildsEveryFamily: a State serving both families holds a
+// dual-stack Service's ports of both, IPv4 first.
+func TestStateBuildsEveryFamily(t *testing.T) {
+	svc, eps := dualStack()
+	st := cluster.NewStore()
+	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, []cluster.Object{svc, eps[0], eps[1]})
+	state := NewState(ipfamily.IPv4, ipfamily.IPv6)
+	state.Update(st, "n1", nil, true)
+	got := state.Ports[svc.Key()]
+	if len(got) != 2 || got[0].Family() != ipfamily.IPv4 || got[1].Family() != ipfamily.IPv6 {
+		t.Fatalf("ports %v", got)
+	}
+}
+
+type recordingBackend struct {
+	got  map[cluster.Key][]*ServicePort
+	full bool
+	err  error
+}
+
+func (r *recordingBackend) Sync(ports map[cluster.Key][]*ServicePort, changed map[cluster.Key]bool, full bool) (SyncResult, error) {
+	r.got, r.full = ports, full
+	return SyncResult{Rules: map[string]int{"nat": len(ports)}}, r.err
+}
+
+// TestPerFamilyHandsEachBackendItsFamily: each family's Backend gets the
+// ports of its family only, the same full flag; rule counts add up; a
+// failing family is named and does not keep the other from syncing.
+func TestPerFamilyHandsEachBackendItsFamily(t *testing.T) {
+	svc, eps := dualStack()
+	node := NodeInfo{Name: "n1"}
+	v4only := &cluster.Service{Namespace: "ns", Name: "v4", ClusterIPs: []netip.Addr{addr("10.96.0.6")},
+		Ports: []cluster.ServicePort{{Name: "p", Protocol: cluster.UDP, Port: 53}}}
+	ports := map[cluster.Key][]*ServicePort{
+		svc.Key():    append(BuildServicePorts(svc, eps, node, ipfamily.IPv4), BuildServicePorts(svc, eps, node, ipfamily.IPv6)...),
+		v4only.Key(): BuildServicePorts(v4only, nil, node, ipfamily.IPv4),
+	}
+	b4, b6 := &recordingBackend{}, &recordingBackend{err: errors.New("ip6tables-restore: boom")}
+	res, err := PerFamily{ipfamily.IPv4: b4, ipfamily.IPv6: b6}.Sync(ports, nil, true)
+	if err == nil || !strings.Contains(err.Error(), "IPv6: ip6tables-restore: boom") {
+		t.Errorf("err = %v", err)
+	}
+	if len(b4.got) != 2 || len(b6.got) != 1 || !b4.full || !b6.full {
+		t.Fatalf("IPv4 got %d Services, IPv6 %d", len(b4.got), len(b6.got))
+	}
+	for _, sps := range b4.got {
+		for _, sp := range sps {
+			if sp.Family() != ipfamily.IPv4 {
+				t.Errorf("IPv4 backend got %v", sp.ClusterIP)
+			}
+		}
+	}
+	if sps := b6.got[svc.Key()]; len(sps) != 1 || sps[0].ClusterIP != addr("fd00:96::5") {
+		t.Errorf("IPv6 backend got %v", sps)
+	}
+	if !slices.Equal(b4.got[v4only.Key()], ports[v4only.Key()]) {
+		t.Error("a single-family Service's ports are not handed on as they are")
+	}
+	if res.Rules["nat"] != 3 {
+		t.Errorf("rules = %v, want the sum 3", res.Rules)
+	}
+}
