@@ -1,9 +1,11 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 
 	"github.com/spf13/pflag"
 
@@ -19,11 +21,18 @@ import (
 // then only reads them, and says so clearly if one was changed back.
 func runInit(args []string, stdout, stderr io.Writer) int {
 	fs := pflag.NewFlagSet("proxyd init", pflag.ContinueOnError)
-	usage := "usage: proxyd init\n\nSets net.ipv4.ip_forward=1 and net.bridge.bridge-nf-call-iptables=1 (loading br_netfilter)\nin this network namespace, then exits; for a privileged init container before proxyd."
+	var ct hostnet.Conntrack
+	registerConntrack(fs, &ct)
+	usage := "usage: proxyd init [flags]\n\nSets net.ipv4.ip_forward=1 and net.bridge.bridge-nf-call-iptables=1 (loading br_netfilter)\nin this network namespace, and the conntrack settings its flags give, then exits;\nfor a privileged init container before proxyd."
 	if code, ok := cli.SubcommandFlags(fs, usage, args, stdout, stderr); !ok {
 		return code
 	}
-	if err := hostnet.EnsureSysctls(hostnet.ProcSysctl{}, hostnet.ExecModprobe); err != nil {
+	if err := ct.Validate(); err != nil {
+		fmt.Fprintf(stderr, "proxyd init: %v\n", err)
+		return cli.ExitUsage
+	}
+	if err := errors.Join(hostnet.EnsureSysctls(hostnet.ProcSysctl{}, hostnet.ExecModprobe),
+		hostnet.EnsureConntrack(hostnet.ProcSysctl{}, ct, runtime.NumCPU())); err != nil {
 		fmt.Fprintf(stderr, "proxyd init: %v\n", err)
 		return cli.ExitError
 	}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"runtime"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/podnet/podnet/dataplane/cli"
 	"github.com/podnet/podnet/dataplane/cluster/kube"
 	"github.com/podnet/podnet/dataplane/cluster/statedir"
+	"github.com/podnet/podnet/dataplane/hostnet"
 	"github.com/podnet/podnet/dataplane/ipt"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
 	"github.com/podnet/podnet/dataplane/podcidr"
@@ -58,6 +60,13 @@ type flags struct {
 	kubeconfig        string
 	bpf               proxy.BPFConfig
 	limits            statedir.LimitFlags
+	// kube-proxy's command line and config file.
+	config           string
+	hostnameOverride string
+	bindAddress      string
+	healthz, metrics string
+	conntrack        hostnet.Conntrack
+	fs               *pflag.FlagSet
 }
 
 // register registers every flag into fs, with its default.
@@ -77,16 +86,31 @@ func (f *flags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&o.NodeConfigPath, "node-config", nodeconfig.DefaultPath, "where to write the node config for the CNI plugin")
 	fs.BoolVar(&o.Masquerade, "masquerade", true, "masquerade pod traffic leaving the cluster CIDR to the node's address")
 	fs.StringVar(&f.proxyMode, "proxy-mode", modes[0].Name, "Service proxy: "+strings.Join(modes.Names(), ", "))
-	fs.StringVar(&o.HealthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz (empty disables)")
-	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics (empty disables)")
+	fs.StringVar(&f.healthz, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz: IP:PORT, or an IP alone for port 10256 (empty disables)")
+	fs.StringVar(&f.metrics, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics: IP:PORT, or an IP alone for port 10249 (empty disables)")
 	fs.DurationVar(&o.SyncPeriod, "sync-period", 30*time.Second, "full resync period of routes and rules")
 	fs.DurationVar(&o.MinSyncPeriod, "min-sync-period", time.Second, "minimum time between syncs")
-	fs.StringSliceVar(&f.nodePortAddresses, "nodeport-addresses", nil, "CIDRs whose node addresses accept NodePorts (default: all)")
+	fs.StringSliceVar(&f.nodePortAddresses, "nodeport-addresses", nil, "CIDRs whose node addresses accept NodePorts, or \"primary\" for the Node's InternalIPs (default: all)")
 	fs.BoolVar(&f.masqueradeAll, "masquerade-all", false, "masquerade all traffic sent to Service IPs")
 	fs.StringVar(&f.bpf.Cgroup, "bpf-cgroup", "", "ebpf mode: the cgroup v2 directory whose processes get socket-level load balancing, or a hybrid host's cgroup root holding it at unified/ (default: the cgroup2 root this process sees)")
 	fs.StringVar(&f.bpf.PinDir, "bpf-pin-dir", ebpf.DefaultPinDir, "ebpf mode: where maps and links are pinned (a bpffs is mounted there if needed)")
 	fs.BoolVar(&f.cleanup, "cleanup", false, "remove everything proxyd installed and exit")
 	f.limits.Register(fs)
+	// kube-proxy's, so its command lines and config file run proxyd.
+	fs.StringVar(&f.config, "config", "", "kube-proxy's config file (KubeProxyConfiguration, "+kubeProxyAPIVersion+"): the fields proxyd honours become its flags (a flag given on the command line wins), the others are named in a warning")
+	fs.StringVar(&f.hostnameOverride, "hostname-override", "", "kube-proxy's name for --node-name; wins over it when set")
+	fs.StringVar(&f.bindAddress, "bind-address", "0.0.0.0", "kube-proxy's override of the node's primary IP; proxyd takes the node's address from its Node's InternalIP and warns when this names another")
+	registerConntrack(fs, &f.conntrack)
+	f.fs = fs
+}
+
+// registerConntrack registers kube-proxy's conntrack flags (also proxyd
+// init's, which sets them in a privileged init container).
+func registerConntrack(fs *pflag.FlagSet, c *hostnet.Conntrack) {
+	fs.IntVar(&c.MaxPerCore, "conntrack-max-per-core", 0, "grow nf_conntrack_max to this many entries per CPU (0 leaves it as it is; kube-proxy's default is 32768)")
+	fs.IntVar(&c.Min, "conntrack-min", 131072, "with --conntrack-max-per-core: nf_conntrack_max at least this")
+	fs.DurationVar(&c.TCPEstablishedTimeout, "conntrack-tcp-timeout-established", 0, "nf_conntrack_tcp_timeout_established (0 leaves it as it is)")
+	fs.DurationVar(&c.TCPCloseWaitTimeout, "conntrack-tcp-timeout-close-wait", 0, "nf_conntrack_tcp_timeout_close_wait (0 leaves it as it is)")
 }
 
 // setup checks the flags and returns what proxyd runs: the agent, or with
@@ -97,14 +121,38 @@ func (f *flags) setup(logger *slog.Logger) (func(context.Context) error, error) 
 			return errors.Join(agent.Cleanup(logger), modes.Cleanup(proxy.Config{Logger: logger, BPF: f.bpf}, ""))
 		}, nil
 	}
-	o, err := f.options(logger)
+	o, err := f.agentOptions(logger)
 	if err != nil {
 		return nil, err
 	}
 	return func(ctx context.Context) error {
+		// As kube-proxy does at start; where /proc/sys is read-only,
+		// proxyd init (the privileged init container) sets them.
+		if err := hostnet.EnsureConntrack(hostnet.ProcSysctl{}, f.conntrack, runtime.NumCPU()); err != nil {
+			logger.Warn("conntrack settings not applied; give proxyd init the same --conntrack-* flags", "err", err)
+		}
 		logger.Info("node agent", "node", o.NodeName, "backend", o.Backend, "proxyMode", f.proxyMode)
 		return agent.Run(ctx, o)
 	}, nil
+}
+
+// agentOptions applies --config, then turns the flags into the agent's
+// options.
+func (f *flags) agentOptions(logger *slog.Logger) (agent.Options, error) {
+	if f.config != "" {
+		c, err := readKubeProxyConfig(f.config)
+		if err != nil {
+			return agent.Options{}, err
+		}
+		warnings, err := c.applyTo(f.fs)
+		if err != nil {
+			return agent.Options{}, err
+		}
+		for _, w := range warnings {
+			logger.Warn("kube-proxy setting not honoured", "config", f.config, "setting", w)
+		}
+	}
+	return f.options(logger)
 }
 
 // options turns the flags into the agent's options, the Service proxy's
@@ -118,8 +166,30 @@ func (f *flags) options(logger *slog.Logger) (agent.Options, error) {
 	}
 	o.ClusterCIDR = o.ClusterCIDR.Masked()
 	o.Backend = routing.Backend(f.backend)
+	if f.hostnameOverride != "" {
+		o.NodeName = strings.ToLower(strings.TrimSpace(f.hostnameOverride))
+	}
+	if o.HealthzAddr, err = bindAddress("healthz-bind-address", f.healthz, "10256"); err != nil {
+		return o, err
+	}
+	if o.MetricsAddr, err = bindAddress("metrics-bind-address", f.metrics, "10249"); err != nil {
+		return o, err
+	}
+	if a, err := netip.ParseAddr(f.bindAddress); err != nil {
+		return o, fmt.Errorf("--bind-address %q: not an IP address", f.bindAddress)
+	} else if !a.IsUnspecified() {
+		logger.Warn("--bind-address is not used: proxyd takes the node's address from its Node's InternalIP", "bind-address", a)
+	}
+	if err := f.conntrack.Validate(); err != nil {
+		return o, err
+	}
 	var npa []netip.Prefix
+	primary := false
 	for _, s := range f.nodePortAddresses {
+		if strings.TrimSpace(s) == "primary" {
+			primary = true
+			continue
+		}
 		p, err := netip.ParsePrefix(strings.TrimSpace(s))
 		if err != nil {
 			return o, fmt.Errorf("--nodeport-addresses: %w", err)
@@ -149,6 +219,12 @@ func (f *flags) options(logger *slog.Logger) (agent.Options, error) {
 	}
 	if sp.Mode, err = modes.Select(f.proxyMode, sp.Config); err != nil {
 		return o, err
+	}
+	if primary {
+		if len(npa) > 0 {
+			return o, fmt.Errorf("--nodeport-addresses: primary and CIDRs %v: choose one", npa)
+		}
+		sp.Mode = nodePortsPrimary(sp.Mode)
 	}
 	o.ServiceProxy = &sp
 	return o, nil
