@@ -40,15 +40,13 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(w, "  %s\t%d records\n", z.Name, z.Records)
 	}
 	fmt.Fprintln(w, "Upstreams:\t")
-	for _, u := range st.Upstreams {
-		h := "healthy"
-		switch {
-		case u.Looping:
-			h = "LOOPING back to dnsd, not used"
-		case !u.Healthy:
-			h = "DOWN"
+	printUpstreams(w, "  ", st.Upstreams)
+	if len(st.Stubs) > 0 {
+		fmt.Fprintln(w, "Stub domains:\t")
+		for _, s := range st.Stubs {
+			fmt.Fprintf(w, "  %s\t\n", s.Domain)
+			printUpstreams(w, "    ", s.Upstreams)
 		}
-		fmt.Fprintf(w, "  %s\t%s\n", u.Address, h)
 	}
 	if c := st.Cache; c != nil {
 		fmt.Fprintf(w, "Cache:\t%d entries (%d success, %d denial)\n", c.Success+c.Denial, c.Success, c.Denial)
@@ -60,4 +58,17 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	}
 	w.Flush()
 	return 0
+}
+
+func printUpstreams(w io.Writer, indent string, ups []dns.UpstreamStatus) {
+	for _, u := range ups {
+		h := "healthy"
+		switch {
+		case u.Looping:
+			h = "LOOPING back to dnsd, not used"
+		case !u.Healthy:
+			h = "DOWN"
+		}
+		fmt.Fprintf(w, "%s%s\t%s\n", indent, u.Address, h)
+	}
 }

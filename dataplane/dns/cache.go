@@ -15,7 +15,8 @@ type CacheOptions struct {
 	// Size is the most entries kept (positive and negative together).
 	Size int
 	// MinTTL and MaxTTL clamp the TTLs of positive answers; MaxNegTTL caps
-	// negative ones (NXDOMAIN and NODATA, from the SOA).
+	// negative ones (NXDOMAIN and NODATA, from the SOA). The defaults are
+	// kubeadm's Corefile's `cache 30`: 5 s to 30 s for both.
 	MinTTL, MaxTTL, MaxNegTTL time.Duration
 	// PrefetchHits: an entry hit this often is refreshed in the background
 	// once less than a tenth of its TTL is left. 0 disables prefetch.
@@ -33,12 +34,16 @@ func (o *CacheOptions) setDefaults() {
 		o.MinTTL = 5 * time.Second
 	}
 	if o.MaxTTL <= 0 {
-		o.MaxTTL = time.Hour
+		o.MaxTTL = DefaultCacheMaxTTL
 	}
 	if o.MaxNegTTL <= 0 {
-		o.MaxNegTTL = 30 * time.Minute
+		o.MaxNegTTL = DefaultCacheMaxTTL
 	}
 }
+
+// DefaultCacheMaxTTL is the longest a forwarded answer is cached unless
+// configured: kubeadm's Corefile says `cache 30`.
+const DefaultCacheMaxTTL = 30 * time.Second
 
 const cacheShards = 32
 

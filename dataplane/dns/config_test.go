@@ -3,6 +3,7 @@ package dns
 import (
 	"context"
 	"net/netip"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -79,6 +80,18 @@ func TestStubDomainsAndHosts(t *testing.T) {
 	}
 	if !fs.fwd.Healthy(corp.addr) || len(fs.fwd.StubDomains()) != 1 {
 		t.Errorf("stub upstream health %v, stub domains %v", fs.fwd.Healthy(corp.addr), fs.fwd.StubDomains())
+	}
+	// dnsd status lists the stub domain's upstream apart, with its health.
+	want := func(healthy bool) []StubStatus {
+		return []StubStatus{{Domain: "corp.example.", Upstreams: []UpstreamStatus{{Address: corp.addr.String(), Healthy: healthy}}}}
+	}
+	st := Report(fs.srv.opts.Zone, fs.fwd, nil, nil)
+	if !reflect.DeepEqual(st.Stubs, want(true)) || len(st.Upstreams) != 1 || st.Upstreams[0].Address != def.addr.String() {
+		t.Errorf("status: upstreams %+v, stubs %+v; want %s, then %+v", st.Upstreams, st.Stubs, def.addr, want(true))
+	}
+	fs.fwd.stubs[0].fwd.ups[0].down.Store(true)
+	if st := Report(fs.srv.opts.Zone, fs.fwd, nil, nil); !reflect.DeepEqual(st.Stubs, want(false)) || !st.Upstreams[0].Healthy {
+		t.Errorf("status with the stub's upstream down: upstreams %+v, stubs %+v", st.Upstreams, st.Stubs)
 	}
 }
 

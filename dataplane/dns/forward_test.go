@@ -456,7 +456,7 @@ func TestPrefetch(t *testing.T) {
 	up := startGoUpstream(t, func(w mdns.ResponseWriter, r *mdns.Msg, _ bool) {
 		answerA(w, r, 100, "192.0.2.11")
 	})
-	fs := newForwardingServer(t, ForwardOptions{Upstreams: []netip.AddrPort{up.addr}}, CacheOptions{PrefetchHits: 2})
+	fs := newForwardingServer(t, ForwardOptions{Upstreams: []netip.AddrPort{up.addr}}, CacheOptions{PrefetchHits: 2, MaxTTL: time.Hour})
 	var mu sync.Mutex
 	now := time.Now()
 	fs.cache.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }

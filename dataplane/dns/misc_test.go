@@ -169,3 +169,36 @@ func TestCacheBoundsAndClamps(t *testing.T) {
 		t.Errorf("evictions: %d positive, %d negative; %d stored, %d left", success, denial, stored, c.Len())
 	}
 }
+
+// TestCacheDefaultsAreKubeadms: unconfigured, the cache keeps answers as
+// kubeadm's Corefile (`cache 30`) does: 5 s to 30 s, positive and negative,
+// and serves nothing stale.
+func TestCacheDefaultsAreKubeadms(t *testing.T) {
+	c := NewCache(CacheOptions{})
+	for _, tc := range []struct {
+		rr    string
+		rcode int
+		want  time.Duration
+	}{
+		{"long.test. 86400 IN A 192.0.2.1", mdns.RcodeSuccess, 30 * time.Second},
+		{"short.test. 1 IN A 192.0.2.1", mdns.RcodeSuccess, 5 * time.Second},
+		{"test. 3600 IN SOA ns.test. h.test. 1 2 3 4 3600", mdns.RcodeNameError, 30 * time.Second},
+	} {
+		rr := mustRR(tc.rr)
+		q := new(mdns.Msg)
+		q.SetQuestion("q.test.", mdns.TypeA)
+		m := new(mdns.Msg)
+		m.SetRcode(q, tc.rcode)
+		if tc.rcode == mdns.RcodeSuccess {
+			m.Answer = []mdns.RR{rr}
+		} else {
+			m.Ns = []mdns.RR{rr}
+		}
+		if e := c.put([]byte(tc.rr), m); e == nil || e.ttl != tc.want {
+			t.Errorf("%s (rcode %d) cached as %+v, want for %v", tc.rr, tc.rcode, e, tc.want)
+		}
+	}
+	if c.opts.StaleFor != 0 {
+		t.Errorf("serve-stale %v by default, want off", c.opts.StaleFor)
+	}
+}

@@ -17,7 +17,15 @@ type Status struct {
 	Stale     string           `json:"stale,omitempty"`
 	Zones     []ZoneStatus     `json:"zones"`
 	Upstreams []UpstreamStatus `json:"upstreams"`
-	Cache     *CacheStatus     `json:"cache,omitempty"`
+	// Stubs are the stub domains, most specific first, and their upstreams.
+	Stubs []StubStatus `json:"stubDomains,omitempty"`
+	Cache *CacheStatus `json:"cache,omitempty"`
+}
+
+// StubStatus is one stub domain and the health of its upstreams.
+type StubStatus struct {
+	Domain    string           `json:"domain"`
+	Upstreams []UpstreamStatus `json:"upstreams"`
 }
 
 // ZoneStatus is one zone dnsd is authoritative for, and its record count.
@@ -69,8 +77,9 @@ func Report(z *Zone, fwd *Forwarder, cache *Cache, m *Metrics) Status {
 	}
 	st.Zones = append(st.Zones, ZoneStatus{Name: "in-addr.arpa.", Records: v4}, ZoneStatus{Name: "ip6.arpa.", Records: v6})
 	if fwd != nil {
-		for _, u := range fwd.Upstreams() {
-			st.Upstreams = append(st.Upstreams, UpstreamStatus{Address: u.String(), Healthy: fwd.Healthy(u), Looping: fwd.Looping(u)})
+		st.Upstreams = upstreamStatus(fwd)
+		for _, s := range fwd.stubs {
+			st.Stubs = append(st.Stubs, StubStatus{Domain: presentName(s.domain), Upstreams: upstreamStatus(s.fwd)})
 		}
 	}
 	if cache != nil {
@@ -86,6 +95,15 @@ func Report(z *Zone, fwd *Forwarder, cache *Cache, m *Metrics) Status {
 		st.Cache = cs
 	}
 	return st
+}
+
+// upstreamStatus is the health of f's own upstreams (not its stubs').
+func upstreamStatus(f *Forwarder) []UpstreamStatus {
+	out := make([]UpstreamStatus, 0, len(f.ups))
+	for _, u := range f.ups {
+		out = append(out, UpstreamStatus{Address: u.addr.String(), Healthy: !u.down.Load() && !u.loop.Load(), Looping: u.loop.Load()})
+	}
+	return out
 }
 
 func value(c prometheus.Counter) float64 {
