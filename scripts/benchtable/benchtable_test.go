@@ -119,7 +119,9 @@ pkg: github.com/podnet/podnet/e2e
 BenchmarkKubeSourceRSS-2   	       1	400000000000 ns/op	        88.00 compact-RSS-MiB	        57.00 compact-heap-MiB	       105.0 full-RSS-MiB	        76.00 full-heap-MiB
 `
 
-var testMeta = Meta{Date: "2026-11-27 17:05 UTC", Commit: "abc1234", IPTables: "iptables v1.8.9 (nf_tables)"}
+var testMeta = Meta{Date: "2026-11-27 17:05 UTC", Commit: "abc1234", Load: "1.50 1.20 1.00", IPTables: "iptables v1.8.9 (nf_tables)"}
+
+const testWhen = "2026-11-27 17:05 UTC (load 1.50)"
 
 // rowOf returns the row of measure id (and mode, when the lab names it).
 func rowOf(t *testing.T, rows []Row, id, mode string) Row {
@@ -142,7 +144,7 @@ func check(t *testing.T, r Row, podnet, anchor, ratio string) {
 	if r.Podnet != podnet || r.AnchorFigure != anchor || r.Ratio != ratio {
 		t.Errorf("%s / %s: got %q, %q, %q; want %q, %q, %q", r.Measure, r.Mode, r.Podnet, r.AnchorFigure, r.Ratio, podnet, anchor, ratio)
 	}
-	if r.Date != testMeta.Date || r.Commit != testMeta.Commit {
+	if r.Date != testWhen || r.Commit != testMeta.Commit {
 		t.Errorf("%s: run %q, %q; want the meta's", r.Measure, r.Date, r.Commit)
 	}
 }
@@ -289,7 +291,7 @@ func TestRewrite(t *testing.T) {
 	if !strings.HasPrefix(out, "# Benchmarks\n\nIntro.\n\n"+beginMarker+"\n| measure |") || !strings.HasSuffix(out, endMarker+"\n\n## CNI\n") {
 		t.Errorf("text around the table changed:\n%s", out)
 	}
-	if !strings.Contains(out, "| 2026-11-27 17:05 UTC, abc1234 |") || !strings.Contains(out, `| 1 \| 2 |`) {
+	if !strings.Contains(out, "| 2026-11-27 17:05 UTC (load 1.50), abc1234 |") || !strings.Contains(out, `| 1 \| 2 |`) {
 		t.Errorf("table:\n%s", out)
 	}
 	// Nothing new: the same document again.
@@ -333,7 +335,7 @@ func TestBenchmarksSummaryRowsAreInTheCatalogue(t *testing.T) {
 
 func TestExtractDir(t *testing.T) {
 	dir := t.TempDir()
-	meta := "date\t" + testMeta.Date + "\ncommit\t" + testMeta.Commit + "\niptables\t" + testMeta.IPTables + "\n"
+	meta := "date\t" + testMeta.Date + "\ncommit\t" + testMeta.Commit + "\nload\t" + testMeta.Load + "\niptables\t" + testMeta.IPTables + "\n"
 	for name, s := range map[string]string{"meta.tsv": meta, "cni.out": cniOut, "dns-10000.out": dns10000Out} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(s), 0o644); err != nil {
 			t.Fatal(err)
@@ -348,6 +350,11 @@ func TestExtractDir(t *testing.T) {
 	}
 	if len(rows) != 5 {
 		t.Errorf("got %d rows, want 4 CNI + 1 DNS: %+v", len(rows), rows)
+	}
+	for _, r := range rows {
+		if r.Date != testWhen || r.Commit != testMeta.Commit {
+			t.Errorf("%s: run %q, %q; want meta.tsv's date, load and commit", r.Measure, r.Date, r.Commit)
+		}
 	}
 	os.WriteFile(filepath.Join(dir, "meta.tsv"), []byte("load\t1\n"), 0o644)
 	if err := extractDir(dir); err == nil || !strings.Contains(err.Error(), "want date and commit") {

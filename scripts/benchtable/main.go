@@ -54,7 +54,16 @@ func usage() {
 
 // Meta is what scripts/bench.sh records about a run in meta.tsv.
 type Meta struct {
-	Date, Commit, IPTables string
+	Date, Commit, Load, IPTables string
+}
+
+// when is the run's date with the load average at its start, which on
+// this shared box moves every figure.
+func (m Meta) when() string {
+	if f := strings.Fields(m.Load); len(f) > 0 {
+		return m.Date + " (load " + f[0] + ")"
+	}
+	return m.Date
 }
 
 func readMeta(path string) (Meta, error) {
@@ -72,6 +81,8 @@ func readMeta(path string) (Meta, error) {
 			m.Date = v
 		case "commit":
 			m.Commit = v
+		case "load":
+			m.Load = v
 		case "iptables":
 			m.IPTables = v
 		}
@@ -114,7 +125,7 @@ func Extract(part, out string, m Meta) []Row {
 		rows = extractGo(out)
 	}
 	for i := range rows {
-		rows[i].Date, rows[i].Commit = m.Date, m.Commit
+		rows[i].Date, rows[i].Commit = m.when(), m.Commit
 	}
 	return rows
 }
