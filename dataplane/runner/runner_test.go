@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -190,4 +191,63 @@ func TestRunStopsWithContext(t *testing.T) {
 			t.Errorf("%d runs, want the first only", len(j.runs()))
 		}
 	})
+}
+
+// armed waits until c has a channel armed for at: the Runner is waiting
+// for that time.
+func armed(t *testing.T, c *FakeClock, at time.Time) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !slices.ContainsFunc(c.Pending(), at.Equal) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no timer armed for %v; armed: %v", at, c.Pending())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestDelayServesABurstOnce: Triggers wait Delay, and those made
+// meanwhile are served by the same run; on a driven clock, so nothing
+// depends on the machine's speed.
+func TestDelayServesABurstOnce(t *testing.T) {
+	c := NewFakeClock()
+	j := &job{}
+	r := New(j.run, Options{Delay: 100 * time.Millisecond, Clock: c})
+	start(t, r)
+	t0 := c.Now()
+	r.Trigger()
+	armed(t, c, t0.Add(100*time.Millisecond))
+	c.Advance(60 * time.Millisecond)
+	r.Trigger() // within the delay: served by the same run
+	r.Trigger()
+	if n := j.count(); n != 0 {
+		t.Fatalf("%d runs before the delay passed", n)
+	}
+	c.Advance(40 * time.Millisecond)
+	j.waitRuns(t, 1)
+	// Nothing is armed and nothing asks: an hour passes without a run.
+	c.Advance(time.Hour)
+	r.TriggerAfter(time.Second) // a marker: once it runs, every earlier request was seen
+	armed(t, c, c.Now().Add(time.Second))
+	c.Advance(time.Second)
+	j.waitRuns(t, 2)
+	if n := j.count(); n != 2 {
+		t.Errorf("%d runs, want 2: one for the burst, one for the marker", n)
+	}
+}
+
+// TestTriggerAfterRunsAtItsTime: a run asked for later is not served by
+// an earlier one.
+func TestTriggerAfterRunsAtItsTime(t *testing.T) {
+	c := NewFakeClock()
+	j := &job{}
+	r := New(j.run, Options{Clock: c})
+	start(t, r)
+	t0 := c.Now()
+	r.TriggerAfter(2 * time.Second)
+	r.Trigger()
+	j.waitRuns(t, 1)
+	armed(t, c, t0.Add(2*time.Second))
+	c.Advance(2 * time.Second)
+	j.waitRuns(t, 2)
 }

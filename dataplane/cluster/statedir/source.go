@@ -43,6 +43,7 @@ import (
 
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/cluster/convert"
+	"github.com/podnet/podnet/dataplane/runner"
 )
 
 // Options configures a Source.
@@ -65,13 +66,45 @@ type Options struct {
 	// (--service-cluster-ip-range, --service-node-port-range); the zero
 	// value means kube-apiserver's defaults.
 	Limits convert.Limits
+	// Clock drives the debounce, settle, retry and rescan; nil: the
+	// system's. Tests drive a runner.FakeClock.
+	Clock runner.Clock
+}
+
+// Status is how the Source stands against the directory as of its last
+// full scan.
+type Status struct {
+	Dir string `json:"dir"`
+	// LastFullScan is when the last full scan (every file's name, size,
+	// times and inode compared with what the Source holds, and the
+	// Source's objects with the Store's) ended; zero: none yet.
+	LastFullScan time.Time `json:"lastFullScan"`
+	// Files is how many state files that scan found, Read how many of
+	// them it read.
+	Files int `json:"files"`
+	Read  int `json:"read"`
+	// Repairs counts what full scans found that the watcher-driven path
+	// had missed: a file changed, added or removed with no event, or a
+	// Store out of step with the files. Each is logged.
+	Repairs uint64 `json:"repairs"`
+	// InStep is true when, after the last full scan, every file was read
+	// whole and the Store held exactly what the files say.
+	InStep bool `json:"inStep"`
 }
 
 // Source is a state directory feeding a Store.
 type Source struct {
-	o Options
+	o     Options
+	clock runner.Clock
 
-	now func() time.Time
+	// inFlight: a change younger than this that a full scan finds is not
+	// counted as a repair (its event may still be on its way).
+	inFlight time.Duration
+
+	// pmu guards what the watcher named since the last scan.
+	pmu   sync.Mutex
+	dirty map[string]bool
+	full  bool // a full scan is asked for (the event queue overflowed)
 
 	mu    sync.Mutex
 	files map[string]*fileState // by path
@@ -90,12 +123,18 @@ type Source struct {
 	linked bool
 	// unread is why the last scan before sync could not read everything.
 	unread error
+	status Status
 }
 
 type fileState struct {
 	size    int64
 	modTime time.Time
+	ctime   time.Time
 	ino     uint64
+	// racy is true when the file changed so shortly before it was read
+	// that a later change could carry the same times: a full scan reads
+	// it again rather than trust its stat (git's "racy clean" entries).
+	racy    bool
 	objs    []cluster.Object // last successfully parsed
 	err     error            // current read or parse error, if any
 	refused []error          // objects of the last parse that were refused
@@ -125,7 +164,11 @@ func New(o Options) *Source {
 	if o.Settle <= 0 {
 		o.Settle = 2 * time.Second
 	}
-	return &Source{o: o, now: time.Now, files: make(map[string]*fileState)}
+	if o.Clock == nil {
+		o.Clock = runner.SystemClock
+	}
+	return &Source{o: o, clock: o.Clock, inFlight: time.Second, files: make(map[string]*fileState), dirty: make(map[string]bool),
+		status: Status{Dir: o.Dir}}
 }
 
 // FileErrors returns the current parse error of every file that has one.
@@ -155,9 +198,20 @@ func (s *Source) Err() error {
 	return errors.New("state directory not read yet")
 }
 
+// Status returns how the Source stands as of its last full scan.
+func (s *Source) Status() Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.status
+}
+
 // Run loads the directory, fills the Store, marks it synced once every
 // file was read whole, and keeps it current until ctx ends. A missing
 // directory is an error; an empty one is an empty cluster.
+//
+// The watcher's events name files to read after Debounce; a full scan
+// runs every Rescan (and after the event queue overflowed), until sync at
+// the retry period; all of them are runs of one runner.Runner.
 func (s *Source) Run(ctx context.Context) error {
 	if st, err := os.Stat(s.o.Dir); err != nil {
 		return fmt.Errorf("state directory: %w", err)
@@ -169,64 +223,80 @@ func (s *Source) Run(ctx context.Context) error {
 		return fmt.Errorf("watch state directory: %w", err)
 	}
 	defer w.Close()
-
-	// Watches go in before the first scan so nothing written in between is
-	// missed.
-	ticker := time.NewTicker(s.o.Rescan)
-	defer ticker.Stop()
-	var (
-		dirty    = make(map[string]bool)
-		debounce = time.NewTimer(time.Hour)
-		settle   = time.NewTimer(time.Hour)
-		pending  bool
-	)
-	debounce.Stop()
-	settle.Stop()
-	scan := func(dirty map[string]bool) {
-		if next := s.scan(w, dirty); !next.IsZero() {
-			settle.Reset(next.Sub(s.now()))
-		}
-	}
-	scan(nil)
 	// Until synced, a file that could not be read is retried at the
 	// debounce period rather than the rescan's.
-	retry := time.NewTicker(max(s.o.Debounce, 100*time.Millisecond))
-	defer retry.Stop()
+	retry := max(s.o.Debounce, 100*time.Millisecond)
+	var r *runner.Runner
+	r = runner.New(func() error { return s.step(w, r) }, runner.Options{
+		Delay: s.o.Debounce, MaxInterval: s.o.Rescan, RetryInterval: retry, Clock: s.clock})
+	// Watches go in during the first scan's walk, before its reads, so
+	// nothing written in between is missed.
+	s.schedule(r, s.rescan(w, nil))
+	if s.Err() != nil {
+		r.TriggerAfter(retry)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-retry.C:
-			if s.Err() == nil {
-				retry.Stop()
-				continue
-			}
-			scan(nil)
-		case <-settle.C:
-			scan(nil)
 		case ev, ok := <-w.Events:
 			if !ok {
 				return errors.New("state directory watcher closed")
 			}
-			dirty[ev.Name] = true
-			if !pending {
-				pending = true
-				debounce.Reset(s.o.Debounce)
-			}
+			s.pmu.Lock()
+			s.dirty[ev.Name] = true
+			s.pmu.Unlock()
+			r.Trigger()
 		case err, ok := <-w.Errors:
 			if !ok {
 				return errors.New("state directory watcher closed")
 			}
-			// An overflow loses events; rescan everything from scratch.
+			// An overflow loses events; compare everything.
 			s.o.Logger.Warn("state directory watch error; rescanning", "dir", s.o.Dir, "err", err)
-			scan(nil)
-		case <-debounce.C:
-			pending = false
-			scan(dirty)
-			dirty = make(map[string]bool)
-		case <-ticker.C:
-			scan(nil)
+			s.pmu.Lock()
+			s.full = true
+			s.pmu.Unlock()
+			r.Trigger()
 		}
+	}
+}
+
+// step is one run: the files the watcher named, or a full scan when one
+// is due (Rescan since the last, an overflow, not synced yet).
+func (s *Source) step(w *fsnotify.Watcher, r *runner.Runner) error {
+	s.pmu.Lock()
+	dirty, full := s.dirty, s.full
+	s.dirty, s.full = make(map[string]bool), false
+	s.pmu.Unlock()
+	now := s.clock.Now()
+	s.mu.Lock()
+	if last := s.status.LastFullScan; !s.synced || !now.Before(last.Add(s.o.Rescan)) {
+		full = true
+	}
+	for path, f := range s.files {
+		if !f.shrunkSince.IsZero() && !now.Before(f.shrunkSince.Add(s.o.Settle)) {
+			dirty[path] = true
+		}
+	}
+	s.mu.Unlock()
+	switch {
+	case full:
+		s.schedule(r, s.rescan(w, dirty))
+	case len(dirty) > 0:
+		s.schedule(r, s.scan(w, dirty))
+	}
+	return s.Err()
+}
+
+// schedule asks r for a run when a file waiting to settle is due.
+func (s *Source) schedule(r *runner.Runner, settleAt time.Time) {
+	if !settleAt.IsZero() {
+		r.TriggerAfter(max(settleAt.Sub(s.clock.Now()), 0))
 	}
 }
 
@@ -247,7 +317,7 @@ func (s *Source) scan(w *fsnotify.Watcher, dirty map[string]bool) (settleAt time
 	if before, gone, ok := s.readDirty(dirty); ok {
 		return s.apply(gone, before, nil)
 	}
-	seen, before, walkErrs := s.walk(w, dirty)
+	seen, before, _, walkErrs := s.walk(w, dirty, false)
 	var gone []string
 	// A walk that failed somewhere did not see every file: none is taken
 	// for removed.
@@ -261,6 +331,111 @@ func (s *Source) scan(w *fsnotify.Watcher, dirty map[string]bool) (settleAt time
 		s.mu.Unlock()
 	}
 	return s.apply(gone, before, walkErrs)
+}
+
+// rescan is a full scan, the safety net under the watcher: it walks the
+// whole directory, reads every file that differs from what the Source
+// holds (size, modification and change times, inode) or whose last read
+// was racy, drops files gone, then compares the Source's objects with the
+// Store's and makes the Store hold them. Whatever it finds that no event
+// had brought is a repair: counted, logged.
+func (s *Source) rescan(w *fsnotify.Watcher, dirty map[string]bool) (settleAt time.Time) {
+	start := time.Now()
+	s.mu.Lock()
+	wasSynced := s.synced
+	s.mu.Unlock()
+	seen, before, suspect, walkErrs := s.walk(w, dirty, true)
+	var gone, missed []string
+	s.mu.Lock()
+	if len(walkErrs) == 0 {
+		for path := range s.files {
+			if !seen[path] {
+				gone = append(gone, path)
+				if !dirty[path] {
+					missed = append(missed, path+" (removed)")
+				}
+			}
+		}
+	}
+	for path := range suspect {
+		f := s.files[path]
+		old, read := before[path]
+		if read && f != nil && f.ctime.Before(start.Add(-s.inFlight)) && !reflect.DeepEqual(old, f.objs) {
+			missed = append(missed, path)
+		}
+	}
+	s.mu.Unlock()
+	settleAt = s.apply(gone, before, walkErrs)
+	fixed := s.reconcileStore()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := &s.status
+	st.LastFullScan, st.Files, st.Read = s.clock.Now(), len(seen), len(before)
+	st.InStep = s.unread == nil && len(walkErrs) == 0 && s.syncedWhole()
+	if !wasSynced {
+		return settleAt
+	}
+	if len(missed) > 0 {
+		slices.Sort(missed)
+		s.o.Logger.Warn("state directory rescan found changes no event had brought; applied", "dir", s.o.Dir, "files", missed)
+	}
+	if fixed > 0 {
+		s.o.Logger.Warn("state directory rescan found the store out of step with the files; repaired", "dir", s.o.Dir, "objects", fixed)
+	}
+	st.Repairs += uint64(len(missed) + fixed)
+	return settleAt
+}
+
+// syncedWhole reports whether every file was read and parsed whole.
+func (s *Source) syncedWhole() bool {
+	for _, f := range s.files {
+		if !f.parsed || f.err != nil {
+			return false
+		}
+	}
+	return s.synced
+}
+
+// reconcileStore makes the Store hold exactly the objects the files say
+// (the owned kinds), and returns how many differed: none, unless an
+// incremental change went astray.
+func (s *Source) reconcileStore() int {
+	s.mu.Lock()
+	if !s.filled {
+		s.mu.Unlock()
+		return 0
+	}
+	winners := s.winnersLocked(nil)
+	s.mu.Unlock()
+	differ := 0
+	held := make(map[objID]bool)
+	for _, k := range s.o.Kinds {
+		for _, o := range s.o.Store.List(k) {
+			id := objID{Kind: k, Key: o.Key()}
+			held[id] = true
+			if w, ok := winners[id]; !ok || !reflect.DeepEqual(w, o) {
+				differ++
+			}
+		}
+	}
+	owned := make(map[cluster.Kind]bool)
+	for _, k := range s.o.Kinds {
+		owned[k] = true
+	}
+	for id := range winners {
+		if owned[id.Kind] && !held[id] {
+			differ++
+		}
+	}
+	if differ == 0 {
+		return 0
+	}
+	all := make([]cluster.Object, 0, len(winners))
+	for _, o := range winners {
+		all = append(all, o)
+	}
+	s.o.Store.Replace(s.o.Kinds, all)
+	return differ
 }
 
 // readDirty reads the files the watcher named without walking the
@@ -336,8 +511,13 @@ func (s *Source) hiddenMatters(path string) bool {
 // (watching every directory on the way). It returns the files it saw, the
 // objects each file whose objects changed held before (nil for a new
 // file), and what could not be walked.
-func (s *Source) walk(w *fsnotify.Watcher, dirty map[string]bool) (seen map[string]bool, before map[string][]cluster.Object, walkErrs []error) {
+//
+// A full walk also reads the files whose last read was racy, and returns
+// as suspect the files it read that no event had named: new, or differing
+// from what the Source holds in size, times or inode, or racy.
+func (s *Source) walk(w *fsnotify.Watcher, dirty map[string]bool, full bool) (seen map[string]bool, before map[string][]cluster.Object, suspect map[string]bool, walkErrs []error) {
 	seen = make(map[string]bool)
+	suspect = make(map[string]bool)
 	before = make(map[string][]cluster.Object)
 	linked := false
 	err := filepath.WalkDir(s.o.Dir, func(path string, d fs.DirEntry, err error) error {
@@ -379,7 +559,17 @@ func (s *Source) walk(w *fsnotify.Watcher, dirty map[string]bool) (seen map[stri
 			}
 		}
 		seen[path] = true
-		s.visit(path, info, dirty[path], before)
+		force := dirty[path]
+		if full && !force {
+			s.mu.Lock()
+			f := s.files[path]
+			s.mu.Unlock()
+			if f == nil || f.racy || !f.same(info) {
+				suspect[path] = true
+				force = f != nil && f.racy
+			}
+		}
+		s.visit(path, info, force, before)
 		return nil
 	})
 	s.mu.Lock()
@@ -388,7 +578,7 @@ func (s *Source) walk(w *fsnotify.Watcher, dirty map[string]bool) (seen map[stri
 	if err != nil {
 		walkErrs = append(walkErrs, err)
 	}
-	return seen, before, walkErrs
+	return seen, before, suspect, walkErrs
 }
 
 // visit reads the file at path if it is new, changed, waiting to settle,
@@ -398,7 +588,7 @@ func (s *Source) visit(path string, info fs.FileInfo, force bool, before map[str
 	s.mu.Lock()
 	f := s.files[path]
 	s.mu.Unlock()
-	if f != nil && !force && f.err == nil && f.shrunkSince.IsZero() && f.size == info.Size() && f.modTime.Equal(info.ModTime()) && f.ino == inode(info) {
+	if f != nil && !force && f.err == nil && f.shrunkSince.IsZero() && f.same(info) {
 		return
 	}
 	if s.load(path, info, f) {
@@ -485,6 +675,26 @@ func inode(info fs.FileInfo) uint64 {
 	return 0
 }
 
+// changeTime is the file's status change time (a rename or a write sets
+// it; unlike the modification time, no one can set it back).
+func changeTime(info fs.FileInfo) time.Time {
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		return time.Unix(st.Ctim.Sec, st.Ctim.Nsec)
+	}
+	return time.Time{}
+}
+
+// same reports whether info is the file last read: size, times and inode
+// alike.
+func (f *fileState) same(info fs.FileInfo) bool {
+	return f.size == info.Size() && f.modTime.Equal(info.ModTime()) && f.ctime.Equal(changeTime(info)) && f.ino == inode(info)
+}
+
+// racyWindow: a file whose times are this close to its read may change
+// again with the same times (the kernel stamps files from a clock that
+// ticks every few milliseconds, some filesystems every second or two).
+const racyWindow = 3 * time.Second
+
 // load reads and parses one file and records the result. It reports
 // whether the file's objects changed.
 func (s *Source) load(path string, info fs.FileInfo, prev *fileState) bool {
@@ -495,7 +705,11 @@ func (s *Source) load(path string, info fs.FileInfo, prev *fileState) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// Until it parses again, the file keeps what it last held.
-	f := &fileState{size: info.Size(), modTime: info.ModTime(), ino: inode(info)}
+	// The file's times are the kernel's, so they are compared with the
+	// system clock, not the injected one.
+	readAt := time.Now()
+	f := &fileState{size: info.Size(), modTime: info.ModTime(), ctime: changeTime(info), ino: inode(info)}
+	f.racy = !info.ModTime().Before(readAt.Add(-racyWindow)) || !f.ctime.Before(readAt.Add(-racyWindow))
 	if prev != nil {
 		f.objs, f.data, f.parsed, f.refused = prev.objs, prev.data, prev.parsed, prev.refused
 	}
@@ -548,10 +762,10 @@ func (s *Source) shrunkInPlace(path string, f, prev *fileState, data []byte) boo
 	}
 	since := prev.shrunkSince
 	if since.IsZero() || prev.size != f.size || !prev.modTime.Equal(f.modTime) {
-		since = s.now()
+		since = s.clock.Now()
 		s.o.Logger.Info("state file shrank in place; believed if it stays so", "path", path, "bytes", len(data), "was", prev.data.n, "settle", s.o.Settle)
 	}
-	if s.now().Sub(since) >= s.o.Settle {
+	if s.clock.Now().Sub(since) >= s.o.Settle {
 		return false
 	}
 	f.shrunkSince = since
