@@ -193,61 +193,73 @@ func TestRunStopsWithContext(t *testing.T) {
 	})
 }
 
-// armed waits until c has a channel armed for at: the Runner is waiting
-// for that time.
-func armed(t *testing.T, c *FakeClock, at time.Time) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !slices.ContainsFunc(c.Pending(), at.Equal) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no timer armed for %v; armed: %v", at, c.Pending())
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // TestDelayServesABurstOnce: Triggers wait Delay, and those made
-// meanwhile are served by the same run; on a driven clock, so nothing
-// depends on the machine's speed.
+// meanwhile are served by the same run.
 func TestDelayServesABurstOnce(t *testing.T) {
-	c := NewFakeClock()
-	j := &job{}
-	r := New(j.run, Options{Delay: 100 * time.Millisecond, Clock: c})
-	start(t, r)
-	t0 := c.Now()
-	r.Trigger()
-	armed(t, c, t0.Add(100*time.Millisecond))
-	c.Advance(60 * time.Millisecond)
-	r.Trigger() // within the delay: served by the same run
-	r.Trigger()
-	if n := j.count(); n != 0 {
-		t.Fatalf("%d runs before the delay passed", n)
-	}
-	c.Advance(40 * time.Millisecond)
-	j.waitRuns(t, 1)
-	// Nothing is armed and nothing asks: an hour passes without a run.
-	c.Advance(time.Hour)
-	r.TriggerAfter(time.Second) // a marker: once it runs, every earlier request was seen
-	armed(t, c, c.Now().Add(time.Second))
-	c.Advance(time.Second)
-	j.waitRuns(t, 2)
-	if n := j.count(); n != 2 {
-		t.Errorf("%d runs, want 2: one for the burst, one for the marker", n)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		j := &job{}
+		r := New(j.run, Options{Delay: 100 * time.Millisecond})
+		start(t, r)
+		r.Trigger()
+		after(60 * time.Millisecond)
+		r.Trigger() // within the delay: served by the same run
+		r.Trigger()
+		after(39 * time.Millisecond)
+		if n := len(j.runs()); n != 0 {
+			t.Fatalf("%d runs before the delay passed", n)
+		}
+		after(time.Millisecond)
+		if n := len(j.runs()); n != 1 {
+			t.Fatalf("%d runs once the delay passed, want 1", n)
+		}
+		after(time.Hour)
+		if n := len(j.runs()); n != 1 {
+			t.Errorf("%d runs an hour later, want 1: one for the burst", n)
+		}
+	})
 }
 
 // TestTriggerAfterRunsAtItsTime: a run asked for later is not served by
 // an earlier one.
 func TestTriggerAfterRunsAtItsTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		j := &job{}
+		r := New(j.run, Options{})
+		start(t, r)
+		r.TriggerAfter(2 * time.Second)
+		r.Trigger()
+		synctest.Wait()
+		if n := len(j.runs()); n != 1 {
+			t.Fatalf("%d runs after a Trigger, want 1 at once", n)
+		}
+		after(2*time.Second - time.Millisecond)
+		if n := len(j.runs()); n != 1 {
+			t.Fatalf("%d runs before the time asked for, want 1", n)
+		}
+		after(time.Millisecond)
+		if n := len(j.runs()); n != 2 {
+			t.Fatalf("%d runs at the time asked for, want 2", n)
+		}
+	})
+}
+
+// TestInjectedClock: a Runner on a FakeClock waits for that clock, not
+// the system's (the state directory's watcher cannot run in a synctest
+// bubble: it blocks in a system call).
+func TestInjectedClock(t *testing.T) {
 	c := NewFakeClock()
-	j := &job{}
-	r := New(j.run, Options{Clock: c})
+	ran := make(chan struct{}, 10)
+	r := New(func() error { ran <- struct{}{}; return nil }, Options{Delay: time.Second, Clock: c})
 	start(t, r)
-	t0 := c.Now()
-	r.TriggerAfter(2 * time.Second)
 	r.Trigger()
-	j.waitRuns(t, 1)
-	armed(t, c, t0.Add(2*time.Second))
-	c.Advance(2 * time.Second)
-	j.waitRuns(t, 2)
+	at := c.Now().Add(time.Second)
+	for !slices.ContainsFunc(c.Pending(), at.Equal) {
+		select { // the runner arms its timer: an event, not a duration
+		case <-ran:
+			t.Fatal("ran before the fake clock moved")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	c.Advance(time.Second)
+	<-ran
 }
