@@ -28,12 +28,12 @@ func endpoints(o Options, reg *prometheus.Registry, p *health.Progress, board *s
 		fmt.Fprint(w, mode)
 	})
 	return []app.Endpoint{
-		{Name: "healthz", Addr: o.HealthzAddr, Path: "/healthz", Handler: p.Healthz()},
-		{Name: "healthz", Addr: o.HealthzAddr, Path: "/livez", Handler: p.Livez()},
-		{Name: "metrics", Addr: o.MetricsAddr, Path: "/metrics", Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})},
-		{Name: "metrics", Addr: o.MetricsAddr, Path: "/healthz", Handler: p.Healthz()},
-		{Name: "metrics", Addr: o.MetricsAddr, Path: "/proxyMode", Handler: proxyMode},
-		{Name: "metrics", Addr: o.MetricsAddr, Path: status.Path, Handler: board},
+		{Name: "healthz", Addr: o.HealthzAddr, Flag: "--healthz-bind-address", Path: "/healthz", Handler: p.Healthz()},
+		{Name: "healthz", Addr: o.HealthzAddr, Flag: "--healthz-bind-address", Path: "/livez", Handler: p.Livez()},
+		{Name: "metrics", Addr: o.MetricsAddr, Flag: "--metrics-bind-address", Path: "/metrics", Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})},
+		{Name: "metrics", Addr: o.MetricsAddr, Flag: "--metrics-bind-address", Path: "/healthz", Handler: p.Healthz()},
+		{Name: "metrics", Addr: o.MetricsAddr, Flag: "--metrics-bind-address", Path: "/proxyMode", Handler: proxyMode},
+		{Name: "metrics", Addr: o.MetricsAddr, Flag: "--metrics-bind-address", Path: status.Path, Handler: board},
 	}
 }
 

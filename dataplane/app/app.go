@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"syscall"
 	"time"
 
 	"k8s.io/client-go/rest"
@@ -120,10 +121,31 @@ func (g *Group) Wait() error {
 // Endpoint is one HTTP endpoint: handlers by path on an address. Endpoints
 // with the same address share one listener.
 type Endpoint struct {
-	Name    string // for errors and logs: "healthz", "metrics"
-	Addr    string // "" disables
+	Name string // for errors and logs: "healthz", "metrics"
+	Addr string // "" disables
+	// Flag sets Addr ("--healthz-bind-address"): named when Addr cannot be
+	// listened on, so a port taken by another daemon (kube-proxy's 10256
+	// beside proxyd) says how to move it.
+	Flag    string
 	Path    string
 	Handler http.Handler
+}
+
+// listenError names the endpoint, its address and port, and the flag that
+// moves it.
+func listenError(ep Endpoint, err error) error {
+	what := fmt.Sprintf("listen %s on %s", ep.Name, ep.Addr)
+	if _, port, perr := net.SplitHostPort(ep.Addr); perr == nil {
+		what += " (port " + port
+		if ep.Flag != "" {
+			what += "; " + ep.Flag + " moves it"
+		}
+		what += ")"
+	}
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("%s: the port is taken, by another daemon on this node?: %w", what, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 // Serve listens on every endpoint's address now, returning the first
@@ -151,7 +173,7 @@ func Serve(g *Group, log *slog.Logger, eps ...Endpoint) error {
 		if s == nil {
 			ln, err := net.Listen("tcp", ep.Addr)
 			if err != nil {
-				return fail(fmt.Errorf("listen %s on %s: %w", ep.Name, ep.Addr, err))
+				return fail(listenError(ep, err))
 			}
 			s = &server{ln: ln, mux: http.NewServeMux(), name: ep.Name}
 			byAddr[ep.Addr] = s

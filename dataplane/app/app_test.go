@@ -71,9 +71,10 @@ func TestServeSharesAnAddress(t *testing.T) {
 		t.Errorf("got %q and %q", a, b)
 	}
 	g2 := NewGroup(context.Background())
-	err = Serve(g2, nil, Endpoint{Name: "busy", Addr: addr, Path: "/", Handler: text("")})
-	if err == nil || !strings.Contains(err.Error(), "listen busy on "+addr) {
-		t.Errorf("Serve on a taken address: %v", err)
+	err = Serve(g2, nil, Endpoint{Name: "busy", Addr: addr, Flag: "--busy-address", Path: "/", Handler: text("")})
+	_, port, _ := net.SplitHostPort(addr)
+	if err == nil || !strings.Contains(err.Error(), "listen busy on "+addr+" (port "+port+"; --busy-address moves it): the port is taken") {
+		t.Errorf("Serve on a taken address: %v; want the address, port and flag named", err)
 	}
 	g.Cancel()
 	done := make(chan error)

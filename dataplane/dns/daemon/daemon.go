@@ -148,10 +148,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	ready := &readiness{up: make(chan struct{}), stopping: ctx.Done(), zone: zone, stale: src.Stale}
 	// Listen before anything else so a port conflict fails at start.
 	if err := app.Serve(g, log,
-		app.Endpoint{Name: "metrics", Addr: cfg.MetricsAddress, Path: "/metrics", Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})},
-		app.Endpoint{Name: "metrics", Addr: cfg.MetricsAddress, Path: status.Path, Handler: board},
-		app.Endpoint{Name: "health", Addr: cfg.HealthAddress, Path: "/health", Handler: healthHandler(srv, ready.up)},
-		app.Endpoint{Name: "ready", Addr: cfg.ReadyAddress, Path: "/ready", Handler: ready},
+		app.Endpoint{Name: "metrics", Addr: cfg.MetricsAddress, Flag: "--metrics-address", Path: "/metrics", Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})},
+		app.Endpoint{Name: "metrics", Addr: cfg.MetricsAddress, Flag: "--metrics-address", Path: status.Path, Handler: board},
+		app.Endpoint{Name: "health", Addr: cfg.HealthAddress, Flag: "--health-address", Path: "/health", Handler: healthHandler(srv, ready.up)},
+		app.Endpoint{Name: "ready", Addr: cfg.ReadyAddress, Flag: "--ready-address", Path: "/ready", Handler: ready},
 	); err != nil {
 		return err
 	}
