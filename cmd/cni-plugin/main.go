@@ -62,6 +62,7 @@ func runInstall(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.NodeConfig, "node-config", "", "nodeConfig field of the conflist (plugin default "+nodeconfig.DefaultPath+")")
 	fs.StringVar(&o.DataDir, "data-dir", "", "dataDir field of the conflist (plugin default "+cni.DefaultDataDir+")")
 	fs.StringVar(&o.LogFile, "log-file", "", "logFile field of the conflist")
+	fs.BoolVar(&o.MoveOthersAside, "move-others-aside", false, "rename other networks' configs that sort ahead of "+cni.ConflistName+" (appending "+cni.MovedAsideSuffix+"; without it install refuses them)")
 	var logOpts logging.Options
 	logOpts.AddFlags(fs)
 	usage := "usage: podnet install [flags]\n\nCopies the plugin into --cni-bin-dir (with the reference plugins " + strings.Join(cni.ReferencePlugins, " and ") +
@@ -83,6 +84,10 @@ func runInstall(args []string, stdout, stderr io.Writer) int {
 		return cli.ExitError
 	}
 	for _, p := range changed {
+		if old, ok := strings.CutSuffix(p, cni.MovedAsideSuffix); ok {
+			log.Warn("moved another network's CNI config aside", "from", old, "to", p)
+			continue
+		}
 		log.Info("installed", "path", p)
 	}
 	if len(changed) == 0 {

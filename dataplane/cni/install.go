@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/podnet/podnet/dataplane/atomicfile"
 )
@@ -42,6 +43,38 @@ const ConflistVersion = "0.4.0"
 // 1.1.0 and with it STATUS and GC.
 var ConflistVersions = []string{"0.3.1", ConflistVersion, "1.0.0", "1.1.0"}
 
+// MovedAsideSuffix is appended to the name of another network's config
+// that Install moved aside: runtimes read only .conf, .conflist and .json
+// files, and the suffix says whose doing it was (rename it back to undo).
+const MovedAsideSuffix = ".podnet-moved-aside"
+
+// ErrOtherNetworkFirst says another network's CNI config sorts ahead of
+// podnet's: the runtime uses the first file, so pods would not get podnet.
+var ErrOtherNetworkFirst = errors.New("another network's CNI config sorts ahead of " + ConflistName + ", so the container runtime would use it")
+
+// othersAhead lists the CNI configs in dir that sort before podnet's (the
+// runtime takes the first of *.conf, *.conflist and *.json by name).
+func othersAhead(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("list %s: %w", dir, err)
+	}
+	var out []string
+	for _, e := range entries {
+		switch filepath.Ext(e.Name()) {
+		case ".conf", ".conflist", ".json":
+		default:
+			continue
+		}
+		if !e.IsDir() && e.Name() < ConflistName {
+			out = append(out, filepath.Join(dir, e.Name()))
+		}
+	}
+	return out, nil
+}
+
 // InstallOptions say where `podnet install` puts the plugin and its config.
 type InstallOptions struct {
 	// Self is the binary to copy; os.Executable() if empty.
@@ -58,9 +91,14 @@ type InstallOptions struct {
 	DataDir    string
 	LogFile    string
 	LogFormat  string
+	// MoveOthersAside renames other networks' configs that sort ahead of
+	// podnet's (appending MovedAsideSuffix) once podnet's is in place;
+	// without it Install refuses them (ErrOtherNetworkFirst).
+	MoveOthersAside bool
 }
 
-// Install copies the plugin binary to BinDir/podnet, each of the
+// Install refuses to install beside another network's config that sorts
+// ahead of podnet's, unless MoveOthersAside. It copies the plugin binary to BinDir/podnet, each of the
 // ReferencePlugins the node does not have yet (its own CNI plugins stay as
 // they are), and writes ConfDir/10-podnet.conflist, each atomically
 // (write, fsync, rename) and only when the content differs, so running it on
@@ -80,6 +118,14 @@ func Install(o InstallOptions) ([]string, error) {
 	conf, err := Conflist(o)
 	if err != nil {
 		return nil, err
+	}
+	others, err := othersAhead(o.ConfDir)
+	if err != nil {
+		return nil, err
+	}
+	if len(others) > 0 && !o.MoveOthersAside {
+		return nil, fmt.Errorf("%w: %s (remove it, or let podnet install --move-others-aside rename it to *%s)",
+			ErrOtherNetworkFirst, strings.Join(others, ", "), MovedAsideSuffix)
 	}
 	type file struct {
 		path string
@@ -114,6 +160,14 @@ func Install(o InstallOptions) ([]string, error) {
 			return changed, fmt.Errorf("install %s: %w", f.path, err)
 		}
 		changed = append(changed, f.path)
+	}
+	// After podnet's config is in place, so that the runtime never finds
+	// none.
+	for _, p := range others {
+		if err := os.Rename(p, p+MovedAsideSuffix); err != nil {
+			return changed, fmt.Errorf("move %s aside: %w", p, err)
+		}
+		changed = append(changed, p+MovedAsideSuffix)
 	}
 	return changed, nil
 }

@@ -3,6 +3,7 @@ package cni
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -174,5 +175,54 @@ func TestInstallKeepsTheNodesReferencePlugins(t *testing.T) {
 	}
 	if got, _ := os.ReadFile(filepath.Join(o.BinDir, PortmapName)); string(got) != "podnet's portmap" {
 		t.Errorf("portmap %q, want podnet's", got)
+	}
+}
+
+// TestInstallBesideAnotherNetwork: a config of another network sorting
+// ahead of podnet's (flannel's 10-flannel.conflist) makes install refuse,
+// naming it and changing nothing; with MoveOthersAside it is renamed out of
+// the runtime's sight once podnet's is in place. Files sorting after
+// podnet's, or that runtimes do not read, stay.
+func TestInstallBesideAnotherNetwork(t *testing.T) {
+	dir := t.TempDir()
+	self := filepath.Join(dir, "self")
+	os.WriteFile(self, []byte("binary"), 0o755)
+	o := InstallOptions{Self: self, BinDir: filepath.Join(dir, "bin"), ConfDir: filepath.Join(dir, "net.d")}
+	os.MkdirAll(o.BinDir, 0o755)
+	for _, name := range ReferencePlugins {
+		os.WriteFile(filepath.Join(o.BinDir, name), []byte(name), 0o755)
+	}
+	os.MkdirAll(o.ConfDir, 0o755)
+	others := map[string]bool{"10-flannel.conflist": true, "05-cilium.conf": true, "99-loopback.conf": false, "00-notes.txt": false}
+	for name := range others {
+		os.WriteFile(filepath.Join(o.ConfDir, name), []byte("{}"), 0o644)
+	}
+	_, err := Install(o)
+	if !errors.Is(err, ErrOtherNetworkFirst) || !strings.Contains(err.Error(), "10-flannel.conflist") ||
+		!strings.Contains(err.Error(), "05-cilium.conf") || strings.Contains(err.Error(), "99-loopback") || !strings.Contains(err.Error(), "--move-others-aside") {
+		t.Fatalf("install beside flannel: %v; want a refusal naming 05-cilium.conf and 10-flannel.conflist and the flag", err)
+	}
+	if _, err := os.Stat(filepath.Join(o.ConfDir, ConflistName)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("refused install wrote %s: %v", ConflistName, err)
+	}
+
+	o.MoveOthersAside = true
+	changed, err := Install(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, ahead := range others {
+		p := filepath.Join(o.ConfDir, name)
+		_, errKept := os.Stat(p)
+		_, errMoved := os.Stat(p + MovedAsideSuffix)
+		if ahead && (errKept == nil || errMoved != nil || !slices.Contains(changed, p+MovedAsideSuffix)) {
+			t.Errorf("%s: not moved aside (changed %v)", name, changed)
+		}
+		if !ahead && (errKept != nil || errMoved == nil) {
+			t.Errorf("%s moved though it does not sort ahead or is no config", name)
+		}
+	}
+	if files, _ := libcni.ConfFiles(o.ConfDir, []string{".conf", ".conflist", ".json"}); len(files) == 0 || filepath.Base(files[0]) != ConflistName {
+		t.Errorf("the runtime's first config is %v, want %s", files, ConflistName)
 	}
 }
