@@ -52,6 +52,7 @@ type flags struct {
 	cfg                         daemon.Config
 	ttl                         uint32
 	pods, dnsSvc, dnsIP, policy string
+	logQueries                  string
 	limits                      statedir.LimitFlags
 }
 
@@ -63,6 +64,9 @@ func (f *flags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&cfg.TCPIdleTimeout, "tcp-idle-timeout", 10*time.Second, "close a TCP connection idle this long between queries")
 	fs.DurationVar(&cfg.Drain.Quiet, "drain-quiet", 2*time.Second, "on SIGTERM, answer until no query has come for this long (0: stop at once)")
 	fs.DurationVar(&cfg.Drain.Max, "drain-max", 20*time.Second, "on SIGTERM, stop after this long even if queries still come (keep it below the pod's grace period, less --forward-deadline)")
+	fs.StringVar(&f.logQueries, "log-queries", "", "log queries whose answer is of these classes: success, denial, error, all (comma-separated; default none), as CoreDNS's log plugin")
+	fs.BoolVar(&cfg.Log.Errors, "log-errors", false, "log why queries failed (the upstreams' errors), as CoreDNS's errors plugin")
+	fs.Float64Var(&cfg.Log.Rate, "log-rate", dns.DefaultLogRate, "most query and error lines logged per second, each; the rest are counted on the next line")
 	fs.StringVar(&cfg.Zone.Domain, "cluster-domain", "cluster.local", "the cluster's DNS domain")
 	fs.Uint32Var(&f.ttl, "ttl", 5, "TTL of cluster records, in seconds")
 	fs.StringVar(&f.pods, "pods", "insecure", "pod records: insecure, verified or disabled")
@@ -98,6 +102,12 @@ func (f *flags) config() (daemon.Config, error) {
 	cfg := f.cfg
 	cfg.Zone.TTL = f.ttl
 	var err error
+	if cfg.Log.Queries, err = dns.ParseLogClasses(f.logQueries); err != nil {
+		return cfg, err
+	}
+	if cfg.Log.Rate < 0 {
+		return cfg, fmt.Errorf("log-rate %v: want 0 or more", cfg.Log.Rate)
+	}
 	if cfg.Zone.Pods, err = dns.ParsePodMode(f.pods); err != nil {
 		return cfg, err
 	}

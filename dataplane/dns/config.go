@@ -19,6 +19,7 @@ import (
 //	  corp.example: ["10.1.0.53"]                         #   with forward . 10.1.0.53
 //	hosts:                                                # hosts { 192.0.2.10 registry.internal }
 //	  registry.internal: ["192.0.2.10", "2001:db8::10"]
+//	log: {classes: "denial,error", errors: true, rate: 100}  # log { class denial error }; errors
 type FileConfig struct {
 	// UpstreamNameservers replace the nameservers of resolv.conf (and
 	// --upstream) for names outside the cluster and the stub domains.
@@ -28,6 +29,18 @@ type FileConfig struct {
 	StubDomains map[string][]string `json:"stubDomains"`
 	// Hosts answer A and AAAA for fixed names, before any upstream.
 	Hosts map[string][]string `json:"hosts"`
+	// Log, when present, replaces the --log-* flags.
+	Log *FileLog `json:"log"`
+}
+
+// FileLog is query and error logging in the config file.
+type FileLog struct {
+	// Classes of answers whose queries are logged (ParseLogClasses).
+	Classes string `json:"classes"`
+	// Errors logs why queries failed.
+	Errors bool `json:"errors"`
+	// Rate caps the lines per second; 0: DefaultLogRate.
+	Rate float64 `json:"rate"`
 }
 
 // ParseFileConfig decodes a config file (YAML or JSON); an unknown field or
@@ -48,6 +61,8 @@ type Resolved struct {
 	Upstreams []netip.AddrPort
 	Stubs     []Stub
 	Hosts     map[string][]netip.Addr // by lowercase FQDN
+	// Log is the file's logging, nil when it says none (the flags hold).
+	Log *LogOptions
 }
 
 // Stub forwards one domain to its own upstreams.
@@ -84,6 +99,16 @@ func (c FileConfig) Resolved() (Resolved, error) {
 		}
 		return strings.Compare(a.Domain, b.Domain)
 	})
+	if c.Log != nil {
+		classes, err := ParseLogClasses(c.Log.Classes)
+		if err != nil {
+			return Resolved{}, fmt.Errorf("log.classes: %w", err)
+		}
+		if c.Log.Rate < 0 {
+			return Resolved{}, fmt.Errorf("log.rate: %v is negative", c.Log.Rate)
+		}
+		r.Log = &LogOptions{Queries: classes, Errors: c.Log.Errors, Rate: c.Log.Rate}
+	}
 	for name, addrs := range c.Hosts {
 		n, err := fqdn("hosts", name)
 		if err != nil {

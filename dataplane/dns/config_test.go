@@ -140,3 +140,27 @@ func TestSetForwarderDropsNoQuery(t *testing.T) {
 		t.Errorf("answers %v, want all 100 answered, by both the old and the new forwarder", answers)
 	}
 }
+
+// TestFileConfigLog: the config file's log section, and its bad values
+// named.
+func TestFileConfigLog(t *testing.T) {
+	c, err := ParseFileConfig([]byte("log: {classes: \"denial, error\", errors: true, rate: 10}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ := c.Resolved()
+	if r.Log == nil || *r.Log != (LogOptions{Queries: LogDenial | LogError, Errors: true, Rate: 10}) {
+		t.Errorf("log section: %+v", r.Log)
+	}
+	if c, _ := ParseFileConfig([]byte("hosts: {}\n")); func() *LogOptions { r, _ := c.Resolved(); return r.Log }() != nil {
+		t.Error("a file without a log section replaces the flags' logging")
+	}
+	for text, want := range map[string]string{
+		"log: {classes: sucess}\n": `log.classes: log classes "sucess": "sucess" is not`,
+		"log: {rate: -1}\n":        "log.rate: -1 is negative",
+	} {
+		if _, err := ParseFileConfig([]byte(text)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want an error with %q", text, err, want)
+		}
+	}
+}

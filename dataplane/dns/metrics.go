@@ -2,6 +2,7 @@ package dns
 
 import (
 	"encoding/binary"
+	"net/netip"
 	"runtime"
 	"strconv"
 	"sync/atomic"
@@ -274,6 +275,8 @@ type queryInfo struct {
 	do      bool // the DNSSEC OK bit
 	plugin  plugin
 	size    int // of the request, in bytes
+	from    netip.AddrPort
+	start   time.Time // set only while queries are logged
 }
 
 // now is the time to pass to lap as the start of a query or of a lap.

@@ -102,6 +102,9 @@ func (s *Server) exchange(ctx context.Context, pkt []byte, r *request, sc *scrat
 	}
 	m, err := f.Exchange(ctx, q)
 	if err != nil {
+		if l := s.qlog.Load(); l != nil {
+			l.logError(r, err)
+		}
 		if e != nil && c.usableStale(e) {
 			sc.q.plugin = pluginCache
 			if s.opts.Metrics != nil {

@@ -38,6 +38,8 @@ type ServerOptions struct {
 	// TCPMaxConns caps concurrent TCP connections; more are closed at
 	// once. DefaultTCPMaxConns by default.
 	TCPMaxConns int
+	// Log configures query and error logging (SetLog changes it).
+	Log LogOptions
 	// Drain says how the server stops once Run's context ends; the zero
 	// value stops at once.
 	Drain DrainOptions
@@ -71,6 +73,7 @@ type Server struct {
 	conns     map[*tcpConn]struct{}
 	stopping  bool // the listeners are closed: new connections close at once
 
+	qlog     atomic.Pointer[logger] // nil: no query or error logging
 	phase    atomic.Int32
 	workers  []*worker // one per UDP socket
 	tcpLoops []*worker // one per TCP listener
@@ -109,6 +112,7 @@ func NewServer(opts ServerOptions) *Server {
 		s.clock = systemClock{}
 	}
 	s.fwd.Store(opts.Forwarder)
+	s.SetLog(opts.Log)
 	s.pool.New = func() any { return &scratch{resp: make([]byte, 0, 4096), key: make([]byte, 0, 300)} }
 	return s
 }
@@ -286,6 +290,7 @@ func (s *Server) serveUDP(ctx context.Context, c *net.UDPConn, w *worker) {
 		s.seen()
 		w.started.Add(1)
 		sc.q.v6 = from.Addr().Is6() && !from.Addr().Is4In6()
+		sc.q.from = from
 		resp, async := s.serve(ctx, pkt[:n], sc, false, false)
 		reply := src.reply(oobn)
 		if async {
@@ -399,7 +404,7 @@ func (s *Server) serveLater(ctx context.Context, c *net.UDPConn, pkt []byte, to 
 	v6 := sc.q.v6
 	s.inflight.Go(func() {
 		sc := s.pool.Get().(*scratch)
-		sc.q.v6 = v6
+		sc.q.v6, sc.q.from = v6, to
 		if resp := s.serveAlone(ctx, q, sc, false); resp != nil {
 			c.WriteMsgUDPAddrPort(resp, oob, to)
 		}
@@ -426,7 +431,7 @@ func (s *Server) refuse(pkt []byte, sc *scratch) []byte {
 func (s *Server) Handle(ctx context.Context, pkt []byte, tcp bool) []byte {
 	sc := s.pool.Get().(*scratch)
 	defer s.pool.Put(sc)
-	sc.q.v6 = false
+	sc.q.v6, sc.q.from = false, netip.AddrPort{}
 	resp := s.serveAlone(ctx, pkt, sc, tcp)
 	if resp == nil {
 		return nil
@@ -440,6 +445,10 @@ func (s *Server) Handle(ctx context.Context, pkt []byte, tcp bool) []byte {
 func (s *Server) serve(ctx context.Context, pkt []byte, sc *scratch, tcp, block bool) (resp []byte, async bool) {
 	defer s.recoverPanic(&resp, &async)
 	sc.q.tcp, sc.q.plugin, sc.q.size = tcp, pluginNone, len(pkt)
+	ql := s.qlog.Load()
+	if ql != nil {
+		sc.q.start = time.Now()
+	}
 	r := &sc.r
 	err := parseRequest(pkt, sc.lower[:], r)
 	sc.q.do = r.do
@@ -484,6 +493,9 @@ func (s *Server) serve(ctx context.Context, pkt []byte, sc *scratch, tcp, block 
 	}
 	sc.resp = resp[:0]
 	s.observe(r.qtype, sc, resp)
+	if ql != nil && ql.o.Queries != 0 {
+		ql.logQuery(&sc.q, r, resp)
+	}
 	return resp, false
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 )
@@ -83,9 +84,9 @@ func (s *Server) serveConn(ctx context.Context, c *net.TCPConn) {
 	conn, forget := s.trackConn(c)
 	defer forget()
 	var lenBuf [2]byte
-	var v6 bool
+	var from netip.AddrPort
 	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-		v6 = a.IP.To4() == nil
+		from = a.AddrPort()
 	}
 	wait := s.opts.TCPReadTimeout
 	for conn.waitQuery() {
@@ -102,7 +103,7 @@ func (s *Server) serveConn(ctx context.Context, c *net.TCPConn) {
 			putMsgBuf(buf, class)
 			return
 		}
-		if !s.answerTCP(ctx, c, (*buf)[:n], v6) {
+		if !s.answerTCP(ctx, c, (*buf)[:n], from) {
 			putMsgBuf(buf, class)
 			return
 		}
@@ -112,11 +113,12 @@ func (s *Server) serveConn(ctx context.Context, c *net.TCPConn) {
 
 // answerTCP serves one query and writes the answer with its length; false
 // ends the connection.
-func (s *Server) answerTCP(ctx context.Context, c *net.TCPConn, pkt []byte, v6 bool) bool {
+func (s *Server) answerTCP(ctx context.Context, c *net.TCPConn, pkt []byte, from netip.AddrPort) bool {
 	s.seen()
 	sc := s.pool.Get().(*scratch)
 	defer s.pool.Put(sc)
-	sc.q.v6 = v6
+	sc.q.v6 = from.Addr().Is6() && !from.Addr().Is4In6()
+	sc.q.from = from
 	resp := s.serveAlone(ctx, pkt, sc, true)
 	if resp == nil {
 		return false

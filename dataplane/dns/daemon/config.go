@@ -83,6 +83,17 @@ func newForwarder(cfg Config, file dns.Resolved, log *slog.Logger) (*dns.Forward
 	return fwd, nil
 }
 
+// logOptions is the query and error logging of the flags, or of the
+// config file when it has a log section.
+func logOptions(cfg Config, file dns.Resolved, log *slog.Logger) dns.LogOptions {
+	o := cfg.Log
+	if file.Log != nil {
+		o = *file.Log
+	}
+	o.Logger = log.With("part", "query")
+	return o
+}
+
 // readIfExists reads path; a missing file reads as empty.
 func readIfExists(path string) ([]byte, error) {
 	data, err := os.ReadFile(path)
@@ -152,6 +163,7 @@ func forwarding(ctx context.Context, cfg Config, fwd *dns.Forwarder, applied []b
 		old := stop
 		stop = run(nf)
 		srv.SetForwarder(nf)
+		srv.SetLog(logOptions(cfg, file, log))
 		if cache != nil {
 			cache.Flush()
 		}

@@ -40,7 +40,10 @@ type Config struct {
 	// Drain: once told to stop, dnsd reports not ready and answers until
 	// no query has come for Drain.Quiet, Drain.Max at most.
 	Drain dns.DrainOptions
-	Zone  dns.ZoneOptions
+	// Log is query and error logging (its Logger is set by Run); the
+	// config file's log section replaces it.
+	Log  dns.LogOptions
+	Zone dns.ZoneOptions
 	// Upstreams as HOST:PORT; when empty, the nameservers of ResolvConf.
 	Upstreams  []string
 	ResolvConf string
@@ -132,7 +135,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	reg := app.NewRegistry()
 	metrics := dns.NewMetrics(reg, zone, cache, fwd)
 	srv := dns.NewServer(dns.ServerOptions{Listen: cfg.Listen, Zone: zone, Forwarder: fwd, Cache: cache, Metrics: metrics,
-		TCPMaxConns: cfg.TCPMaxConns, TCPIdleTimeout: cfg.TCPIdleTimeout, Drain: cfg.Drain})
+		TCPMaxConns: cfg.TCPMaxConns, TCPIdleTimeout: cfg.TCPIdleTimeout, Drain: cfg.Drain, Log: logOptions(cfg, file, log)})
 
 	board := &status.Board{}
 	board.Provide(StatusSection, func() any {
