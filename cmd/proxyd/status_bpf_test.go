@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/podnet/podnet/dataplane/agent"
 	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/proxy/ebpf"
 )
@@ -65,4 +66,22 @@ func hasLine(text string, fields []string) bool {
 		}
 	}
 	return false
+}
+
+// proxyd status names the device that keeps the node network from
+// syncing (another network's VXLAN device holding podnet's VNI and port),
+// in the health of the node network and as the last route error.
+func TestStatusNamesTheVXLANConflict(t *testing.T) {
+	why := "routes: create podnet.1: the VXLAN VNI and port are taken: flannel.1 already holds VNI 1 on UDP port 8472 (another network's device, such as flannel's flannel.1): remove it, or move podnet's with --vxlan-vni or --vxlan-port: file exists"
+	r := statusReport{
+		Health: agent.HealthStatus{Healthy: true, Components: map[string]string{"node-network": why, "cluster-state": "ok"}},
+		Node:   agent.NodeStatus{Name: "node1", LastError: why},
+	}
+	var out bytes.Buffer
+	printStatus(&out, r, time.Now())
+	for _, want := range []string{"node-network: " + why, "last route error: " + why} {
+		if !hasLine(out.String(), strings.Fields(want)) {
+			t.Errorf("proxyd status lacks %q:\n%s", want, out.String())
+		}
+	}
 }

@@ -214,6 +214,27 @@ func (k *NetlinkKernel) VXLAN(name string) (*VXLANDevice, error) {
 	return d, nil
 }
 
+// ErrVXLANTaken says another device holds the VXLAN network identifier and
+// UDP port podnet's device needs: the kernel allows one device per pair.
+var ErrVXLANTaken = errors.New("the VXLAN VNI and port are taken")
+
+// vxlanHolding names the VXLAN device other than name holding vni on port
+// ("" if none): what the kernel's EEXIST for a new device was about.
+func (k *NetlinkKernel) vxlanHolding(name string, vni, port int) string {
+	links, err := k.h.LinkList()
+	if err != nil {
+		return ""
+	}
+	for _, l := range links {
+		v, ok := l.(*netlink.Vxlan)
+		// A port of 0 is the kernel's default, the IANA port 4789.
+		if ok && v.Name != name && v.VxlanId == vni && (v.Port == port || v.Port == 0 && port == 4789) {
+			return v.Name
+		}
+	}
+	return ""
+}
+
 // CreateVXLAN creates the device up, with its MTU and MAC, in one
 // request (a netlink event per attribute set afterwards would each look
 // like a change made by someone else), then gives it its address.
@@ -235,6 +256,10 @@ func (k *NetlinkKernel) CreateVXLAN(d VXLANDevice) error {
 	}
 	delete(k.index, d.Name)
 	if err := k.h.LinkAdd(v); err != nil {
+		if other := k.vxlanHolding(d.Name, d.VNI, d.Port); other != "" {
+			return fmt.Errorf("%w: %s already holds VNI %d on UDP port %d (another network's device, such as flannel's flannel.1): remove it, or move podnet's with --vxlan-vni or --vxlan-port: %v",
+				ErrVXLANTaken, other, d.VNI, d.Port, err)
+		}
 		return err
 	}
 	if !d.Addr.IsValid() {

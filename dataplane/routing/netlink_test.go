@@ -2,6 +2,7 @@ package routing
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -429,4 +430,31 @@ func TestWatchSeesNeighbourDeletionOnTheDeviceOnly(t *testing.T) {
 	w.quiet(t, "a neighbour added on eth0")
 	ipIn(t, w.ns, "neigh", "del", "10.244.4.0", "dev", DefaultDevice)
 	w.foreignSeen(t, "a deleted neighbour on podnet.1")
+}
+
+// TestVXLANTakenByAnotherDevice: a device of another network holding
+// podnet's VNI and port (flannel's flannel.1: VNI 1, UDP 8472) makes the
+// reconciler's error name it and the flags that move podnet's, and
+// nothing of the other device changes.
+func TestVXLANTakenByAnotherDevice(t *testing.T) {
+	ns, _, nsh := newTestNS(t)
+	ipIn(t, ns, "link", "add", "flannel.1", "type", "vxlan", "id", "1", "dstport", "8472", "dev", "eth0", "nolearning")
+	ipIn(t, ns, "link", "set", "flannel.1", "up")
+	before := ipIn(t, ns, "-d", "link", "show", "flannel.1")
+	k := newTestKernel(t, nsh)
+	r := &Reconciler{Kernel: k, Device: DefaultDevice}
+	cfg := Config{NodeName: "n1", Backend: BackendVXLAN, NodeIP: netip.MustParseAddr("192.168.10.11"), NodeSubnet: netip.MustParsePrefix("192.168.10.0/24"),
+		Iface: "eth0", UnderlayMTU: 1500, Device: DefaultDevice, VNI: DefaultVNI, Port: DefaultPort}
+	_, err := r.Apply(Compute(cfg, nil))
+	if !errors.Is(err, ErrVXLANTaken) || !strings.Contains(err.Error(), "flannel.1 already holds VNI 1 on UDP port 8472") ||
+		!strings.Contains(err.Error(), "--vxlan-vni") {
+		t.Fatalf("Apply beside flannel.1: %v; want ErrVXLANTaken naming flannel.1 and the flags", err)
+	}
+	if after := ipIn(t, ns, "-d", "link", "show", "flannel.1"); after != before {
+		t.Errorf("flannel.1 changed:\n%s\n%s", before, after)
+	}
+	cfg.VNI = 2
+	if _, err := r.Apply(Compute(cfg, nil)); err != nil {
+		t.Errorf("with --vxlan-vni 2: %v", err)
+	}
 }
