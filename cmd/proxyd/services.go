@@ -16,7 +16,7 @@ type conntrackNetlink struct{}
 func (conntrackNetlink) Delete(fs []proxy.ConntrackFilter) error {
 	cfs := make([]conntrack.Filter, len(fs))
 	for i, f := range fs {
-		cfs[i] = conntrack.Filter{Protocol: string(f.Protocol), Family: f.Family, OrigDst: f.OrigDst, OrigDstPort: f.OrigDstPort, ReplySrc: f.ReplySrc}
+		cfs[i] = conntrack.Filter{Protocol: string(f.Protocol), Family: f.Family, OrigDst: f.OrigDst, OrigDstPort: f.OrigDstPort, ReplySrc: f.ReplySrc, ReplySrcPort: f.ReplySrcPort}
 	}
 	_, err := conntrack.Delete(cfs...)
 	return err

@@ -27,6 +27,9 @@ type Filter struct {
 	OrigDst     netip.Addr
 	OrigDstPort uint16
 	ReplySrc    netip.Addr
+	// ReplySrcPort is where the entry's reply comes from: the port a
+	// DNATed flow was sent to.
+	ReplySrcPort uint16
 }
 
 func (f Filter) String() string {
@@ -40,6 +43,9 @@ func (f Filter) String() string {
 	}
 	if f.ReplySrc.IsValid() {
 		fmt.Fprintf(&b, " reply-src %s", f.ReplySrc)
+	}
+	if f.ReplySrcPort != 0 {
+		fmt.Fprintf(&b, " reply-port-src %d", f.ReplySrcPort)
 	}
 	return b.String()
 }
@@ -120,7 +126,8 @@ func (m *matcher) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 	}
 	for _, port := range []uint16{flow.Forward.DstPort, 0} {
 		for _, f := range ports[port] {
-			if matchIP(f.OrigDst, flow.Forward.DstIP) && matchIP(f.ReplySrc, flow.Reverse.SrcIP) {
+			if matchIP(f.OrigDst, flow.Forward.DstIP) && matchIP(f.ReplySrc, flow.Reverse.SrcIP) &&
+				(f.ReplySrcPort == 0 || f.ReplySrcPort == flow.Reverse.SrcPort) {
 				return true
 			}
 		}

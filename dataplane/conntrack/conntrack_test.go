@@ -24,11 +24,20 @@ func flow(proto uint8, dst string, dport uint16, replySrc string) *netlink.Connt
 	return f
 }
 
+// dnat makes f's reply come from port.
+func dnat(f *netlink.ConntrackFlow, port uint16) *netlink.ConntrackFlow {
+	f.Reverse.SrcPort = port
+	return f
+}
+
 func TestMatcher(t *testing.T) {
 	vip := netip.MustParseAddr("10.96.0.10")
 	m, err := newMatcher([]Filter{
 		{Protocol: "UDP", OrigDst: vip, OrigDstPort: 53, ReplySrc: vip}, // never DNATed
 		{Protocol: "tcp", OrigDstPort: 30080},                           // a NodePort
+		// Entries DNATed to a target port that is gone.
+		{Protocol: "udp", OrigDst: netip.MustParseAddr("10.96.0.20"), OrigDstPort: 80, ReplySrc: netip.MustParseAddr("10.244.2.3"), ReplySrcPort: 8080},
+		{Protocol: "udp", OrigDst: netip.MustParseAddr("fd00:96::20"), OrigDstPort: 80, ReplySrc: netip.MustParseAddr("fd00:244:2::3"), ReplySrcPort: 8080},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -44,6 +53,10 @@ func TestMatcher(t *testing.T) {
 		{"UDP to another port", flow(unix.IPPROTO_UDP, "10.96.0.10", 54, "10.96.0.10"), false},
 		{"TCP to the NodePort on any address", flow(unix.IPPROTO_TCP, "192.168.10.11", 30080, "10.244.2.3"), true},
 		{"UDP to the NodePort's number", flow(unix.IPPROTO_UDP, "192.168.10.11", 30080, "10.244.2.3"), false},
+		{"UDP DNATed to the old target port", dnat(flow(unix.IPPROTO_UDP, "10.96.0.20", 80, "10.244.2.3"), 8080), true},
+		{"UDP DNATed to the new target port", dnat(flow(unix.IPPROTO_UDP, "10.96.0.20", 80, "10.244.2.3"), 8081), false},
+		{"UDP DNATed to the old target port, another endpoint", dnat(flow(unix.IPPROTO_UDP, "10.96.0.20", 80, "10.244.2.4"), 8080), false},
+		{"IPv6 UDP DNATed to the old target port", dnat(flow(unix.IPPROTO_UDP, "fd00:96::20", 80, "fd00:244:2::3"), 8080), true},
 	} {
 		if got := m.MatchConntrackFlow(tt.f); got != tt.want {
 			t.Errorf("%s: match %v, want %v", tt.name, got, tt.want)
@@ -141,5 +154,82 @@ func TestFiltersSplitByFamily(t *testing.T) {
 	}
 	if _, err := Delete(Filter{Protocol: "tcp", OrigDstPort: 80}); err == nil || !strings.Contains(err.Error(), "tcp orig-port-dst 80: no address family") {
 		t.Errorf("Delete of a filter without family: %v", err)
+	}
+}
+
+// TestDeleteByReplyPortInNamespace DNATs UDP on loopback to another port, in
+// both families, and deletes exactly the entries whose reply comes from the
+// port that is gone.
+func TestDeleteByReplyPortInNamespace(t *testing.T) {
+	roottest.Require(t)
+	name := fmt.Sprintf("podnet-ctport-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	netns, err := ns.GetNS("/run/netns/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer netns.Close()
+	err = netns.Do(func(ns.NetNS) error {
+		setup := [][]string{{"ip", "link", "set", "lo", "up"}}
+		for _, c := range []struct{ tool, lo string }{{"iptables", "127.0.0.1"}, {"ip6tables", "::1"}} {
+			// Port 5401 is DNATed to 5402 (the old target), 5411 to 5412.
+			for _, p := range [][2]string{{"5401", "5402"}, {"5411", "5412"}} {
+				to := net.JoinHostPort(c.lo, p[1]) // [::1]:5402 for IPv6
+				setup = append(setup, []string{c.tool, "-t", "nat", "-A", "OUTPUT", "-p", "udp", "-d", c.lo, "--dport", p[0], "-j", "DNAT", "--to-destination", to})
+			}
+		}
+		for _, c := range setup {
+			if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+				return fmt.Errorf("%v: %v: %s", c, err, out)
+			}
+		}
+		for _, lo := range []string{"127.0.0.1", "::1"} {
+			for _, port := range []string{"5401", "5411"} {
+				conn, err := net.Dial("udp", net.JoinHostPort(lo, port))
+				if err != nil {
+					return err
+				}
+				conn.Write([]byte("x"))
+				conn.Close()
+			}
+		}
+		// count counts f's entries in both families' tables.
+		count := func(f Filter) int {
+			total := 0
+			for _, fam := range ipfamily.All {
+				f.Family = fam
+				n, err := Count(f)
+				if err != nil {
+					t.Errorf("count %s: %v", f, err)
+				}
+				total += n
+			}
+			return total
+		}
+		if n := count(Filter{Protocol: "udp", ReplySrcPort: 5402}); n != 2 {
+			return fmt.Errorf("entries DNATed to port 5402 before delete: %d, want 2 (one a family)", n)
+		}
+		// The old target port of each family, one filter a family.
+		var filters []Filter
+		for _, lo := range []string{"127.0.0.1", "::1"} {
+			a := netip.MustParseAddr(lo)
+			filters = append(filters, Filter{Protocol: "udp", OrigDst: a, OrigDstPort: 5401, ReplySrc: a, ReplySrcPort: 5402})
+		}
+		if n, err := Delete(filters...); err != nil || n != 2 {
+			return fmt.Errorf("deleted %d, %v; want 2", n, err)
+		}
+		if n := count(Filter{Protocol: "udp", ReplySrcPort: 5402}); n != 0 {
+			return fmt.Errorf("entries DNATed to port 5402 after delete: %d, want 0", n)
+		}
+		if n := count(Filter{Protocol: "udp", ReplySrcPort: 5412}); n != 2 {
+			return fmt.Errorf("entries DNATed to port 5412 after delete: %d, want 2 (untouched)", n)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

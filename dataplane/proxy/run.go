@@ -40,6 +40,9 @@ type ConntrackFilter struct {
 	OrigDst     netip.Addr
 	OrigDstPort uint16
 	ReplySrc    netip.Addr
+	// ReplySrcPort is the port a DNATed entry's reply comes from: the
+	// destination's.
+	ReplySrcPort uint16
 }
 
 // Conntrack deletes stale conntrack entries: those matching any filter.
@@ -310,80 +313,4 @@ func (s *syncer) report(err error) {
 		return
 	}
 	s.o.Health.Set(HealthComponent, nil)
-}
-
-// StaleUDP returns the conntrack entries to delete after the changed
-// Services went from old to new: entries whose reply comes from an endpoint
-// no longer used, and, for a port that had no endpoints and now has some,
-// the entries to its frontends that were never DNATed (a client that kept
-// sending while there were none, or before the rules existed, would
-// otherwise stay pinned to an entry that goes nowhere).
-func StaleUDP(old, new map[cluster.Key][]*ServicePort, changed map[cluster.Key]bool) []ConntrackFilter {
-	var out []ConntrackFilter
-	for key := range changed {
-		for _, o := range old[key] {
-			if o.Protocol != cluster.UDP {
-				continue
-			}
-			var n *ServicePort
-			for _, c := range new[key] {
-				if c.Name == o.Name {
-					n = c
-				}
-			}
-			now := usedEndpoints(n)
-			for ep := range usedEndpoints(o) {
-				if !now[ep] {
-					out = append(out, frontends(o, ep)...)
-				}
-			}
-		}
-		for _, n := range new[key] {
-			if n.Protocol != cluster.UDP || len(usedEndpoints(n)) == 0 {
-				continue
-			}
-			var o *ServicePort
-			for _, c := range old[key] {
-				if c.Name == n.Name {
-					o = c
-				}
-			}
-			if len(usedEndpoints(o)) == 0 {
-				out = append(out, frontends(n, netip.Addr{})...)
-			}
-		}
-	}
-	return out
-}
-
-func usedEndpoints(sp *ServicePort) map[netip.Addr]bool {
-	m := make(map[netip.Addr]bool)
-	if sp == nil {
-		return m
-	}
-	for _, e := range sp.ClusterEndpoints {
-		m[e.Addr()] = true
-	}
-	for _, e := range sp.LocalEndpoints {
-		m[e.Addr()] = true
-	}
-	return m
-}
-
-// frontends returns filters for the port's entries answered by replySrc or,
-// with replySrc invalid, for those that were never DNATed (the reply comes
-// from the frontend address itself): traffic that found no rule.
-func frontends(sp *ServicePort, replySrc netip.Addr) []ConntrackFilter {
-	var out []ConntrackFilter
-	for _, ip := range append(append([]netip.Addr{sp.ClusterIP}, sp.ExternalIPs...), sp.LoadBalancerIPs...) {
-		src := replySrc
-		if !src.IsValid() {
-			src = ip
-		}
-		out = append(out, ConntrackFilter{Protocol: sp.Protocol, OrigDst: ip, OrigDstPort: sp.Port, ReplySrc: src})
-	}
-	if sp.NodePort != 0 {
-		out = append(out, ConntrackFilter{Protocol: sp.Protocol, Family: ipfamily.Of(sp.ClusterIP), OrigDstPort: sp.NodePort, ReplySrc: replySrc})
-	}
-	return out
 }

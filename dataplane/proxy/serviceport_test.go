@@ -154,7 +154,7 @@ func TestStaleUDP(t *testing.T) {
 	}
 	// An endpoint replaced: delete the entries of the old one only.
 	got = StaleUDP(map[cluster.Key][]*ServicePort{key: {mk("10.244.1.2")}}, map[cluster.Key][]*ServicePort{key: {mk("10.244.1.3")}}, changed)
-	if want := []ConntrackFilter{{Protocol: cluster.UDP, OrigDst: addr("10.96.0.10"), OrigDstPort: 53, ReplySrc: addr("10.244.1.2")}}; !slices.Equal(got, want) {
+	if want := []ConntrackFilter{{Protocol: cluster.UDP, OrigDst: addr("10.96.0.10"), OrigDstPort: 53, ReplySrc: addr("10.244.1.2"), ReplySrcPort: 53}}; !slices.Equal(got, want) {
 		t.Errorf("replaced: %v, want %v", got, want)
 	}
 	// Unchanged Services are not looked at.

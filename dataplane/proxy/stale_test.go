@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 )
 
 func TestStaleConntrackForNewServices(t *testing.T) {
@@ -46,5 +47,89 @@ func TestStaleConntrackForNewServices(t *testing.T) {
 	}
 	if got := StaleConntrack(nil, map[cluster.Key][]*ServicePort{key: {mk(cluster.TCP, 0, "10.244.1.2")}}, nil); len(got) != 0 {
 		t.Errorf("unchanged: %v", got)
+	}
+}
+
+// TestStaleUDPDestinations: every change that moves a UDP flow's destination
+// deletes exactly the entries DNATed to the destination that is gone, on
+// every frontend (cluster IP, NodePort, externalIP, load-balancer IP).
+func TestStaleUDPDestinations(t *testing.T) {
+	key := cluster.Key{Namespace: "ns", Name: "udp"}
+	vip, ext, lb := addr("10.96.0.30"), addr("192.0.2.60"), addr("198.51.100.7")
+	type ep struct {
+		ip   string
+		port uint16
+	}
+	mk := func(proto cluster.Protocol, mod func(*ServicePort), eps ...ep) *ServicePort {
+		sp := &ServicePort{Name: PortName{Service: key, Port: "p", Protocol: proto}, Protocol: proto,
+			ClusterIP: vip, Port: 80, NodePort: 30090, ExternalIPs: []netip.Addr{ext}, LoadBalancerIPs: []netip.Addr{lb}}
+		for _, e := range eps {
+			sp.ClusterEndpoints = append(sp.ClusterEndpoints, NewEndpoint(addr(e.ip), e.port))
+		}
+		if mod != nil {
+			mod(sp)
+		}
+		return sp
+	}
+	// gone lists the filters for one destination on every frontend.
+	gone := func(e ep) []ConntrackFilter {
+		var out []ConntrackFilter
+		for _, ip := range []netip.Addr{vip, ext, lb} {
+			out = append(out, ConntrackFilter{Protocol: cluster.UDP, OrigDst: ip, OrigDstPort: 80, ReplySrc: addr(e.ip), ReplySrcPort: e.port})
+		}
+		return append(out, ConntrackFilter{Protocol: cluster.UDP, Family: ipfamily.IPv4, OrigDstPort: 30090, ReplySrc: addr(e.ip), ReplySrcPort: e.port})
+	}
+	a, b := ep{"10.244.1.2", 8080}, ep{"10.244.2.3", 8080}
+	noExternal := func(sp *ServicePort) { sp.NodePort, sp.ExternalIPs, sp.LoadBalancerIPs = 0, nil, nil }
+	tests := []struct {
+		name     string
+		old, new *ServicePort
+		want     []ConntrackFilter
+	}{
+		{"targetPort changed", mk(cluster.UDP, nil, a, b), mk(cluster.UDP, nil, ep{a.ip, 8081}, ep{b.ip, 8081}), append(gone(a), gone(b)...)},
+		{"one endpoint's port moved (a named port)", mk(cluster.UDP, nil, a, b), mk(cluster.UDP, nil, a, ep{b.ip, 9090}), gone(b)},
+		{"an endpoint left", mk(cluster.UDP, nil, a, b), mk(cluster.UDP, nil, b), gone(a)},
+		{"protocol changed to TCP", mk(cluster.UDP, nil, a), mk(cluster.TCP, nil, a), gone(a)},
+		{"an endpoint moved from the cluster to the local list", mk(cluster.UDP, nil, a),
+			mk(cluster.UDP, func(sp *ServicePort) { sp.LocalEndpoints, sp.ClusterEndpoints = sp.ClusterEndpoints, nil }, a), nil},
+		{"nothing moved", mk(cluster.UDP, nil, a, b), mk(cluster.UDP, nil, b, a), nil},
+		{"the external frontends went away", mk(cluster.UDP, nil, a), mk(cluster.UDP, noExternal, a), gone(a)[1:]},
+		{"a TCP endpoint left (left to finish)", mk(cluster.TCP, nil, a, b), mk(cluster.TCP, nil, b), nil},
+	}
+	for _, tt := range tests {
+		old := map[cluster.Key][]*ServicePort{key: {tt.old}}
+		new := map[cluster.Key][]*ServicePort{key: {tt.new}}
+		got := StaleUDP(old, new, map[cluster.Key]bool{key: true})
+		if tt.name == "protocol changed to TCP" {
+			// The TCP port, new with endpoints, also drops entries towards
+			// it that were never DNATed (StaleConntrack); not StaleUDP's.
+			got = slices.DeleteFunc(got, func(f ConntrackFilter) bool { return f.Protocol != cluster.UDP })
+		}
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("%s:\n got %v\nwant %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// TestStaleUDPNamedPort builds the ports from a Service whose targetPort is
+// a name: the EndpointSlice resolving it to another port moves the flows.
+func TestStaleUDPNamedPort(t *testing.T) {
+	svc := &cluster.Service{Namespace: "ns", Name: "s", Type: cluster.ServiceTypeNodePort, ClusterIPs: []netip.Addr{addr("10.96.0.5")},
+		Ports: []cluster.ServicePort{{Name: "dns", Protocol: cluster.UDP, Port: 53, NodePort: 30053}}}
+	slice := func(port uint16) *cluster.EndpointSlice {
+		return &cluster.EndpointSlice{Namespace: "ns", Name: "s-1", ServiceName: "s", AddressType: "IPv4",
+			Ports:     []cluster.EndpointPort{{Name: "dns", Protocol: cluster.UDP, Port: port}},
+			Endpoints: []cluster.Endpoint{{Addresses: []netip.Addr{addr("10.244.1.5")}, Ready: true, Serving: true}}}
+	}
+	key := svc.Key()
+	old := map[cluster.Key][]*ServicePort{key: BuildServicePorts(svc, []*cluster.EndpointSlice{slice(5353)}, NodeInfo{}, ipfamily.IPv4)}
+	new := map[cluster.Key][]*ServicePort{key: BuildServicePorts(svc, []*cluster.EndpointSlice{slice(5354)}, NodeInfo{}, ipfamily.IPv4)}
+	got := StaleUDP(old, new, map[cluster.Key]bool{key: true})
+	want := []ConntrackFilter{
+		{Protocol: cluster.UDP, OrigDst: addr("10.96.0.5"), OrigDstPort: 53, ReplySrc: addr("10.244.1.5"), ReplySrcPort: 5353},
+		{Protocol: cluster.UDP, Family: ipfamily.IPv4, OrigDstPort: 30053, ReplySrc: addr("10.244.1.5"), ReplySrcPort: 5353},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("named port moved:\n got %v\nwant %v", got, want)
 	}
 }

@@ -80,7 +80,7 @@ func TestSyncOnce(t *testing.T) {
 		t.Errorf("conntrack entries deleted after a failed sync: %+v", ct.deleted)
 	}
 	step("after the failure", &call{full: true, changed: 0, ports: 3}, false)
-	want := ConntrackFilter{Protocol: cluster.UDP, OrigDst: netip.MustParseAddr("10.96.0.10"), OrigDstPort: 53, ReplySrc: netip.MustParseAddr("10.244.1.2")}
+	want := ConntrackFilter{Protocol: cluster.UDP, OrigDst: netip.MustParseAddr("10.96.0.10"), OrigDstPort: 53, ReplySrc: netip.MustParseAddr("10.244.1.2"), ReplySrcPort: 53}
 	if len(ct.deleted) != 1 || ct.deleted[0] != want {
 		t.Errorf("conntrack deletions %+v, want %+v", ct.deleted, want)
 	}
