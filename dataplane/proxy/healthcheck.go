@@ -12,8 +12,11 @@ import (
 )
 
 // HealthChecks serves the healthCheckNodePort of every Service with
-// externalTrafficPolicy Local: 200 with the local endpoint count when this
-// node has one, 503 when it has none, so load balancers skip the node.
+// externalTrafficPolicy Local: 200 with the count of this node's ready
+// endpoints when it has one, 503 when it has none, so load balancers skip
+// the node. Terminating endpoints do not count, though they may still
+// serve (kube-proxy counts them alike): a node whose pods are going away
+// is drained.
 type HealthChecks struct {
 	// Listen opens the listener for a port; nil means TCP on all addresses.
 	Listen func(port uint16) (net.Listener, error)
@@ -37,7 +40,7 @@ func (h *HealthChecks) Sync(ports map[cluster.Key][]*ServicePort) error {
 			if sp.HealthCheckNodePort == 0 {
 				continue
 			}
-			want[sp.HealthCheckNodePort] = hcServer{service: key, local: len(sp.LocalEndpoints)}
+			want[sp.HealthCheckNodePort] = hcServer{service: key, local: localReady(sp)}
 		}
 	}
 	h.mu.Lock()
@@ -85,6 +88,18 @@ func (h *HealthChecks) Sync(ports map[cluster.Key][]*ServicePort) error {
 		go s.srv.Serve(ln)
 	}
 	return errors.Join(errs...)
+}
+
+// localReady counts the port's ready, non-terminating endpoints on this
+// node: the ones a load balancer may send new traffic to.
+func localReady(sp *ServicePort) int {
+	n := 0
+	for _, e := range sp.Endpoints {
+		if e.Local && e.Ready && !e.Terminating {
+			n++
+		}
+	}
+	return n
 }
 
 // Close stops every server.
