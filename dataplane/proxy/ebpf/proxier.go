@@ -95,7 +95,9 @@ func (p *Proxier) Sync(ports map[cluster.Key][]*proxy.ServicePort, changed map[c
 		}
 	}
 	res, err := p.syncer.Sync(ports, changed, full)
-	if removed := p.syncer.TakeRemovedUDP(); len(removed) > 0 {
+	removed := p.syncer.TakeRemovedUDP()
+	p.expireFlows(removed, p.syncer.TakeMovedUDP())
+	if len(removed) > 0 {
 		if n, err := p.dp.Terminate(removed, p.cfg.Cgroup); err != nil {
 			p.cfg.Logger.Warn("destroy UDP sockets connected to removed endpoints", "endpoints", removed, "namespaces", n, "err", err)
 		} else {
@@ -109,6 +111,24 @@ func (p *Proxier) Sync(ports map[cluster.Key][]*proxy.ServicePort, changed map[c
 		p.attachTC()
 	}
 	return res, err
+}
+
+// expireFlows forgets the flows from outside sent to a UDP endpoint no
+// Service uses any more (removed), or that their frontend no longer sends
+// to (moved): their next packet picks a backend anew.
+func (p *Proxier) expireFlows(removed []netip.AddrPort, moved []FlowTarget) {
+	targets := moved
+	for _, ap := range removed {
+		targets = append(targets, FlowTarget{Backend: ap})
+	}
+	if len(targets) == 0 {
+		return
+	}
+	flows, aff, err := p.dp.Flows().Expire(targets)
+	if err != nil {
+		p.cfg.Logger.Warn("expire flows to moved UDP endpoints", "targets", len(targets), "err", err)
+	}
+	p.cfg.Logger.Debug("expired flows to moved UDP endpoints", "targets", len(targets), "flows", flows, "affinity", aff)
 }
 
 // attachTC puts the tc programs on the uplinks, the bridge and the

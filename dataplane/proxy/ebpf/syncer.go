@@ -39,6 +39,10 @@ type Syncer struct {
 	// TakeRemovedUDP.
 	udpRefs    map[netip.AddrPort]int
 	removedUDP []netip.AddrPort
+	// movedUDP are the external frontends' UDP backends a partial sync
+	// took away (the endpoint may still serve elsewhere), for
+	// TakeMovedUDP.
+	movedUDP []FlowTarget
 }
 
 // NewSyncer returns a Syncer writing to maps.
@@ -52,6 +56,42 @@ func (s *Syncer) TakeRemovedUDP() []netip.AddrPort {
 	out := s.removedUDP
 	s.removedUDP = nil
 	return out
+}
+
+// TakeMovedUDP returns, since the last call, the UDP backends external
+// frontends no longer send to, each with its frontend: flows from outside
+// pinned to them are to be expired. Endpoints no Service uses any more
+// (TakeRemovedUDP) are not repeated here.
+func (s *Syncer) TakeMovedUDP() []FlowTarget {
+	out := s.movedUDP
+	s.movedUDP = nil
+	return out
+}
+
+// externalUDP lists the (frontend, backend) pairs of e's external UDP
+// frontends.
+func externalUDP(e entries) map[FlowTarget]bool {
+	out := make(map[FlowTarget]bool)
+	for k, v := range e.services {
+		if k.Slot == 0 || k.Scope != scopeExt || k.Proto != protoNum(cluster.UDP) {
+			continue
+		}
+		if b, ok := e.backends[v.Id]; ok {
+			fe := netip.AddrPortFrom(addrFrom16(k.Addr), be16(k.Port))
+			out[FlowTarget{Frontend: fe, Backend: backendAddr(b)}] = true
+		}
+	}
+	return out
+}
+
+// moveUDP notes the external UDP pairs old had and new has not.
+func (s *Syncer) moveUDP(old, new entries) {
+	now := externalUDP(new)
+	for ft := range externalUDP(old) {
+		if !now[ft] {
+			s.movedUDP = append(s.movedUDP, ft)
+		}
+	}
 }
 
 func backendAddr(b backend) netip.AddrPort {
@@ -504,6 +544,7 @@ func (s *Syncer) partial(ports map[cluster.Key][]*proxy.ServicePort, changed map
 	}
 	s.countUDP(new.backends, added, 1)
 	s.countUDP(old.backends, d.delBackends, -1)
+	s.moveUDP(old, new)
 	s.services += len(new.services) - len(old.services)
 	s.backends += len(new.backends) - len(old.backends)
 	for k := range changed {
