@@ -1,8 +1,12 @@
 package lab
 
 import (
+	"bufio"
 	"bytes"
+	"fmt"
+	"io"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -71,5 +75,48 @@ func TestStreamTakesTurnsAndCountsEveryByte(t *testing.T) {
 		if took[i] < 200*time.Millisecond || took[i] > 5*time.Second {
 			t.Errorf("%s: took %v, want at least the 200ms asked", addrs[i], took[i])
 		}
+	}
+}
+
+func TestServeUDPAsks(t *testing.T) {
+	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = serveUDP(pc, "s") }()
+	// Two answers from one socket, then the server goes: the connected
+	// socket hears the port unreachable (ECONNREFUSED) and dials again
+	// from its port; with nothing listening, later asks are refused or
+	// silent.
+	in, inW := io.Pipe()
+	outR, out := io.Pipe()
+	done := make(chan error, 1)
+	go func() { done <- ServeUDPAsks(in, out, pc.LocalAddr().String()); out.Close() }()
+	r := bufio.NewReader(outR)
+	ask := func() string {
+		t.Helper()
+		fmt.Fprintln(inW)
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("read answer: %v", err)
+		}
+		return strings.TrimSpace(line)
+	}
+	for range 2 {
+		if got := ask(); got != "ok s" {
+			t.Fatalf("answer %q, want ok s", got)
+		}
+	}
+	pc.Close()
+	var got []string
+	for range 3 {
+		got = append(got, ask())
+	}
+	if !slices.ContainsFunc(got, func(s string) bool { return strings.HasPrefix(s, "redial ") && strings.Contains(s, "refused") }) {
+		t.Errorf("answers after the server went %q, want a redial after connection refused", got)
+	}
+	inW.Close()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

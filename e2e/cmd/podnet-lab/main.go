@@ -13,6 +13,7 @@
 //	podnet-lab probe [--timeout D] http|tcp|udp HOST:PORT
 //	podnet-lab rr [--duration D] [--slice D] HOST:PORT...
 //	podnet-lab connect HOST:PORT...
+//	podnet-lab udp-ask HOST:PORT
 //	podnet-lab stream [--duration D] [--slice D] HOST:PORT...
 package main
 
@@ -47,6 +48,9 @@ run by the lab inside pods and nodes:
                                              turns; prints "HOST:PORT N round trips in Ss" each
   podnet-lab connect HOST:PORT...            one TCP connect per line read (the address's index),
                                              answering "ok NANOSECONDS" or "err MESSAGE"
+  podnet-lab udp-ask HOST:PORT               one UDP query per line read, all from one connected
+                                             socket (dialled again from its port if it fails),
+                                             answering "ok NAME", "silent" or "redial MESSAGE"
   podnet-lab stream [--duration 5s] [--slice 250ms] HOST:PORT...
                                              bulk TCP against echo servers' TCP ports, one
                                              connection each, taking turns; prints
@@ -82,6 +86,12 @@ func main() {
 		err = streamCmd(ctx, os.Args[2:])
 	case "connect":
 		err = connectCmd(os.Args[2:])
+	case "udp-ask":
+		if len(os.Args) != 3 {
+			err = errors.New("udp-ask: want HOST:PORT")
+			break
+		}
+		err = lab.ServeUDPAsks(os.Stdin, os.Stdout, os.Args[2])
 	case "--version", "version":
 		fmt.Println("podnet-lab", version.String())
 	case "-h", "--help", "help":
