@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"text/tabwriter"
+	"time"
 
 	"github.com/podnet/podnet/dataplane/dns"
 	"github.com/podnet/podnet/dataplane/dns/daemon"
@@ -34,7 +35,13 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	case st.Stale != "":
 		state = "stale: " + st.Stale
 	}
+	if st.StateDir != nil {
+		state = st.StateDir.ClusterState(state)
+	}
 	fmt.Fprintf(w, "Cluster state:\t%s\n", state)
+	if st.StateDir != nil {
+		fmt.Fprintf(w, "  state directory:\t%s\n", st.StateDir.Describe(time.Now()))
+	}
 	fmt.Fprintln(w, "Zones:\t")
 	for _, z := range st.Zones {
 		fmt.Fprintf(w, "  %s\t%d records\n", z.Name, z.Records)

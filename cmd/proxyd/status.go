@@ -81,6 +81,9 @@ func printStatus(out io.Writer, r statusReport, now time.Time) {
 	fmt.Fprintf(w, "  cluster CIDR:\t%s\n", r.Node.ClusterCIDR)
 	fmt.Fprintf(w, "  backend:\t%s\n", r.Node.Backend)
 	fmt.Fprintf(w, "  cluster state:\t%s\n", r.Node.ClusterState)
+	if r.Node.StateDir != nil {
+		fmt.Fprintf(w, "  state directory:\t%s\n", r.Node.StateDir.Describe(now))
+	}
 	fmt.Fprintf(w, "  last route sync:\t%s\n", ago(r.Node.LastSync))
 	if r.Node.LastError != "" {
 		fmt.Fprintf(w, "  last route error:\t%s\n", r.Node.LastError)

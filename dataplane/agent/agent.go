@@ -33,6 +33,7 @@ import (
 	"github.com/podnet/podnet/dataplane/app"
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/cluster/convert"
+	"github.com/podnet/podnet/dataplane/cluster/statedir"
 	"github.com/podnet/podnet/dataplane/health"
 	"github.com/podnet/podnet/dataplane/hostnet"
 	"github.com/podnet/podnet/dataplane/ipfamily"
@@ -223,6 +224,9 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	if src.StateDir != nil {
+		statedir.RegisterMetrics(reg, src.StateDir)
+	}
 	followNodeLeaving(src.Store, o.NodeName, progress)
 	var client kubernetes.Interface
 	if o.Kube != nil {
@@ -239,7 +243,7 @@ func Run(ctx context.Context, o Options) error {
 	if client != nil {
 		n.routed = make(chan struct{})
 	}
-	board.Provide(StatusNode, func() any { return n.report(src.Stale) })
+	board.Provide(StatusNode, func() any { return n.report(src) })
 
 	g := app.NewGroup(ctx)
 	// Listen before anything else so a port conflict fails at start.

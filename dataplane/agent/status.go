@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/podnet/podnet/dataplane/app"
+	"github.com/podnet/podnet/dataplane/cluster/statedir"
 	"github.com/podnet/podnet/dataplane/health"
 	"github.com/podnet/podnet/dataplane/routing"
 )
@@ -24,8 +26,11 @@ type NodeStatus struct {
 	Backend     string `json:"backend"`
 	// ClusterState is "synced", "stale: …" (the API server is away, the
 	// last state is served) or "loading".
-	ClusterState string       `json:"clusterState"`
-	Peers        []PeerStatus `json:"peers"`
+	ClusterState string `json:"clusterState"`
+	// StateDir is the state directory's last full scan (nil for the API
+	// server): "synced" means the Store held what the files said then.
+	StateDir *statedir.Status `json:"stateDir,omitempty"`
+	Peers    []PeerStatus     `json:"peers"`
 	// Skipped names the nodes that cannot be routed to, and why.
 	Skipped   []string  `json:"skipped,omitempty"`
 	LastSync  time.Time `json:"lastSync"`
@@ -82,7 +87,7 @@ func (s *netStatus) record(t *routing.Table, err error) {
 }
 
 // report describes the last reconciliation.
-func (n *nodeNet) report(stale func() error) NodeStatus {
+func (n *nodeNet) report(src app.Source) NodeStatus {
 	s := &n.status
 	s.mu.Lock()
 	t, last, lastErr := s.table, s.lastSync, s.lastErr
@@ -96,10 +101,15 @@ func (n *nodeNet) report(stale func() error) NodeStatus {
 	select {
 	case <-n.store.Synced():
 		ns.ClusterState = "synced"
-		if err := stale(); err != nil {
+		if err := src.Stale(); err != nil {
 			ns.ClusterState = "stale: " + err.Error()
 		}
 	default:
+	}
+	if src.StateDir != nil {
+		st := src.StateDir.Status()
+		ns.StateDir = &st
+		ns.ClusterState = st.ClusterState(ns.ClusterState)
 	}
 	if plan.PodCIDR.IsValid() {
 		ns.PodCIDR = plan.PodCIDR.String()

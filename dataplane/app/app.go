@@ -49,6 +49,8 @@ type Source struct {
 	// FileErrors counts the state files that do not parse; nil for the
 	// API server.
 	FileErrors func() int
+	// StateDir is the state directory source; nil for the API server.
+	StateDir *statedir.Source
 }
 
 // NewSource returns the source o chooses, feeding a new Store. It starts
@@ -61,7 +63,7 @@ func NewSource(o SourceOptions) (Source, error) {
 	if o.StateDir != "" {
 		src := statedir.New(statedir.Options{Dir: o.StateDir, Store: store, Limits: o.StateLimits, Logger: o.Logger.With("source", "state-dir")})
 		return Source{Store: store, Run: src.Run, Stale: src.Err,
-			FileErrors: func() int { return len(src.FileErrors()) }}, nil
+			FileErrors: func() int { return len(src.FileErrors()) }, StateDir: src}, nil
 	}
 	if o.Kube == nil {
 		return Source{}, errors.New("no cluster state source: set a state directory or an API server")

@@ -6,6 +6,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/podnet/podnet/dataplane/cluster/statedir"
 )
 
 // Status is what dnsd reports of itself for `dnsd status`.
@@ -14,7 +16,10 @@ type Status struct {
 	Synced bool `json:"synced"`
 	// Stale says why the cluster state may be out of date (the API server
 	// is away; the last state is answered from).
-	Stale     string           `json:"stale,omitempty"`
+	Stale string `json:"stale,omitempty"`
+	// StateDir is the state directory's last full scan (nil for the API
+	// server).
+	StateDir  *statedir.Status `json:"stateDir,omitempty"`
 	Zones     []ZoneStatus     `json:"zones"`
 	Upstreams []UpstreamStatus `json:"upstreams"`
 	// Stubs are the stub domains, most specific first, and their upstreams.

@@ -4,7 +4,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/podnet/podnet/dataplane/cluster"
 )
@@ -102,5 +104,31 @@ func TestRacyReadIsReadAgain(t *testing.T) {
 	src.rescan(w, nil)
 	if got := storeKeys(store); !slices.Equal(got, []string{"Namespace a2"}) {
 		t.Errorf("store %v after a full scan, want the racy file read again", got)
+	}
+}
+
+// TestStatusTellsTheTruth: "synced" holds only while the last full scan
+// found the files read whole and the Store in step; the description says
+// when that scan was and how many files it read.
+func TestStatusTellsTheTruth(t *testing.T) {
+	dir := t.TempDir()
+	src, _, w := scanner(t, dir)
+	if got := src.Status().ClusterState("synced"); got != "loading" {
+		t.Errorf("before any full scan: %q, want loading", got)
+	}
+	write(t, filepath.Join(dir, "a.yaml"), nsYAML("a"))
+	write(t, filepath.Join(dir, "b.yaml"), nsYAML("b"))
+	src.rescan(w, nil)
+	st := src.Status()
+	if got := st.ClusterState("synced"); got != "synced" {
+		t.Errorf("after a full scan of good files: %q, want synced", got)
+	}
+	if got, want := st.Describe(st.LastFullScan.Add(3*time.Second)), "2 files, 2 read; 0 repairs since start"; !strings.Contains(got, want) || !strings.Contains(got, "(3s ago)") {
+		t.Errorf("Describe = %q, want it to say %q and 3s ago", got, want)
+	}
+	write(t, filepath.Join(dir, "b.yaml"), "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: b\n   broken: [\n")
+	src.rescan(w, nil)
+	if got := src.Status().ClusterState("synced"); !strings.Contains(got, "out of step") {
+		t.Errorf("with a file that does not parse: %q, want out of step", got)
 	}
 }

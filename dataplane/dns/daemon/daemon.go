@@ -23,6 +23,7 @@ import (
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/cluster/convert"
 	"github.com/podnet/podnet/dataplane/cluster/kube"
+	"github.com/podnet/podnet/dataplane/cluster/statedir"
 	"github.com/podnet/podnet/dataplane/dns"
 	"github.com/podnet/podnet/dataplane/status"
 )
@@ -134,6 +135,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	reg := app.NewRegistry()
 	metrics := dns.NewMetrics(reg, zone, cache, fwd)
+	if src.StateDir != nil {
+		statedir.RegisterMetrics(reg, src.StateDir)
+	}
 	srv := dns.NewServer(dns.ServerOptions{Listen: cfg.Listen, Zone: zone, Forwarder: fwd, Cache: cache, Metrics: metrics,
 		TCPMaxConns: cfg.TCPMaxConns, TCPIdleTimeout: cfg.TCPIdleTimeout, Drain: cfg.Drain, Log: logOptions(cfg, file, log)})
 
@@ -142,6 +146,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		st := dns.Report(zone, fwd, cache, metrics)
 		if err := src.Stale(); err != nil {
 			st.Stale = err.Error()
+		}
+		if src.StateDir != nil {
+			sd := src.StateDir.Status()
+			st.StateDir = &sd
 		}
 		return st
 	})
