@@ -15,7 +15,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/podnet/podnet/dataplane/ipt"
+	"github.com/podnet/podnet/dataplane/proxy/iptables"
 	"github.com/podnet/podnet/e2e/image"
 	"github.com/podnet/podnet/e2e/realnode"
 )
@@ -271,7 +271,7 @@ func installBaseline(kubeProxy string) func(context.Context, *realCluster, strin
 		c.waitFor(time.Minute, "kube-proxy's rules for kube-dns and none of proxyd's on every node", func(ctx context.Context) (bool, string) {
 			for _, n := range c.nodes {
 				out, err := n.Exec(ctx, "iptables-save", "-t", "nat")
-				if err != nil || !strings.Contains(out, "KUBE-SERVICES -d 10.96.0.10/32") || strings.Contains(out, ipt.ServiceChainPrefix) {
+				if err != nil || !strings.Contains(out, "KUBE-SERVICES -d 10.96.0.10/32") || strings.Contains(out, iptables.ChainPrefix) {
 					return false, fmt.Sprintf("%s: %v\n%s", n.Name, err, out)
 				}
 			}

@@ -287,13 +287,28 @@ func newNodeNet(o Options, k Kernel, src app.Source, checker *health.Checker, re
 			return findUnderlay(links, o.Iface, ip)
 		},
 		rec:       &routing.Reconciler{Kernel: k.Routes, Device: routing.DefaultDevice},
-		ipt:       k.IPTables,
+		firewall:  hostnet.IPTablesFirewall{IPT: k.IPTables},
+		hooks:     serviceHooks(o.ServiceProxy),
 		sysctl:    k.Sysctl,
 		mod:       k.Modprobe,
 		watch:     k.Watch,
 		metrics:   newMetrics(reg, src.FileErrors, src.Stale),
 		firstDone: make(chan struct{}),
 	}
+}
+
+// serviceHooks are the hooks of every mode the daemon offers (sp.Modes):
+// the chosen one's, and those a mode switched away from keeps until its
+// state is removed.
+func serviceHooks(sp *proxy.ServiceOptions) []hostnet.Hook {
+	if sp == nil {
+		return nil
+	}
+	var out []hostnet.Hook
+	for _, h := range sp.Modes.Hooks() {
+		out = append(out, hostnet.Hook(h))
+	}
+	return out
 }
 
 // goKube runs what the agent does through the API server: claiming the
@@ -365,9 +380,11 @@ type nodeNet struct {
 	// underlay finds the interface holding the node's IP.
 	underlay func(netip.Addr) (underlay, error)
 	rec      *routing.Reconciler
-	ipt      hostnet.IPTables
-	sysctl   hostnet.Sysctl
-	mod      hostnet.Modprobe
+	firewall hostnet.NodeFirewall
+	// hooks are the Service proxy's, which the firewall stays behind.
+	hooks  []hostnet.Hook
+	sysctl hostnet.Sysctl
+	mod    hostnet.Modprobe
 	// watch reports netlink changes; nil: none (the periodic resync only).
 	watch   func(ctx context.Context, onEvent func(routing.Event)) error
 	metrics *metrics
@@ -658,7 +675,7 @@ func (n *nodeNet) ensureHost() error {
 	if err := hostnet.EnsureSysctls(n.sysctl, n.mod); err != nil {
 		errs = append(errs, err)
 	}
-	if changed, err := hostnet.EnsureChains(n.ipt, hostnet.Rules{ClusterCIDR: n.o.ClusterCIDR, Masquerade: n.o.Masquerade, StayBehind: "-j " + ipt.ServiceChainPrefix}); err != nil {
+	if changed, err := n.firewall.Ensure(hostnet.Rules{ClusterCIDR: n.o.ClusterCIDR, Masquerade: n.o.Masquerade, ServiceHooks: n.hooks}); err != nil {
 		errs = append(errs, fmt.Errorf("iptables: %w", err))
 	} else if changed {
 		n.log.Info("iptables chains written", "chains", []string{hostnet.ChainPostrouting, hostnet.ChainForward})

@@ -81,11 +81,11 @@ func newTestNodeNet(t *testing.T, backend routing.Backend, k *routing.FakeKernel
 			}
 			return underlay{iface: "eth0", subnet: netip.MustParsePrefix("192.168.10.0/24"), mtu: 1500}, nil
 		},
-		rec:     &routing.Reconciler{Kernel: k, Device: routing.DefaultDevice},
-		ipt:     ipt,
-		sysctl:  fakeSysctl{"net/ipv4/ip_forward": "0", "net/bridge/bridge-nf-call-iptables": "0"},
-		mod:     func(string) error { return nil },
-		metrics: newMetrics(prometheus.NewRegistry(), nil, func() error { return nil }),
+		rec:      &routing.Reconciler{Kernel: k, Device: routing.DefaultDevice},
+		firewall: hostnet.IPTablesFirewall{IPT: ipt},
+		sysctl:   fakeSysctl{"net/ipv4/ip_forward": "0", "net/bridge/bridge-nf-call-iptables": "0"},
+		mod:      func(string) error { return nil },
+		metrics:  newMetrics(prometheus.NewRegistry(), nil, func() error { return nil }),
 	}
 	n.followNodes(func() {})
 	return n, store

@@ -124,16 +124,43 @@ type IPTables interface {
 	List(table, chain string) ([]string, error)
 }
 
+// NodeFirewall is the node's own filtering and NAT for pods: masquerade of
+// pod traffic leaving the cluster and the FORWARD accepts that keep pods
+// reachable under a DROP policy, placed behind the Service proxy's hooks
+// (Rules.ServiceHooks): the proxy rejects traffic to Services without
+// endpoints in FORWARD, and the accept of all pod traffic must not overtake
+// it. IPTablesFirewall is the one in podnet's iptables chains; a mode that
+// owns the whole node's packet path (nftables) brings its own.
+type NodeFirewall interface {
+	// Ensure makes the node hold r, changing only what differs; it
+	// reports whether anything changed.
+	Ensure(r Rules) (bool, error)
+	// Remove takes everything of the firewall's away; what is not there
+	// is no error.
+	Remove() error
+}
+
+// IPTablesFirewall is the NodeFirewall in podnet's iptables chains.
+type IPTablesFirewall struct{ IPT IPTables }
+
+func (f IPTablesFirewall) Ensure(r Rules) (bool, error) { return EnsureChains(f.IPT, r) }
+func (f IPTablesFirewall) Remove() error                { return RemoveChains(f.IPT) }
+
+// Hook is a rule of the Service proxy in a built-in chain: a jump from
+// Chain of Table to its own chain Target. The node firewall's jumps stay
+// behind the hooks of their chain.
+type Hook struct {
+	Table, Chain, Target string
+}
+
 // Rules is what podnet's chains hold.
 type Rules struct {
 	ClusterCIDR netip.Prefix
 	// Masquerade pod traffic leaving the cluster CIDR.
 	Masquerade bool
-	// StayBehind marks the jumps of other podnet parts that must be met
-	// before podnet's own (text a rule of theirs contains, e.g. "-j PODSVC-"):
-	// the Service proxy rejects traffic to Services without endpoints in
-	// FORWARD, and podnet's accept of all pod traffic must not overtake it.
-	StayBehind string
+	// ServiceHooks are the Service proxy's hooks the firewall's own jumps
+	// go behind.
+	ServiceHooks []Hook
 }
 
 // Chain is one of podnet's chains: its rules and where it is jumped to from.
@@ -201,9 +228,9 @@ func EnsureChains(ipt IPTables, r Rules) (bool, error) {
 			return changed, fmt.Errorf("check jump %s/%s -> %s: %w", c.Table, c.From, c.Name, err)
 		}
 		if !ok {
-			// First but for the StayBehind jumps, so a host FORWARD policy
-			// or rule that drops does not cut pods off.
-			pos, err := insertPosition(ipt, c.Table, c.From, r.StayBehind)
+			// First but for the Service proxy's hooks, so a host FORWARD
+			// policy or rule that drops does not cut pods off.
+			pos, err := insertPosition(ipt, c.Table, c.From, r.hookTargets(c.Table, c.From))
 			if err != nil {
 				return changed, err
 			}
@@ -216,10 +243,22 @@ func EnsureChains(ipt IPTables, r Rules) (bool, error) {
 	return changed, nil
 }
 
+// hookTargets are the targets of the Service proxy's hooks in chain of
+// table.
+func (r Rules) hookTargets(table, chain string) map[string]bool {
+	out := make(map[string]bool)
+	for _, h := range r.ServiceHooks {
+		if h.Table == table && h.Chain == chain {
+			out[h.Target] = true
+		}
+	}
+	return out
+}
+
 // insertPosition is 1 plus the number of rules at the head of chain that
-// contain marker.
-func insertPosition(ipt IPTables, table, chain, marker string) (int, error) {
-	if marker == "" {
+// jump to one of hooks.
+func insertPosition(ipt IPTables, table, chain string, hooks map[string]bool) (int, error) {
+	if len(hooks) == 0 {
 		return 1, nil
 	}
 	rules, err := ipt.List(table, chain)
@@ -231,7 +270,7 @@ func insertPosition(ipt IPTables, table, chain, marker string) (int, error) {
 		if !strings.HasPrefix(r, "-A ") {
 			continue // the -P or -N line
 		}
-		if !strings.Contains(r, marker) {
+		if !hooks[strings.TrimPrefix(target(strings.Fields(r)), "-j ")] {
 			break
 		}
 		pos++

@@ -155,7 +155,10 @@ func TestEnsureSysctls(t *testing.T) {
 func TestJumpStaysBehindServiceProxy(t *testing.T) {
 	ipt := NewFakeIPTables()
 	r := rules
-	r.StayBehind = "-j PODSVC-"
+	r.ServiceHooks = []Hook{
+		{"filter", "FORWARD", "PODSVC-FILTER"}, {"filter", "FORWARD", "PODSVC-FORWARD"},
+		{"nat", "PREROUTING", "PODSVC-SERVICES"},
+	}
 	ipt.Chains["filter/FORWARD"] = []string{
 		"-m comment --comment svc -j PODSVC-FILTER",
 		"-m comment --comment svc -j PODSVC-FORWARD",

@@ -21,11 +21,6 @@ const (
 	BackendLegacy = "legacy"
 )
 
-// ServiceChainPrefix starts the name of every chain of the Service proxy's
-// iptables mode. The node's own chains (hostnet) place their jumps behind
-// the proxy's, which they find by it.
-const ServiceChainPrefix = "PODSVC-"
-
 // Backends lists both backends, nft first.
 var Backends = []string{BackendNFT, BackendLegacy}
 

@@ -38,6 +38,26 @@ type Mode struct {
 	// Cleanup removes whatever the mode left on the node in any earlier
 	// run; what is not there is no error. nil: the mode leaves nothing.
 	Cleanup func(Config) error
+	// Hooks are the mode's rules in the node's built-in netfilter chains,
+	// which the node firewall keeps its own behind; none for a mode that
+	// works outside netfilter.
+	Hooks []Hook
+}
+
+// Hook is a jump the Service proxy keeps in a built-in chain: from Chain of
+// Table (iptables names) to its own Target.
+type Hook struct {
+	Table, Chain, Target string
+}
+
+// Hooks are the hooks of every mode: a mode being switched away from keeps
+// its hooks until its state is removed.
+func (ms Modes) Hooks() []Hook {
+	var out []Hook
+	for _, m := range ms {
+		out = append(out, m.Hooks...)
+	}
+	return out
 }
 
 // Config is what every mode is built from: the node-wide settings, then

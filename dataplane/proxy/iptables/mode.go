@@ -29,6 +29,16 @@ var Mode = proxy.Mode{
 		}, cfg.IPTables.For(cfg.Family)), nil
 	},
 	Cleanup: cleanupBackends,
+	Hooks:   hooks(),
+}
+
+// hooks are Jumps as the node firewall sees them.
+func hooks() []proxy.Hook {
+	out := make([]proxy.Hook, len(Jumps))
+	for i, j := range Jumps {
+		out[i] = proxy.Hook{Table: j.Table, Chain: j.Chain, Target: j.Args[len(j.Args)-1]}
+	}
+	return out
 }
 
 // cleanupBackends removes every rule and chain of the Service proxy from

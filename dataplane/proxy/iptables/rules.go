@@ -52,13 +52,12 @@ import (
 
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/ipfamily"
-	"github.com/podnet/podnet/dataplane/ipt"
 	"github.com/podnet/podnet/dataplane/proxy"
 )
 
 // Chain names. Every chain the proxy creates starts with ChainPrefix.
 const (
-	ChainPrefix      = ipt.ServiceChainPrefix
+	ChainPrefix      = "PODSVC-"
 	ChainServices    = "PODSVC-SERVICES"
 	ChainNodePorts   = "PODSVC-NODEPORTS"
 	ChainPostrouting = "PODSVC-POSTROUTING"
