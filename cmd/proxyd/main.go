@@ -24,7 +24,6 @@ import (
 	"github.com/podnet/podnet/dataplane/nodeconfig"
 	"github.com/podnet/podnet/dataplane/podcidr"
 	"github.com/podnet/podnet/dataplane/proxy"
-	"github.com/podnet/podnet/dataplane/proxy/ebpf"
 	"github.com/podnet/podnet/dataplane/routing"
 )
 
@@ -58,7 +57,7 @@ type flags struct {
 	masqueradeAll     bool
 	cleanup           bool
 	kubeconfig        string
-	bpf               proxy.BPFConfig
+	modeSettings      map[string]proxy.Settings
 	limits            statedir.LimitFlags
 	// kube-proxy's command line and config file.
 	config           string
@@ -85,15 +84,14 @@ func (f *flags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Iface, "iface", "", "underlay interface (default: the interface holding the node's InternalIP)")
 	fs.StringVar(&o.NodeConfigPath, "node-config", nodeconfig.DefaultPath, "where to write the node config for the CNI plugin")
 	fs.BoolVar(&o.Masquerade, "masquerade", true, "masquerade pod traffic leaving the cluster CIDR to the node's address")
-	fs.StringVar(&f.proxyMode, "proxy-mode", modes[0].Name, "Service proxy: "+strings.Join(modes.Names(), ", "))
+	fs.StringVar(&f.proxyMode, "proxy-mode", proxy.DefaultMode, "Service proxy: "+strings.Join(modes.Names(), ", "))
 	fs.StringVar(&f.healthz, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz: IP:PORT, or an IP alone for port 10256 (empty disables)")
 	fs.StringVar(&f.metrics, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics: IP:PORT, or an IP alone for port 10249 (empty disables)")
 	fs.DurationVar(&o.SyncPeriod, "sync-period", 30*time.Second, "full resync period of routes and rules")
 	fs.DurationVar(&o.MinSyncPeriod, "min-sync-period", time.Second, "minimum time between syncs")
 	fs.StringSliceVar(&f.nodePortAddresses, "nodeport-addresses", nil, "CIDRs whose node addresses accept NodePorts, or \"primary\" for the Node's InternalIPs (default: all)")
 	fs.BoolVar(&f.masqueradeAll, "masquerade-all", false, "masquerade all traffic sent to Service IPs")
-	fs.StringVar(&f.bpf.Cgroup, "bpf-cgroup", "", "ebpf mode: the cgroup v2 directory whose processes get socket-level load balancing, or a hybrid host's cgroup root holding it at unified/ (default: the cgroup2 root this process sees)")
-	fs.StringVar(&f.bpf.PinDir, "bpf-pin-dir", ebpf.DefaultPinDir, "ebpf mode: where maps and links are pinned (a bpffs is mounted there if needed)")
+	f.modeSettings = modes.AddFlags(fs)
 	fs.BoolVar(&f.cleanup, "cleanup", false, "remove everything proxyd installed and exit")
 	f.limits.Register(fs)
 	// kube-proxy's, so its command lines and config file run proxyd.
@@ -118,7 +116,7 @@ func registerConntrack(fs *pflag.FlagSet, c *hostnet.Conntrack) {
 func (f *flags) setup(logger *slog.Logger) (func(context.Context) error, error) {
 	if f.cleanup {
 		return func(context.Context) error {
-			return errors.Join(agent.Cleanup(logger), modes.Cleanup(proxy.Config{Logger: logger, BPF: f.bpf}, ""))
+			return errors.Join(agent.Cleanup(logger), modes.Cleanup(proxy.Config{Logger: logger, Settings: f.modeSettings}, ""))
 		}, nil
 	}
 	o, err := f.agentOptions(logger)
@@ -209,10 +207,10 @@ func (f *flags) options(logger *slog.Logger) (agent.Options, error) {
 		return o, err
 	}
 	// One nft/legacy detection for the node's chains and the proxy's.
-	o.IPTables = ipt.Runner{Backend: ipt.Detect()}
+	o.IPTables = ipt.Runner{Backend: ipt.NodeBackend()}
 	sp := proxy.ServiceOptions{Modes: modes, Conntrack: conntrackNetlink{}, Config: proxy.Config{
 		NodeName: o.NodeName, ClusterCIDR: o.ClusterCIDR, NodePortAddresses: npa,
-		MasqueradeAll: f.masqueradeAll, IPTables: o.IPTables, BPF: f.bpf,
+		MasqueradeAll: f.masqueradeAll, Settings: f.modeSettings,
 	}}
 	if o.Iface != "" {
 		sp.Config.Uplinks = []string{o.Iface}

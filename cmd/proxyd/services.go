@@ -3,12 +3,13 @@ package main
 import (
 	"github.com/podnet/podnet/dataplane/conntrack"
 	"github.com/podnet/podnet/dataplane/proxy"
-	"github.com/podnet/podnet/dataplane/proxy/ebpf"
-	"github.com/podnet/podnet/dataplane/proxy/iptables"
+	// The Service proxy modes proxyd offers: each registers itself.
+	_ "github.com/podnet/podnet/dataplane/proxy/ebpf"
+	_ "github.com/podnet/podnet/dataplane/proxy/iptables"
 )
 
 // modes are the Service proxy modes proxyd offers, the default first.
-var modes = proxy.Modes{iptables.Mode, ebpf.Mode, proxy.None}
+var modes = proxy.Registered()
 
 // conntrackNetlink adapts the conntrack package to the proxy's interface.
 type conntrackNetlink struct{}

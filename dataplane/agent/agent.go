@@ -72,11 +72,11 @@ type Options struct {
 	MinSyncPeriod  time.Duration
 	HealthzAddr    string // "" disables
 	MetricsAddr    string // "" disables
-	// IPTables runs the iptables commands for the node's chains and the
-	// Service proxy alike; zero: the backend the node uses (ipt.Detect).
+	// IPTables runs the iptables commands for the node's chains; zero:
+	// the backend the node uses (ipt.NodeBackend, the Service proxy's too).
 	IPTables ipt.Runner
 	// ServiceProxy is the Service proxy run beside the node network; nil:
-	// none. Its IPTables and sync periods are the agent's.
+	// none. Its sync periods are the agent's.
 	ServiceProxy *proxy.ServiceOptions
 	// Kernel replaces parts of the node's kernel (tests); nil: the real one.
 	Kernel *Kernel
@@ -206,7 +206,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	log := o.Logger
 	if o.IPTables.Backend == "" && (o.Kernel == nil || o.Kernel.IPTables == nil) {
-		o.IPTables.Backend = ipt.Detect()
+		o.IPTables.Backend = ipt.NodeBackend()
 	}
 	reg := app.NewRegistry()
 	checker := health.NewChecker()
@@ -260,7 +260,6 @@ func Run(ctx context.Context, o Options) error {
 	g.Go("node network", n.run)
 	if o.ServiceProxy != nil {
 		sp := *o.ServiceProxy
-		sp.Config.IPTables = o.IPTables
 		sp.SyncPeriod, sp.MinSyncPeriod = o.SyncPeriod, o.MinSyncPeriod
 		g.Go("service proxy", func(ctx context.Context) error {
 			return proxy.RunService(ctx, sp, proxy.Env{

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
+	"sync"
 
 	goiptables "github.com/coreos/go-iptables/iptables"
 
@@ -132,6 +133,11 @@ func (r Runner) Available() error {
 	}
 	return nil
 }
+
+// NodeBackend is the backend the node uses, detected once per process
+// (Detect): the node firewall and the Service proxy ask it and so write
+// into the same one.
+var NodeBackend = sync.OnceValue(Detect)
 
 // Detect picks the iptables backend the node already uses, the way
 // kube-proxy's iptables-wrapper does: the one holding more rules; on a tie

@@ -15,16 +15,19 @@ import (
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/health"
 	"github.com/podnet/podnet/dataplane/ipfamily"
-	"github.com/podnet/podnet/dataplane/ipt"
 	"github.com/podnet/podnet/dataplane/status"
 )
 
 // Mode is one way of programming Services into the node's kernel
 // (iptables, ebpf, ...). Every mode provides the same three things, and a
-// daemon picks one by name from its Modes table, knowing none of them.
+// daemon picks one by name from the registered modes (Register,
+// Registered), knowing none of them.
 type Mode struct {
 	// Name is the value of --proxy-mode.
 	Name string
+	// NewSettings returns the mode's own Settings, defaults set; nil: the
+	// mode has none.
+	NewSettings func() Settings
 	// Probe reports the first thing this node lacks for the mode (a
 	// command, a program type, an attach type, a helper), naming it; nil
 	// when the mode can run. It changes nothing on the node. nil: the mode
@@ -60,8 +63,8 @@ func (ms Modes) Hooks() []Hook {
 	return out
 }
 
-// Config is what every mode is built from: the node-wide settings, then
-// one typed part per mode that needs settings of its own.
+// Config is what every mode is built from: the node-wide settings, and
+// each mode's own Settings by name, which only that mode reads.
 type Config struct {
 	NodeName string
 	// Family is the address family the Backend serves: New is called once
@@ -70,32 +73,23 @@ type Config struct {
 	ClusterCIDR       netip.Prefix
 	NodePortAddresses []netip.Prefix // empty: all of the node's addresses
 	MasqueradeAll     bool
-	// IPTables is the node's iptables runner, shared with the node
-	// agent's own chains: one nft/legacy detection for both.
-	IPTables ipt.Runner
 	// Uplinks are the interfaces traffic from outside the node arrives on
 	// (where a mode attaches tc programs); empty: the interface holding
 	// the node's InternalIP.
 	Uplinks []string
 	// Node returns this node as the cluster state holds it now (its
 	// addresses); nil until the state has it. Set by RunService.
-	Node   func() *cluster.Node
-	BPF    BPFConfig
-	Logger *slog.Logger // never nil inside a Mode's functions
-}
-
-// BPFConfig is the part of Config only the ebpf mode reads.
-type BPFConfig struct {
-	// Cgroup is the cgroup v2 directory the socket hooks attach to.
-	Cgroup string
-	// PinDir is the bpffs directory holding the pinned maps and links.
-	PinDir string
+	Node func() *cluster.Node
+	// Settings holds each mode's own Settings by mode name (Modes.AddFlags);
+	// a mode without an entry uses its defaults.
+	Settings map[string]Settings
+	Logger   *slog.Logger // never nil inside a Mode's functions
 }
 
 // None runs no Service proxy.
 var None = Mode{Name: "none", New: func(Config) (Backend, error) { return nil, nil }}
 
-// Modes is the table of proxy modes a daemon offers.
+// Modes is a table of proxy modes, as Registered returns it.
 type Modes []Mode
 
 // Names lists the modes' names in table order.

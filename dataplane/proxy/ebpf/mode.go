@@ -8,6 +8,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/spf13/pflag"
+
 	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/proxy"
 )
@@ -15,7 +17,8 @@ import (
 // Mode is the ebpf proxy mode: socket LB on a cgroup for pods and the
 // node, tcx programs on the uplink for traffic from outside, pinned maps.
 var Mode = proxy.Mode{
-	Name: "ebpf",
+	Name:        modeName,
+	NewSettings: func() proxy.Settings { return &Settings{PinDir: DefaultPinDir} },
 	Probe: func(cfg proxy.Config) error {
 		if err := Probe(); err != nil {
 			return err
@@ -55,9 +58,35 @@ var Mode = proxy.Mode{
 	},
 }
 
+const modeName = "ebpf"
+
+func init() { proxy.Register(Mode) }
+
+// Settings are the ebpf mode's own.
+type Settings struct {
+	// Cgroup is the cgroup v2 directory the socket hooks attach to.
+	Cgroup string
+	// PinDir is the bpffs directory holding the pinned maps and links.
+	PinDir string
+}
+
+// AddFlags implements proxy.Settings.
+func (s *Settings) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&s.Cgroup, "bpf-cgroup", s.Cgroup, "ebpf mode: the cgroup v2 directory whose processes get socket-level load balancing, or a hybrid host's cgroup root holding it at unified/ (default: the cgroup2 root this process sees)")
+	fs.StringVar(&s.PinDir, "bpf-pin-dir", s.PinDir, "ebpf mode: where maps and links are pinned (a bpffs is mounted there if needed)")
+}
+
+// settingsOf is the mode's Settings in cfg, else the defaults.
+func settingsOf(cfg proxy.Config) Settings {
+	if s, ok := cfg.Settings[modeName].(*Settings); ok && s != nil {
+		return *s
+	}
+	return Settings{}
+}
+
 func pinDirOf(cfg proxy.Config) string {
-	if cfg.BPF.PinDir != "" {
-		return cfg.BPF.PinDir
+	if s := settingsOf(cfg); s.PinDir != "" {
+		return s.PinDir
 	}
 	return DefaultPinDir
 }
@@ -65,8 +94,8 @@ func pinDirOf(cfg proxy.Config) string {
 // cgroupOf is the cgroup v2 directory to attach to: --bpf-cgroup resolved
 // (ResolveCgroup), or the cgroup2 root this process sees.
 func cgroupOf(cfg proxy.Config) (string, error) {
-	if cfg.BPF.Cgroup != "" {
-		return ResolveCgroup(cfg.BPF.Cgroup)
+	if s := settingsOf(cfg); s.Cgroup != "" {
+		return ResolveCgroup(s.Cgroup)
 	}
 	return Cgroup2Root()
 }

@@ -10,26 +10,31 @@ import (
 )
 
 // Mode is the iptables proxy mode: one iptables-restore per sync into the
-// backend (nft or legacy) the node's runner uses.
+// backend (nft or legacy) the node uses (ipt.NodeBackend, the node
+// firewall's too).
 var Mode = proxy.Mode{
 	Name: "iptables",
 	Probe: func(cfg proxy.Config) error {
-		return cfg.IPTables.For(cfg.Family).Available()
+		return runner(cfg).Available()
 	},
 	New: func(cfg proxy.Config) (proxy.Backend, error) {
-		if cfg.IPTables.Backend == "" {
-			return nil, errors.New("no iptables backend chosen")
-		}
-		cfg.Logger.Info("service proxy: iptables mode", "backend", cfg.IPTables.Backend, "family", cfg.Family)
+		r := runner(cfg)
+		cfg.Logger.Info("service proxy: iptables mode", "backend", r.Backend, "family", cfg.Family)
 		return NewProxier(Config{
 			Family:            cfg.Family,
 			ClusterCIDR:       cfg.ClusterCIDR,
 			NodePortAddresses: cfg.NodePortAddresses,
 			MasqueradeAll:     cfg.MasqueradeAll,
-		}, cfg.IPTables.For(cfg.Family)), nil
+		}, r), nil
 	},
 	Cleanup: cleanupBackends,
 	Hooks:   hooks(),
+}
+
+func init() { proxy.Register(Mode) }
+
+func runner(cfg proxy.Config) ipt.Runner {
+	return ipt.Runner{Backend: ipt.NodeBackend(), Family: cfg.Family}
 }
 
 // hooks are Jumps as the node firewall sees them.
