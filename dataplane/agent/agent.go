@@ -25,7 +25,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -38,6 +37,7 @@ import (
 	"github.com/podnet/podnet/dataplane/hostnet"
 	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/ipt"
+	"github.com/podnet/podnet/dataplane/link"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
 	"github.com/podnet/podnet/dataplane/nodestatus"
 	"github.com/podnet/podnet/dataplane/podcidr"
@@ -130,8 +130,8 @@ type Kernel struct {
 	IPTables hostnet.IPTables
 	Sysctl   hostnet.Sysctl
 	Modprobe hostnet.Modprobe
-	// Links lists the node's interfaces with their IPv4 addresses (where
-	// the underlay is found).
+	// Links lists the node's interfaces with their addresses (where the
+	// underlay is found).
 	Links func() ([]Link, error)
 	// Watch reports the kernel's changes to podnet's routes, neighbours,
 	// FDB entries and links until ctx ends (routing.Watch).
@@ -139,11 +139,7 @@ type Kernel struct {
 }
 
 // Link is one of the node's interfaces.
-type Link struct {
-	Name  string
-	MTU   int
-	Addrs []netip.Prefix // IPv4
-}
+type Link = link.Interface
 
 // kernel fills k's nil fields with the real kernel; close releases what
 // it opened.
@@ -158,12 +154,7 @@ func (o Options) kernel() (k Kernel, close func(), err error) {
 		}
 	}
 	if k.Links == nil {
-		h, err := netlink.NewHandle()
-		if err != nil {
-			return k, close, fmt.Errorf("open netlink: %w", err)
-		}
-		closers = append(closers, h.Close)
-		k.Links = func() ([]Link, error) { return netlinkLinks(h) }
+		k.Links = link.Interfaces
 	}
 	if k.Routes == nil {
 		nk, err := routing.NewNetlinkKernel(netns.None(), ipfamily.OfPrefix(o.ClusterCIDR))
@@ -582,44 +573,13 @@ type underlay struct {
 // findUnderlay finds the interface holding ip (only iface, if set), its
 // subnet and MTU.
 func findUnderlay(links []Link, iface string, ip netip.Addr) (underlay, error) {
-	for _, l := range links {
-		if iface != "" && l.Name != iface {
-			continue
-		}
-		for _, a := range l.Addrs {
-			if a.Addr() == ip {
-				return underlay{iface: l.Name, subnet: a.Masked(), mtu: l.MTU}, nil
-			}
-		}
+	if l, a, ok := link.Holding(links, iface, ip); ok {
+		return underlay{iface: l.Name, subnet: a.Masked(), mtu: l.MTU}, nil
 	}
 	if iface != "" {
 		return underlay{}, fmt.Errorf("--iface %s does not hold the node's InternalIP %s", iface, ip)
 	}
 	return underlay{}, fmt.Errorf("no interface holds the node's InternalIP %s (set --iface)", ip)
-}
-
-// netlinkLinks lists the links and their IPv4 addresses; a link whose
-// addresses cannot be read is listed without them.
-func netlinkLinks(h *netlink.Handle) ([]Link, error) {
-	links, err := h.LinkList()
-	if err != nil {
-		return nil, err
-	}
-	out := make([]Link, 0, len(links))
-	for _, l := range links {
-		link := Link{Name: l.Attrs().Name, MTU: l.Attrs().MTU}
-		addrs, _ := h.AddrList(l, netlink.FAMILY_V4)
-		for _, a := range addrs {
-			ip, ok := netip.AddrFromSlice(a.IP)
-			if !ok {
-				continue
-			}
-			ones, _ := a.Mask.Size()
-			link.Addrs = append(link.Addrs, netip.PrefixFrom(ip.Unmap(), ones))
-		}
-		out = append(out, link)
-	}
-	return out, nil
 }
 
 // syncOnce reconciles the node network once and returns how many kernel

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/link"
 	"github.com/podnet/podnet/dataplane/proxy"
 )
 
@@ -140,8 +141,10 @@ func (p *Proxier) attachTC() {
 	want := map[string]string{p.cfg.Bridge: TCNodePort, p.cfg.Overlay: TCNodePort}
 	uplinks := p.cfg.Uplinks
 	if len(uplinks) == 0 {
-		if ifc, ok := ifaceHolding(p.cfg.NodeIP()); ok {
-			uplinks = []string{ifc}
+		if ifcs, err := link.Interfaces(); err == nil {
+			if ifc, _, ok := link.Holding(ifcs, "", p.cfg.NodeIP()); ok {
+				uplinks = []string{ifc.Name}
+			}
 		}
 	}
 	for _, u := range uplinks {
@@ -175,26 +178,6 @@ func (p *Proxier) noneAttached() bool {
 	p.tcMu.Lock()
 	defer p.tcMu.Unlock()
 	return len(p.attached) == 0
-}
-
-// ifaceHolding names the interface holding ip.
-func ifaceHolding(ip netip.Addr) (string, bool) {
-	if !ip.IsValid() {
-		return "", false
-	}
-	ifcs, err := net.Interfaces()
-	if err != nil {
-		return "", false
-	}
-	for _, ifc := range ifcs {
-		addrs, _ := ifc.Addrs()
-		for _, a := range addrs {
-			if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Unmap() == ip {
-				return ifc.Name, true
-			}
-		}
-	}
-	return "", false
 }
 
 // Close releases the process's handles; programs stay attached and keep
