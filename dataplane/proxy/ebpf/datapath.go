@@ -375,8 +375,16 @@ const (
 	cgroup2Magic = 0x63677270
 )
 
-// ensureBPFFS makes dir exist on a bpffs, mounting one on dir itself when
-// it is elsewhere (a host without /sys/fs/bpf mounted).
+// ErrPinDirNotShared says the pin dir is not on a bpffs that outlives
+// proxyd: pins in a bpffs proxyd mounted in a mount namespace of its own
+// die with it, and with them every Service of the node's pods until
+// proxyd is back.
+var ErrPinDirNotShared = errors.New("the pin dir is not on a bpffs shared with the node")
+
+// ensureBPFFS makes dir exist on a bpffs. Where it is not on one, it
+// mounts one on dir itself only when that mount outlives proxyd (see
+// mountOutlivesUs); otherwise it refuses, saying why, rather than pin into
+// a bpffs that dies with the process.
 func ensureBPFFS(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create pin dir %s: %w", dir, err)
@@ -388,10 +396,74 @@ func ensureBPFFS(dir string) error {
 	if st.Type == bpfFSMagic {
 		return nil
 	}
+	if why := mountOutlivesUs(dir); why != "" {
+		return fmt.Errorf("%w: --bpf-pin-dir %s is not on a bpffs, and one proxyd mounted there would die with it (%s): mount the node's /sys/fs/bpf into proxyd's container (deploy/ebpf does, Bidirectional) or a bpffs on the node (mount -t bpf bpf /sys/fs/bpf)",
+			ErrPinDirNotShared, dir, why)
+	}
 	if err := unix.Mount("bpffs", dir, "bpf", 0, "mode=0700"); err != nil {
 		return fmt.Errorf("mount bpffs on pin dir %s: %w", dir, err)
 	}
 	return nil
+}
+
+// nodeMountNS is the node's mount namespace as PID 1 has it (tests point it
+// elsewhere).
+var nodeMountNS = "/proc/1/ns/mnt"
+
+// mountOutlivesUs says why a mount proxyd made on dir would not outlive
+// it ("" when it would): proxyd runs in the node's own mount namespace
+// (PID 1's, PID 1 being another process: with hostPID, or on the host;
+// when PID 1's cannot be read, proxyd is taken to be on the host unless it
+// is PID 1 itself, as the entrypoint of a container without hostPID is), or
+// the mount holding dir propagates to its peers (shared, as the node's
+// /sys/fs/bpf mounted Bidirectional into a pod).
+func mountOutlivesUs(dir string) string {
+	self, err1 := os.Readlink("/proc/thread-self/ns/mnt")
+	init, err2 := os.Readlink(nodeMountNS)
+	switch {
+	case err1 == nil && err2 == nil && self == init && os.Getpid() != 1:
+		return ""
+	case err1 == nil && err2 != nil && os.Getpid() != 1:
+		// PID 1 is another process whose namespace this one may not
+		// read (a sandboxed host): nothing says proxyd is in a
+		// container, so the mount is taken to be the host's, as before.
+		return ""
+	}
+	info, err := os.ReadFile("/proc/thread-self/mountinfo")
+	if err != nil {
+		return err.Error()
+	}
+	mp, shared := mountOf(info, dir)
+	if shared {
+		return ""
+	}
+	return fmt.Sprintf("proxyd has a mount namespace of its own and its mount %s propagates nowhere", mp)
+}
+
+// mountOf finds the mount holding path in a /proc/PID/mountinfo: its
+// mount point, and whether it is shared (propagates mounts to its peers).
+// The last of the longest matching mount points wins, as the kernel stacks
+// them.
+func mountOf(mountinfo []byte, path string) (mountPoint string, shared bool) {
+	path = filepath.Clean(path)
+	for _, line := range strings.Split(string(mountinfo), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 7 {
+			continue
+		}
+		mp := strings.ReplaceAll(f[4], "\\040", " ")
+		if !(path == mp || mp == "/" || strings.HasPrefix(path, mp+"/")) || len(mp) < len(mountPoint) {
+			continue
+		}
+		mountPoint, shared = mp, false
+		for _, opt := range f[6:] {
+			if opt == "-" {
+				break
+			}
+			shared = shared || strings.HasPrefix(opt, "shared:")
+		}
+	}
+	return mountPoint, shared
 }
 
 func isMountPoint(dir string) bool {
