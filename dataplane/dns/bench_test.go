@@ -34,6 +34,10 @@ func BenchmarkServe(b *testing.B) {
 		b.Fatal(err)
 	}
 	cache := NewCache(CacheOptions{})
+	// As Server.Run does: hits read the time runClock keeps.
+	clockCtx, stopClock := context.WithCancel(context.Background())
+	defer stopClock()
+	go cache.runClock(clockCtx)
 	s := NewServer(ServerOptions{Zone: z, Forwarder: fwd, Cache: cache})
 	cached := new(mdns.Msg)
 	cached.SetQuestion("www.example.test.", mdns.TypeA)

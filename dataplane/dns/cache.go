@@ -1,6 +1,7 @@
 package dns
 
 import (
+	"context"
 	"encoding/binary"
 	"hash/maphash"
 	"sync"
@@ -58,6 +59,9 @@ type Cache struct {
 	seed   maphash.Seed
 	shards [cacheShards]cacheShard
 	now    func() time.Time
+	// coarse is now (Unix nanoseconds) as runClock last read it, 0 while
+	// it does not run: a hit reads it instead of the clock.
+	coarse atomic.Int64
 	// evicted counts entries dropped to make room, positive [0] and
 	// negative [1] (coredns_cache_evictions_total).
 	evicted [2]atomic.Uint64
@@ -141,6 +145,37 @@ func cacheKey(buf []byte, r *request) []byte {
 
 func (c *Cache) shard(key []byte) *cacheShard {
 	return &c.shards[maphash.Bytes(c.seed, key)%cacheShards]
+}
+
+// coarseTick is how often runClock reads the clock. A hit that read the
+// clock itself spent 73 ns of its 157 there (BenchmarkServe/cached, on
+// kvm-clock), more than the rest of the cache's work; answers' TTLs are
+// whole seconds, and an entry served 20 ms past its expiry is served as
+// fresh as the upstream's TTL allowed.
+const coarseTick = 20 * time.Millisecond
+
+// runClock keeps the time hits read until ctx ends.
+func (c *Cache) runClock(ctx context.Context) {
+	t := time.NewTicker(coarseTick)
+	defer t.Stop()
+	defer c.coarse.Store(0)
+	for {
+		c.coarse.Store(c.now().UnixNano())
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// clock is the time of a hit: runClock's, or the clock's when it does not
+// run.
+func (c *Cache) clock() time.Time {
+	if n := c.coarse.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return c.now()
 }
 
 // get returns the entry for key and whether it is still fresh at now.

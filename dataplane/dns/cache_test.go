@@ -1,8 +1,11 @@
 package dns
 
 import (
+	"context"
 	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	mdns "github.com/miekg/dns"
 )
@@ -56,5 +59,53 @@ func TestCachePutReplacesInPlaceWhenFull(t *testing.T) {
 	var got mdns.Msg
 	if e == nil || got.Unpack(e.msg) != nil || len(got.Answer) != 1 || got.Answer[0].(*mdns.A).A.String() != "192.0.2.9" {
 		t.Errorf("the replaced entry: %v", got.Answer)
+	}
+}
+
+// TestCacheHitsFollowTheCoarseClock: while runClock runs, a hit is fresh or
+// expired by the time it last read, and when it stops hits read the clock
+// again.
+func TestCacheHitsFollowTheCoarseClock(t *testing.T) {
+	c := NewCache(CacheOptions{MinTTL: 5 * time.Second})
+	var mu sync.Mutex
+	now := time.Unix(1_000_000, 0)
+	c.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	q := new(mdns.Msg)
+	q.SetQuestion("a.test.", mdns.TypeA)
+	m := new(mdns.Msg)
+	m.SetReply(q)
+	m.Answer = []mdns.RR{mustRR("a.test. 5 IN A 192.0.2.1")}
+	c.put([]byte("k"), m)
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() { c.runClock(ctx); close(stopped) }()
+	waitCoarse := func(want time.Time) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for c.coarse.Load() != want.UnixNano() {
+			if time.Now().After(deadline) {
+				t.Fatalf("runClock did not read %v within 10s", want)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitCoarse(now)
+	if _, fresh := c.get([]byte("k"), c.clock()); !fresh {
+		t.Error("entry stale at once")
+	}
+	mu.Lock()
+	now = now.Add(5 * time.Second)
+	mu.Unlock()
+	waitCoarse(c.now())
+	if _, fresh := c.get([]byte("k"), c.clock()); fresh {
+		t.Error("entry fresh once the coarse clock passed its TTL")
+	}
+	cancel()
+	<-stopped
+	mu.Lock()
+	now = now.Add(-time.Second)
+	mu.Unlock()
+	if _, fresh := c.get([]byte("k"), c.clock()); !fresh || c.coarse.Load() != 0 {
+		t.Error("after runClock stopped, hits do not read the clock")
 	}
 }

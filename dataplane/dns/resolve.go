@@ -65,7 +65,7 @@ func (s *Server) fromCache(ctx context.Context, pkt []byte, r *request, sc *scra
 	if c == nil {
 		return nil, nil, false
 	}
-	now := c.now()
+	now := c.clock()
 	sc.key = cacheKey(sc.key, r)
 	e, fresh := c.get(sc.key, now)
 	if !fresh {

@@ -175,6 +175,11 @@ func (s *Server) Run(ctx context.Context, ready chan<- Listening) error {
 	s.phase.Store(phaseServing)
 	defer s.phase.Store(phaseStopped)
 	var wg sync.WaitGroup
+	if c := s.opts.Cache; c != nil {
+		cctx, stopClock := context.WithCancel(context.WithoutCancel(ctx))
+		defer stopClock()
+		go c.runClock(cctx)
+	}
 	for i, c := range udp {
 		wg.Go(func() { s.serveUDP(qctx, c, s.workers[i]) })
 	}
