@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/podnet/podnet/dataplane/cluster"
@@ -73,137 +74,154 @@ func svcObjs(i int) []cluster.Object {
 }
 
 func TestRunBatchesAndRecoversWithFullSync(t *testing.T) {
-	st := cluster.NewStore()
-	var objs []cluster.Object
-	for i := range 3 {
-		objs = append(objs, svcObjs(i)...)
-	}
-	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, objs)
-	st.MarkSynced()
-	b := &fakeBackend{sig: make(chan struct{}, 1)}
-	hc := health.NewChecker()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() {
-		done <- Run(ctx, Options{Store: st, NodeName: "n1", Backend: b, SyncPeriod: time.Hour, MinSyncPeriod: 200 * time.Millisecond, Health: hc})
-	}()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
+	synctest.Test(t, func(t *testing.T) {
+		st := cluster.NewStore()
+		var objs []cluster.Object
+		for i := range 3 {
+			objs = append(objs, svcObjs(i)...)
 		}
-	}()
-	c := b.wait(t, 1)
-	if !c[0].full || c[0].ports != 3 {
-		t.Fatalf("first sync %+v, want full with 3 Services", c[0])
-	}
-	// Three changes in quick succession land in one partial sync.
-	for i := 3; i < 6; i++ {
-		for _, o := range svcObjs(i) {
-			st.Upsert(o)
+		st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, objs)
+		st.MarkSynced()
+		b := &fakeBackend{sig: make(chan struct{}, 1)}
+		hc := health.NewChecker()
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() {
+			done <- Run(ctx, Options{Store: st, NodeName: "n1", Backend: b, SyncPeriod: time.Hour, MinSyncPeriod: 200 * time.Millisecond, Health: hc})
+		}()
+		defer func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		}()
+		c := b.wait(t, 1)
+		if !c[0].full || c[0].ports != 3 {
+			t.Fatalf("first sync %+v, want full with 3 Services", c[0])
 		}
-	}
-	c = b.wait(t, 2)
-	time.Sleep(300 * time.Millisecond)
-	b.mu.Lock()
-	n := len(b.calls)
-	b.mu.Unlock()
-	if c[1].full || c[1].changed != 3 || n != 2 {
-		t.Errorf("syncs after three changes: %+v (total %d), want one partial sync of 3 Services", c[1:], n)
-	}
-	// A failed sync is retried as a full one.
-	b.mu.Lock()
-	b.fail = 1
-	b.mu.Unlock()
-	st.Delete(cluster.KindService, cluster.Key{Namespace: "ns", Name: "s0"})
-	c = b.wait(t, 4)
-	if !c[3].full || c[3].ports != 5 {
-		t.Errorf("sync after a failure: %+v, want full with 5 Services", c[3])
-	}
-	if err := hc.Err(); err != nil {
-		t.Errorf("healthy proxy reports %v", err)
-	}
+		// Three changes in quick succession land in one partial sync.
+		for i := 3; i < 6; i++ {
+			for _, o := range svcObjs(i) {
+				st.Upsert(o)
+			}
+		}
+		c = b.wait(t, 2)
+		after(300 * time.Millisecond)
+		b.mu.Lock()
+		n := len(b.calls)
+		b.mu.Unlock()
+		if c[1].full || c[1].changed != 3 || n != 2 {
+			t.Errorf("syncs after three changes: %+v (total %d), want one partial sync of 3 Services", c[1:], n)
+		}
+		// A failed sync is retried as a full one.
+		b.mu.Lock()
+		b.fail = 1
+		b.mu.Unlock()
+		st.Delete(cluster.KindService, cluster.Key{Namespace: "ns", Name: "s0"})
+		c = b.wait(t, 4)
+		if !c[3].full || c[3].ports != 5 {
+			t.Errorf("sync after a failure: %+v, want full with 5 Services", c[3])
+		}
+		if err := hc.Err(); err != nil {
+			t.Errorf("healthy proxy reports %v", err)
+		}
+	})
 }
 
 func TestRunHealthTurnsBadWithoutSuccessfulSync(t *testing.T) {
-	st := cluster.NewStore()
-	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, svcObjs(0))
-	st.MarkSynced()
-	b := &fakeBackend{sig: make(chan struct{}, 1), fail: 1 << 30}
-	hc := health.NewChecker()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	go Run(ctx, Options{Store: st, Backend: b, SyncPeriod: 500 * time.Millisecond, MinSyncPeriod: 50 * time.Millisecond, Health: hc})
-	b.wait(t, 1)
-	if err := hc.Err(); err != nil {
-		t.Fatalf("unhealthy right after start: %v", err)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for hc.Err() == nil && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if hc.Err() == nil {
-		t.Fatal("still healthy after 2 sync periods without a successful sync")
-	}
-	b.mu.Lock()
-	b.fail = 0
-	b.mu.Unlock()
-	deadline = time.Now().Add(5 * time.Second)
-	for hc.Err() != nil && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if err := hc.Err(); err != nil {
-		t.Errorf("still unhealthy after a successful sync: %v", err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		st := cluster.NewStore()
+		st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, svcObjs(0))
+		st.MarkSynced()
+		b := &fakeBackend{sig: make(chan struct{}, 1), fail: 1 << 30}
+		hc := health.NewChecker()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		go Run(ctx, Options{Store: st, Backend: b, SyncPeriod: 500 * time.Millisecond, MinSyncPeriod: 50 * time.Millisecond, Health: hc})
+		b.wait(t, 1)
+		if err := hc.Err(); err != nil {
+			t.Fatalf("unhealthy right after start: %v", err)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for hc.Err() == nil && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if hc.Err() == nil {
+			t.Fatal("still healthy after 2 sync periods without a successful sync")
+		}
+		b.mu.Lock()
+		b.fail = 0
+		b.mu.Unlock()
+		deadline = time.Now().Add(5 * time.Second)
+		for hc.Err() != nil && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if err := hc.Err(); err != nil {
+			t.Errorf("still unhealthy after a successful sync: %v", err)
+		}
+	})
 }
 
 func TestRunUnhealthyWhileStateNeverSyncs(t *testing.T) {
-	st := cluster.NewStore() // never marked synced
-	hc := health.NewChecker()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	b := &fakeBackend{sig: make(chan struct{}, 1)}
-	go Run(ctx, Options{Store: st, Backend: b, SyncPeriod: 500 * time.Millisecond, Health: hc})
-	deadline := time.Now().Add(5 * time.Second)
-	for hc.Err() == nil && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if hc.Err() == nil {
-		t.Fatal("healthy after 2 sync periods without cluster state")
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if len(b.calls) != 0 {
-		t.Errorf("synced %d times before the state was complete", len(b.calls))
-	}
+	synctest.Test(t, func(t *testing.T) {
+		st := cluster.NewStore() // never marked synced
+		hc := health.NewChecker()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		b := &fakeBackend{sig: make(chan struct{}, 1)}
+		go Run(ctx, Options{Store: st, Backend: b, SyncPeriod: 500 * time.Millisecond, Health: hc})
+		deadline := time.Now().Add(5 * time.Second)
+		for hc.Err() == nil && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if hc.Err() == nil {
+			t.Fatal("healthy after 2 sync periods without cluster state")
+		}
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if len(b.calls) != 0 {
+			t.Errorf("synced %d times before the state was complete", len(b.calls))
+		}
+	})
 }
 
 func TestRunProgressUnhealthyOnlyWhileChangesWait(t *testing.T) {
-	st := cluster.NewStore()
-	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, svcObjs(0))
-	st.MarkSynced()
-	b := &fakeBackend{sig: make(chan struct{}, 1)}
-	p := health.NewProgress(300*time.Millisecond, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	go Run(ctx, Options{Store: st, Backend: b, SyncPeriod: time.Hour, MinSyncPeriod: 20 * time.Millisecond, Progress: p})
-	b.wait(t, 1)
-	time.Sleep(500 * time.Millisecond)
-	if s := p.State(); !s.Healthy {
-		t.Fatalf("idle after a successful sync: %+v, want healthy", s)
-	}
-	// A change that cannot be programmed makes it unhealthy in time.
-	b.mu.Lock()
-	b.fail = 1 << 30
-	b.mu.Unlock()
-	for _, o := range svcObjs(1) {
-		st.Upsert(o)
-	}
-	waitFor(t, func() bool { return !p.State().Healthy }, "unhealthy while a change waits")
-	b.mu.Lock()
-	b.fail = 0
-	b.mu.Unlock()
-	waitFor(t, func() bool { return p.State().Healthy }, "healthy once the change is programmed")
+	synctest.Test(t, func(t *testing.T) {
+		st := cluster.NewStore()
+		st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, svcObjs(0))
+		st.MarkSynced()
+		b := &fakeBackend{sig: make(chan struct{}, 1)}
+		p := health.NewProgress(300*time.Millisecond, nil)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		go Run(ctx, Options{Store: st, Backend: b, SyncPeriod: time.Hour, MinSyncPeriod: 20 * time.Millisecond, Progress: p})
+		b.wait(t, 1)
+		after(500 * time.Millisecond)
+		if s := p.State(); !s.Healthy {
+			t.Fatalf("idle after a successful sync: %+v, want healthy", s)
+		}
+		// A change that cannot be programmed makes it unhealthy in time.
+		b.mu.Lock()
+		b.fail = 1 << 30
+		b.mu.Unlock()
+		for _, o := range svcObjs(1) {
+			st.Upsert(o)
+		}
+		waitFor(t, func() bool { return !p.State().Healthy }, "unhealthy while a change waits")
+		b.mu.Lock()
+		b.fail = 0
+		b.mu.Unlock()
+		waitFor(t, func() bool { return p.State().Healthy }, "healthy once the change is programmed")
+	})
+}
+
+// after lets d pass on the bubble's clock and Run do whatever it does by
+// then: the tests run in a synctest bubble, whose time moves only when
+// every goroutine of the test waits, so "no sync in 300 ms" holds at any
+// load of the machine.
+func after(d time.Duration) {
+	time.Sleep(d)
+	synctest.Wait()
 }
 
 func waitFor(t *testing.T, cond func() bool, what string) {
