@@ -68,8 +68,20 @@ func (l *Lab) buildNetwork(ctx context.Context) error {
 			return err
 		}
 	}
-	under, router, outside := hs[l.Underlay], hs[l.Router], hs[l.Outside]
+	if err := l.buildRouter(hs[l.Underlay], hs[l.Router], hs[l.Outside]); err != nil {
+		return err
+	}
+	for _, n := range l.Nodes {
+		if err := l.plugNode(hs[l.Underlay], hs[n.NS], n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
+// buildRouter makes the underlay's segment bridges, the router with a leg
+// (the segment's gateway) on each, and the outside behind the router.
+func (l *Lab) buildRouter(under, router, outside *nsHandle) error {
 	for i, s := range l.Segments {
 		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: s.Bridge, MTU: UnderlayMTU}}
 		if err := under.nl.LinkAdd(br); err != nil {
@@ -98,24 +110,20 @@ func (l *Lab) buildNetwork(ctx context.Context) error {
 	if err := outside.defaultRoute(outsideGW); err != nil {
 		return err
 	}
-	if err := sysctlIn(l.Router, "net/ipv4/ip_forward", "1"); err != nil {
+	return sysctlIn(l.Router, "net/ipv4/ip_forward", "1")
+}
+
+// plugNode puts node n on its segment's bridge, with its address and its
+// default route through the segment's gateway.
+func (l *Lab) plugNode(under, node *nsHandle, n *Node) error {
+	seg := l.segmentFor(n.Subnet)
+	if err := l.plug(under, n.Name, seg.Bridge, node, n.Iface); err != nil {
 		return err
 	}
-
-	for _, n := range l.Nodes {
-		node := hs[n.NS]
-		seg := l.segmentFor(n.Subnet)
-		if err := l.plug(under, n.Name, seg.Bridge, node, n.Iface); err != nil {
-			return err
-		}
-		if err := node.addrUp(n.Iface, netip.PrefixFrom(n.IP, n.Subnet.Bits())); err != nil {
-			return err
-		}
-		if err := node.defaultRoute(n.Gateway); err != nil {
-			return err
-		}
+	if err := node.addrUp(n.Iface, netip.PrefixFrom(n.IP, n.Subnet.Bits())); err != nil {
+		return err
 	}
-	return nil
+	return node.defaultRoute(n.Gateway)
 }
 
 // plug connects namespace peer to bridge in the underlay with a veth pair:

@@ -53,43 +53,8 @@ func Ping(ctx context.Context, nsPath string, dst netip.Addr) (time.Duration, er
 	}
 	id := int(binary.BigEndian.Uint16(idb[:]))
 	var sent sendTimes
-	type reply struct {
-		rtt time.Duration
-		err error
-	}
-	replies := make(chan reply, 1)
-	go func() {
-		buf := make([]byte, 1500)
-		for {
-			n, from, err := conn.ReadFrom(buf)
-			if err != nil {
-				replies <- reply{err: err}
-				return
-			}
-			got := time.Now()
-			m, err := icmp.ParseMessage(1, buf[:n])
-			if err != nil {
-				continue
-			}
-			switch body := m.Body.(type) {
-			case *icmp.Echo:
-				// Raw sockets see every ICMP packet of the namespace: keep
-				// only replies to this Ping.
-				if m.Type != ipv4.ICMPTypeEchoReply || body.ID != id || from.String() != dst.String() {
-					continue
-				}
-				if t, ok := sent.get(body.Seq); ok {
-					replies <- reply{rtt: got.Sub(t)}
-					return
-				}
-			case *icmp.DstUnreach:
-				if quotesEcho(body.Data, id) {
-					replies <- reply{err: fmt.Errorf("%w (from %s, code %d)", ErrUnreachable, from, m.Code)}
-					return
-				}
-			}
-		}
-	}()
+	replies := make(chan pingReply, 1)
+	go readReplies(conn, dst, id, &sent, replies)
 
 	tick := time.NewTicker(pingInterval)
 	defer tick.Stop()
@@ -112,6 +77,49 @@ func Ping(ctx context.Context, nsPath string, dst netip.Addr) (time.Duration, er
 		case <-ctx.Done():
 			return 0, fmt.Errorf("ping %s: no reply to %d requests: %w", dst, seq, ctx.Err())
 		case <-tick.C:
+		}
+	}
+}
+
+// pingReply is the first answer to a Ping: the round-trip time of an echo
+// reply, or an error (an ICMP error quoting the Ping's request, or the
+// socket's).
+type pingReply struct {
+	rtt time.Duration
+	err error
+}
+
+// readReplies reads conn until it finds the first answer to the Ping
+// with id to dst, sends it on replies and returns.
+func readReplies(conn *icmp.PacketConn, dst netip.Addr, id int, sent *sendTimes, replies chan<- pingReply) {
+	buf := make([]byte, 1500)
+	for {
+		n, from, err := conn.ReadFrom(buf)
+		if err != nil {
+			replies <- pingReply{err: err}
+			return
+		}
+		got := time.Now()
+		m, err := icmp.ParseMessage(1, buf[:n])
+		if err != nil {
+			continue
+		}
+		switch body := m.Body.(type) {
+		case *icmp.Echo:
+			// Raw sockets see every ICMP packet of the namespace: keep
+			// only replies to this Ping.
+			if m.Type != ipv4.ICMPTypeEchoReply || body.ID != id || from.String() != dst.String() {
+				continue
+			}
+			if t, ok := sent.get(body.Seq); ok {
+				replies <- pingReply{rtt: got.Sub(t)}
+				return
+			}
+		case *icmp.DstUnreach:
+			if quotesEcho(body.Data, id) {
+				replies <- pingReply{err: fmt.Errorf("%w (from %s, code %d)", ErrUnreachable, from, m.Code)}
+				return
+			}
 		}
 	}
 }
