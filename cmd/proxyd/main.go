@@ -153,6 +153,28 @@ func (f *flags) agentOptions(logger *slog.Logger) (agent.Options, error) {
 	return f.options(logger)
 }
 
+// kubeProxyFlags puts kube-proxy's flags into o: the node's name, the
+// HTTP addresses (an IP alone takes the default port), and checks the
+// others.
+func (f *flags) kubeProxyFlags(o *agent.Options, logger *slog.Logger) error {
+	var err error
+	if f.hostnameOverride != "" {
+		o.NodeName = strings.ToLower(strings.TrimSpace(f.hostnameOverride))
+	}
+	if o.HealthzAddr, err = bindAddress("healthz-bind-address", f.healthz, "10256"); err != nil {
+		return err
+	}
+	if o.MetricsAddr, err = bindAddress("metrics-bind-address", f.metrics, "10249"); err != nil {
+		return err
+	}
+	if a, err := netip.ParseAddr(f.bindAddress); err != nil {
+		return fmt.Errorf("--bind-address %q: not an IP address", f.bindAddress)
+	} else if !a.IsUnspecified() {
+		logger.Warn("--bind-address is not used: proxyd takes the node's address from its Node's InternalIP", "bind-address", a)
+	}
+	return f.conntrack.Validate()
+}
+
 // options turns the flags into the agent's options, the Service proxy's
 // mode chosen and probed: a mode this node cannot run is refused here,
 // before anything is touched. Errors name the flag.
@@ -164,21 +186,7 @@ func (f *flags) options(logger *slog.Logger) (agent.Options, error) {
 	}
 	o.ClusterCIDR = o.ClusterCIDR.Masked()
 	o.Backend = routing.Backend(f.backend)
-	if f.hostnameOverride != "" {
-		o.NodeName = strings.ToLower(strings.TrimSpace(f.hostnameOverride))
-	}
-	if o.HealthzAddr, err = bindAddress("healthz-bind-address", f.healthz, "10256"); err != nil {
-		return o, err
-	}
-	if o.MetricsAddr, err = bindAddress("metrics-bind-address", f.metrics, "10249"); err != nil {
-		return o, err
-	}
-	if a, err := netip.ParseAddr(f.bindAddress); err != nil {
-		return o, fmt.Errorf("--bind-address %q: not an IP address", f.bindAddress)
-	} else if !a.IsUnspecified() {
-		logger.Warn("--bind-address is not used: proxyd takes the node's address from its Node's InternalIP", "bind-address", a)
-	}
-	if err := f.conntrack.Validate(); err != nil {
+	if err := f.kubeProxyFlags(&o, logger); err != nil {
 		return o, err
 	}
 	var npa []netip.Prefix
