@@ -28,8 +28,8 @@ const (
 )
 
 // conformanceImages builds the four images the [sig-network]
-// [Conformance] tests run: agnhost (the tests use /bin/sh, curl, nc, dig,
-// getent beside it, so a Debian root with those tools), glibc-dns-testing
+// [Conformance] tests run: agnhost (a Debian root with the tools the
+// specs exec beside it, agnhostSpec), glibc-dns-testing
 // (Debian with dnsutils), nginx (has only to keep serving: the test app),
 // and pause.
 func conformanceImages(t *testing.T, dir, agnhost, testapp string) []string {
@@ -49,17 +49,11 @@ func conformanceImages(t *testing.T, dir, agnhost, testapp string) []string {
 			t.Fatal(err)
 		}
 	}
-	debianTools := []string{"bind9-dnsutils", "curl", "netcat-openbsd", "iproute2", "iputils-ping", "procps"}
 	specs := []struct {
 		tag  string
 		spec image.Spec
 	}{
-		{confRegistry + "/agnhost:2.63.0", image.Spec{Suite: "bookworm", Packages: debianTools,
-			Files: []image.File{{Src: agnhost, Dst: "/agnhost", Mode: 0o755},
-				{Src: filepath.Join(certDir, "localhost.crt"), Dst: "/localhost.crt"},
-				{Src: filepath.Join(certDir, "localhost.key"), Dst: "/localhost.key"}},
-			// As upstream's: with no arguments it pauses (host-exec pods).
-			Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}}},
+		{confRegistry + "/agnhost:2.63.0", agnhostSpec(agnhost, filepath.Join(certDir, "localhost.crt"), filepath.Join(certDir, "localhost.key"))},
 		{confRegistry + "/glibc-dns-testing:2.0.0", image.Spec{Suite: "bookworm", Packages: []string{"bind9-dnsutils"},
 			Entrypoint: []string{"/bin/sh"}}},
 		{confRegistry + "/nginx:1.15-4", image.Spec{Files: []image.File{{Src: testapp, Dst: "/testapp", Mode: 0o755}},

@@ -65,7 +65,7 @@ func Build(ctx context.Context, o BuildOptions) error {
 		}
 		layers = append(layers, l)
 	}
-	files, err := filesLayer(o.Root, o.Spec.Files)
+	files, err := filesLayer(o.Root, o.Spec.Files, o.Spec.Links)
 	if err != nil {
 		return err
 	}
@@ -99,13 +99,20 @@ func Build(ctx context.Context, o BuildOptions) error {
 // filesLayer is one uncompressed tar of the files, with their parent
 // directories, owned by root, timestamps zero: the same files give the same
 // layer digest.
-func filesLayer(root string, files []File) (v1.Layer, error) {
+func filesLayer(root string, files []File, links []Link) (v1.Layer, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	dirs := map[string]bool{}
 	var names []string
+	dsts := make([]string, 0, len(files)+len(links))
 	for _, f := range files {
-		for d := path.Dir(f.Dst); d != "/" && !dirs[d]; d = path.Dir(d) {
+		dsts = append(dsts, f.Dst)
+	}
+	for _, l := range links {
+		dsts = append(dsts, l.Dst)
+	}
+	for _, dst := range dsts {
+		for d := path.Dir(dst); d != "/" && !dirs[d]; d = path.Dir(d) {
 			dirs[d] = true
 		}
 	}
@@ -136,6 +143,15 @@ func filesLayer(root string, files []File) (v1.Layer, error) {
 			return nil, err
 		}
 		if _, err := tw.Write(data); err != nil {
+			return nil, err
+		}
+	}
+	for _, l := range links {
+		if !path.IsAbs(l.Dst) || l.Target == "" {
+			return nil, fmt.Errorf("image link %q -> %q: want an absolute path and a target", l.Dst, l.Target)
+		}
+		hdr := &tar.Header{Typeflag: tar.TypeSymlink, Name: strings.TrimPrefix(l.Dst, "/"), Linkname: l.Target, Mode: 0o777, Format: tar.FormatPAX}
+		if err := tw.WriteHeader(hdr); err != nil {
 			return nil, err
 		}
 	}

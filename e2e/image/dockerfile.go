@@ -22,7 +22,10 @@ type Spec struct {
 	Suite    string
 	Packages []string
 	Files    []File
-	User     string
+	// Links are symbolic links the image adds (a busybox applet under
+	// its name, as busybox --install would make it).
+	Links []Link
+	User  string
 	// Entrypoint and Cmd (its default arguments) in exec form.
 	Entrypoint []string
 	Cmd        []string
@@ -34,6 +37,11 @@ type Spec struct {
 type File struct {
 	Src, Dst string
 	Mode     int64
+}
+
+// Link is a symbolic link at Dst (absolute) pointing to Target.
+type Link struct {
+	Dst, Target string
 }
 
 // buildRoot is the WORKDIR of the Dockerfile's build stage: COPY --from=build

@@ -86,6 +86,7 @@ CMD ["serve"]
 	if !slices.Equal(spec.Packages, []string{"iptables", "kmod"}) {
 		t.Errorf("packages %v", spec.Packages)
 	}
+	spec.Links = []Link{{Dst: "/usr/local/bin/wget", Target: "/bin/busybox"}}
 	out := filepath.Join(dir, "img.tar")
 	o := BuildOptions{Spec: spec, Root: dir, Tag: "example.org/x/y:t1", Out: out, BaseLayer: base}
 	if err := Build(context.Background(), o); err != nil {
@@ -112,6 +113,9 @@ CMD ["serve"]
 		if got, ok := files[path]; !ok || got.data != want {
 			t.Errorf("%s: %q (present %v), want %q", path, got.data, ok, want)
 		}
+	}
+	if l := files["usr/local/bin/wget"]; l.link != "/bin/busybox" {
+		t.Errorf("usr/local/bin/wget links to %q, want /bin/busybox", l.link)
 	}
 	if m := files["usr/local/bin/a"].mode; m != 0o755 {
 		t.Errorf("usr/local/bin/a mode %o, want 755", m)
@@ -170,6 +174,7 @@ func writeTar(t *testing.T, path string, files map[string]string) {
 type entry struct {
 	data string
 	mode int64
+	link string // a symbolic link's target
 }
 
 func readAll(t *testing.T, r io.ReadCloser) map[string]entry {
@@ -186,6 +191,6 @@ func readAll(t *testing.T, r io.ReadCloser) map[string]entry {
 			t.Fatal(err)
 		}
 		b, _ := io.ReadAll(tr)
-		out[strings.TrimPrefix(h.Name, "./")] = entry{string(b), h.Mode & 0o7777}
+		out[strings.TrimPrefix(h.Name, "./")] = entry{string(b), h.Mode & 0o7777, h.Linkname}
 	}
 }

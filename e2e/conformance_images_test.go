@@ -1,0 +1,165 @@
+//go:build conformance
+
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/podnet/podnet/dataplane/roottest"
+	"github.com/podnet/podnet/e2e/image"
+)
+
+// agnhostPackages are the Debian packages of the agnhost stand-in.
+// Upstream's image is Alpine with bind-tools, curl, netcat-openbsd,
+// iproute2, iperf and bash, and busybox's applets for the rest (wget,
+// nslookup, the shell's tools); here Debian's packages of the same tools,
+// busybox for the applets Debian has no package of in the image, and
+// conntrack and iptables, which the privileged specs exec in host-network
+// pods ("which conntrack", "conntrack -L", iptables), where upstream's
+// nodes have them.
+var agnhostPackages = []string{"bind9-dnsutils", "curl", "netcat-openbsd", "iproute2", "iputils-ping", "procps",
+	"busybox", "conntrack", "iptables"}
+
+// agnhostApplets are linked to busybox, as its --install would: the
+// applets the specs run that no package above provides.
+var agnhostApplets = []string{"wget"}
+
+// agnhostSpec is the agnhost stand-in: agnhost itself, the TLS pair
+// upstream's image ships for the Proxy tests, and the tools.
+func agnhostSpec(agnhost, crt, key string) image.Spec {
+	var links []image.Link
+	for _, a := range agnhostApplets {
+		links = append(links, image.Link{Dst: "/usr/local/bin/" + a, Target: "/bin/busybox"})
+	}
+	return image.Spec{Suite: "bookworm", Packages: agnhostPackages,
+		Files: []image.File{{Src: agnhost, Dst: "/agnhost", Mode: 0o755},
+			{Src: crt, Dst: "/localhost.crt"}, {Src: key, Dst: "/localhost.key"}},
+		Links: links,
+		// As upstream's: with no arguments it pauses (host-exec pods).
+		Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}}
+}
+
+// frameworkExecs are the commands e2e.test v1.36.3 execs in agnhost pods
+// (kubectl exec … /bin/sh -x -c CMD), from test/e2e/framework and
+// test/e2e/network, with their targets moved to loopback. want is what
+// the output must hold: each fails to reach anything, but is there to run.
+var frameworkExecs = []struct{ cmd, want string }{
+	// framework/network/utils.go: curl to netexec's /dial, /hostName; nc for UDP.
+	{"curl -g -q -s 'http://127.0.0.1:9/dial?request=hostname&protocol=http&host=127.0.0.1&port=9&tries=1'; echo rc=$?", "rc=7"},
+	{"curl -g -q -s -o /dev/null -w %{http_code} http://127.0.0.1:9/hostName; echo rc=$?", "rc=7"},
+	{"echo hostName | nc -w 1 -u 127.0.0.1 9; echo rc=$?", "rc="},
+	// framework/service/jig.go and network/util.go: reachability by nc.
+	{"echo hostName | nc -v -t -w 2 127.0.0.1 9 2>&1", "refused"},
+	{"echo hostName | nc -v -u -w 2 127.0.0.1 9 2>&1; echo rc=$?", "rc="},
+	// framework/service/jig.go: nslookup of the Service name.
+	{"nslookup -timeout=1 kubernetes.default 127.0.0.1 2>&1; echo rc=$?", "rc=1"},
+	// network/service.go: wget from an exec pod (busybox's flags).
+	{`wget -T 5 -qO- "http://127.0.0.1:9/" 2>&1; echo rc=$?`, "rc=1"},
+	{"for i in $(seq 1 2); do echo; curl -q -s --connect-timeout 2 http://127.0.0.1:9/ 2>&1 || true; done; echo done", "done"},
+	// network/dns_common.go: dig into a results file.
+	{"dig +short +time=1 +tries=1 @127.0.0.1 kubernetes.default > /tmp/r; echo rc=$?", "rc=9"},
+	// network/kube_proxy.go: the host-exec pod's conntrack checks.
+	{"test -f /proc/net/nf_conntrack; which conntrack", "/usr/sbin/conntrack"},
+	{"conntrack -L -f ipv4 -d 127.0.0.1 2>/dev/null | grep -m 1 'CLOSE_WAIT.*dport=9'; conntrack -L >/dev/null 2>&1; echo rc=$?", "rc=0"},
+	{"iptables -t nat -S >/dev/null && ip6tables -t nat -S >/dev/null; echo rc=$?", "rc=0"},
+	// network/hostport.go, dual_stack.go: curl by interface, nc over UDP.
+	{"curl -g --connect-timeout 1 --interface 127.0.0.1 http://127.0.0.1:9/hostname 2>&1; echo rc=$?", "rc=7"},
+	// framework/pod/output, kubectl_utils, networking.go: files and shell.
+	{"touch /tmp/f && echo 'x' > /tmp/f; sync; cat /tmp/f; ls /tmp | head -1; printf ok", "ok"},
+	{"timeout 2 sleep 0.1; getent hosts localhost; hostname >/dev/null; ps ax | tail -n 1 | awk '{print \"ps\"}' | sed s/ps/ok/ | tr a-z A-Z", "OK"},
+	{"ip -o link show lo; ping -c 1 -W 1 127.0.0.1 >/dev/null; echo rc=$?", "rc=0"},
+}
+
+// TestAgnhostStandInRunsTheFrameworksCommands builds the agnhost stand-in
+// and runs, in its root filesystem (chroot, in namespaces of its own: a
+// network with only loopback, its own /proc), every command of
+// frameworkExecs: none may be missing ("not found", exit 127), and each
+// must answer as the tool does when nothing listens.
+func TestAgnhostStandInRunsTheFrameworksCommands(t *testing.T) {
+	roottest.Require(t)
+	roottest.Tool(t, "mmdebstrap", "mmdebstrap")
+	dir := t.TempDir()
+	stub := filepath.Join(dir, "stub")
+	if err := os.WriteFile(stub, []byte("stand-in"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tag := confRegistry + "/agnhost:2.63.0"
+	out := filepath.Join(dir, "agnhost.tar")
+	if err := image.Build(t.Context(), image.BuildOptions{Spec: agnhostSpec(stub, stub, stub), Tag: tag, Out: out, CacheDir: "/var/cache/podnet"}); err != nil {
+		t.Fatal(err)
+	}
+	root := extractImage(t, out, tag, filepath.Join(dir, "root"))
+	var script strings.Builder
+	script.WriteString("mount -t proc proc /proc && ip link set lo up || exit 3\n")
+	for i, e := range frameworkExecs {
+		// Each in a shell of its own, as kubectl exec runs it.
+		fmt.Fprintf(&script, "echo '=== %d'; /bin/sh -c %s 2>&1; echo \"=== exit $?\"\n", i, shellQuote(e.cmd))
+	}
+	cmd := exec.CommandContext(t.Context(), "unshare", "--net", "--mount", "--pid", "--fork", "--uts",
+		"chroot", root, "/bin/sh", "-c", script.String())
+	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("run in the image: %v\n%s", err, b)
+	}
+	// Each command's block: "=== I", its output, "=== exit CODE".
+	outputs := map[int]string{}
+	cur := -1
+	for _, line := range strings.Split(string(b), "\n") {
+		if _, err := fmt.Sscanf(line, "=== %d", &cur); err == nil && !strings.HasPrefix(line, "=== exit") {
+			continue
+		}
+		if cur >= 0 {
+			outputs[cur] += line + "\n"
+		}
+	}
+	for i, e := range frameworkExecs {
+		got := outputs[i]
+		switch {
+		case strings.Contains(got, "not found") || strings.Contains(got, "=== exit 127"):
+			t.Errorf("%q: a command is missing:\n%s", e.cmd, got)
+		case !strings.Contains(got, e.want):
+			t.Errorf("%q: output lacks %q:\n%s", e.cmd, e.want, got)
+		}
+	}
+	if t.Failed() {
+		t.Logf("all output:\n%s", b)
+	}
+}
+
+// extractImage unpacks the image at path into dir (its root filesystem,
+// every layer applied) and returns dir.
+func extractImage(t *testing.T, path, tag, dir string) string {
+	t.Helper()
+	ref, err := name.NewTag(tag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := tarball.ImageFromPath(path, &ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rc := mutate.Extract(img)
+	defer rc.Close()
+	cmd := exec.Command("tar", "-x", "-C", dir)
+	cmd.Stdin = rc
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("unpack %s: %v\n%s", path, err, b)
+	}
+	return dir
+}
+
+// shellQuote quotes s for /bin/sh.
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
