@@ -36,6 +36,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -100,6 +101,10 @@ type Source struct {
 	// inFlight: a change younger than this that a full scan finds is not
 	// counted as a repair (its event may still be on its way).
 	inFlight time.Duration
+
+	// steps counts the runs of Run's runner that ended, for tests to
+	// wait on.
+	steps atomic.Int64
 
 	// pmu guards what the watcher named since the last scan.
 	pmu   sync.Mutex
@@ -290,6 +295,7 @@ func (s *Source) step(w *fsnotify.Watcher, r *runner.Runner) error {
 	case len(dirty) > 0:
 		s.schedule(r, s.scan(w, dirty))
 	}
+	s.steps.Add(1)
 	return s.Err()
 }
 

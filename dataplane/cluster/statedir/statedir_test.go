@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/cluster/convert"
+	"github.com/podnet/podnet/dataplane/runner"
 )
 
 const nodesYAML = `apiVersion: v1
@@ -493,15 +495,19 @@ func TestSourceNotSyncedUntilReadWhole(t *testing.T) {
 		t.Fatal(err)
 	}
 	src, store := startSource(t, Options{Dir: dir, Rescan: time.Hour})
-	time.Sleep(300 * time.Millisecond)
+	// The first scan has ended once Err names what it could not read;
+	// the Store must not be synced then, nor by any scan after (nothing
+	// changes until b.yaml is written).
+	errNames := func(b, c bool) bool {
+		err := src.Err()
+		return err != nil && strings.Contains(err.Error(), "b.yaml:5") == b && strings.Contains(err.Error(), "c.yaml: read") == c
+	}
+	waitFor(t, "the first scan to name both files", func() bool { return errNames(true, true) })
 	if synced(store) {
 		t.Fatalf("store synced with b.yaml broken and c.yaml unreadable; it holds %v", storeKeys(store))
 	}
-	if err := src.Err(); err == nil || !strings.Contains(err.Error(), "b.yaml:5") || !strings.Contains(err.Error(), "c.yaml: read") {
-		t.Errorf("Err() = %v, want both files named", err)
-	}
 	write(t, filepath.Join(dir, "b.yaml"), nsYAML("b"))
-	time.Sleep(200 * time.Millisecond)
+	waitFor(t, "b.yaml read again", func() bool { return errNames(false, true) })
 	if synced(store) {
 		t.Fatal("store synced with c.yaml unreadable")
 	}
@@ -536,68 +542,92 @@ func TestSourceNotSyncedUntilReadWhole(t *testing.T) {
 // TestSourceShrinkInPlaceSettles: a file rewritten in place is truncated
 // before it is written; what is read in between (empty, or the first
 // documents) is a prefix of the old content and is believed only if it
-// stays so for Settle. A file replaced by rename is believed at once.
+// stays so for Settle. A file replaced by rename is believed at once. On a
+// driven clock: "not believed before Settle" is exact at any load.
 func TestSourceShrinkInPlaceSettles(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "ns.yaml")
 	all := nsYAML("a", "b", "c")
 	write(t, path, all)
-	const settle = 400 * time.Millisecond
-	_, store := startSource(t, Options{Dir: dir, Rescan: time.Hour, Settle: settle})
+	const debounce, settle, rescan = 10 * time.Millisecond, 400 * time.Millisecond, time.Hour
+	clock := runner.NewFakeClock()
+	src, store := startSource(t, Options{Dir: dir, Rescan: rescan, Settle: settle, Debounce: debounce, Clock: clock})
 	waitFor(t, "sync", func() bool { return synced(store) && len(store.List(cluster.KindNamespace)) == 3 })
-
-	// Truncated, then written again slowly: never seen with fewer objects.
-	lost := make(chan int, 1)
-	stop := make(chan struct{})
-	go func() {
-		least := 3
-		for {
-			select {
-			case <-stop:
-				lost <- least
-				return
-			default:
-			}
-			least = min(least, len(store.List(cluster.KindNamespace)))
-			time.Sleep(2 * time.Millisecond)
+	var deleted atomic.Int32
+	store.Subscribe(func(ev cluster.Event) {
+		if ev.New == nil {
+			deleted.Add(1)
 		}
-	}()
+	})
+	// advance moves the clock on by d and waits for the run that brings
+	// to end.
+	advance := func(d time.Duration) {
+		t.Helper()
+		n := src.steps.Load()
+		clock.Advance(d)
+		waitFor(t, "the Source's run", func() bool { return src.steps.Load() > n })
+	}
+	// read lets the debounce of the change just made pass and waits for
+	// the scan it brings to end.
+	read := func(what string) {
+		t.Helper()
+		armed(t, clock, clock.Now().Add(debounce))
+		advance(debounce)
+	}
+
+	// Truncated, then written again in two steps: never seen with fewer
+	// objects.
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(150 * time.Millisecond)
+	read("truncated")
+	src.mu.Lock()
+	shrunk := !src.files[path].shrunkSince.IsZero()
+	src.mu.Unlock()
+	if !shrunk {
+		t.Fatal("a file truncated in place is not waiting to settle")
+	}
 	f.WriteString(nsYAML("a"))
-	time.Sleep(150 * time.Millisecond)
+	read("first document")
 	f.WriteString(all[len(nsYAML("a")):])
 	f.Close()
-	time.Sleep(settle + 200*time.Millisecond)
-	close(stop)
-	if least := <-lost; least != 3 {
-		t.Errorf("during an in-place rewrite the store held %d of 3 Namespaces", least)
+	read("whole again")
+	advance(settle) // the settle run asked for at the truncation
+	if n := deleted.Load(); n != 0 {
+		t.Errorf("during an in-place rewrite the store lost %d of 3 Namespaces", n)
 	}
 
-	// A real shrink in place is believed after Settle.
-	start := time.Now()
+	// A real shrink in place is believed after Settle, not before.
 	write(t, path, nsYAML("a"))
-	waitFor(t, "shrink believed", func() bool { return len(store.List(cluster.KindNamespace)) == 1 })
-	if took := time.Since(start); took < settle {
-		t.Errorf("shrink in place believed after %v, want after the settle interval %v", took, settle)
+	read("shrunk")
+	clock.Advance(settle - time.Millisecond) // no timer is due: nothing runs
+	if n := len(store.List(cluster.KindNamespace)); n != 3 {
+		t.Fatalf("shrink in place believed before the settle interval: %d Namespaces", n)
 	}
+	advance(time.Millisecond)
+	waitFor(t, "shrink believed", func() bool { return len(store.List(cluster.KindNamespace)) == 1 })
 
 	// By rename: at once.
 	write(t, path, all)
+	read("grown back")
 	waitFor(t, "grown back", func() bool { return len(store.List(cluster.KindNamespace)) == 3 })
 	tmp := filepath.Join(dir, ".ns.yaml.tmp")
 	write(t, tmp, "")
-	start = time.Now()
 	if err := os.Rename(tmp, path); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "emptied by rename", func() bool { return len(store.List(cluster.KindNamespace)) == 0 })
-	if took := time.Since(start); took >= settle {
-		t.Errorf("a file replaced by rename was believed after %v, want at once", took)
+	read("renamed")
+	if n := len(store.List(cluster.KindNamespace)); n != 0 {
+		t.Errorf("a file replaced by rename not believed at once: %d Namespaces", n)
 	}
+}
+
+// armed waits until c has a timer armed for at: the Source's runner is
+// waiting for that time.
+func armed(t *testing.T, c *runner.FakeClock, at time.Time) {
+	t.Helper()
+	waitFor(t, "a timer at "+at.String(), func() bool { return slices.ContainsFunc(c.Pending(), at.Equal) })
 }
 
 // TestIncrementalMatchesFullLoad: after every change to a file (objects
