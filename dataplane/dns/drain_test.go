@@ -382,3 +382,78 @@ func TestHealth(t *testing.T) {
 		t.Errorf("after Run: %v", err)
 	}
 }
+
+// TestDrainFinishesQueriesInFlight: forwarded queries (one over TCP, one
+// over UDP) still waiting for their upstream when the drain ends are
+// answered: the sockets and idle connections close, Run waits for them.
+func TestDrainFinishesQueriesInFlight(t *testing.T) {
+	release := make(chan struct{})
+	asked := make(chan struct{}, 2)
+	up := startGoUpstream(t, func(w mdns.ResponseWriter, r *mdns.Msg, _ bool) {
+		asked <- struct{}{}
+		<-release
+		answerA(w, r, 60, "192.0.2.1")
+	})
+	fwd, err := NewForwarder(ForwardOptions{Upstreams: []netip.AddrPort{up.addr}, TryTimeout: 20 * time.Second, Deadline: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	z := NewZone(testState(), ZoneOptions{})
+	z.Flush()
+	clock := newFakeClock()
+	srv := NewServer(ServerOptions{Listen: []string{"127.0.0.1:0"}, Zone: z, Forwarder: fwd, Sockets: 1,
+		Drain: DrainOptions{Quiet: time.Second, Clock: clock}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan Listening, 1)
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx, ready) }()
+	l := <-ready
+	answers := make(chan error, 2)
+	for _, proto := range []string{"tcp", "udp"} {
+		addr := l.TCP[0].String()
+		if proto == "udp" {
+			addr = l.UDP[0].String()
+		}
+		go func() {
+			q := new(mdns.Msg)
+			q.SetQuestion("www.example.test.", mdns.TypeA)
+			m, _, err := (&mdns.Client{Net: proto, Timeout: 30 * time.Second}).Exchange(q, addr)
+			if err == nil && len(m.Answer) != 1 {
+				err = errors.New(proto + ": no answer record")
+			}
+			answers <- err
+		}()
+		<-asked // the query waits at the upstream
+	}
+	cancel()
+	<-clock.waiting
+	clock.advance(time.Second) // a quiet interval: the drain ends
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		srv.connMu.Lock()
+		stopping := srv.stopping
+		srv.connMu.Unlock()
+		if stopping {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the drain did not end 10s after its quiet interval")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	for range 2 {
+		if err := <-answers; err != nil {
+			t.Errorf("query in flight when the drain ended: %v", err)
+		}
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return once its queries in flight were answered")
+	}
+}

@@ -75,8 +75,9 @@ type Server struct {
 
 	qlog     atomic.Pointer[logger] // nil: no query or error logging
 	phase    atomic.Int32
-	workers  []*worker // one per UDP socket
-	tcpLoops []*worker // one per TCP listener
+	udpStop  atomic.Bool // the UDP workers are to return
+	workers  []*worker   // one per UDP socket
+	tcpLoops []*worker   // one per TCP listener
 	health   healthState
 }
 
@@ -189,10 +190,21 @@ func (s *Server) Run(ctx context.Context, ready chan<- Listening) error {
 	<-ctx.Done()
 	s.phase.Store(phaseClosing)
 	s.drain()
-	closeAll()
+	// The UDP workers stop reading, but their sockets stay open until the
+	// forwarded queries in flight have sent their answers through them.
+	s.udpStop.Store(true)
+	for _, c := range udp {
+		c.SetReadDeadline(time.Unix(1, 0))
+	}
+	for _, l := range tcp {
+		l.Close()
+	}
 	s.closeConns()
 	wg.Wait()
 	s.inflight.Wait()
+	for _, c := range udp {
+		c.Close()
+	}
 	return nil
 }
 
@@ -284,7 +296,7 @@ func (s *Server) serveUDP(ctx context.Context, c *net.UDPConn, w *worker) {
 	for {
 		n, oobn, from, waited, err := rd.read()
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) || s.udpStop.Load() {
 				return
 			}
 			continue
