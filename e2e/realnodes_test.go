@@ -27,9 +27,9 @@ import (
 // (host-gw between them) and one behind the router on segment B (VXLAN).
 func realNodes() []lab.NodeSpec {
 	return []lab.NodeSpec{
-		{Name: "node1", IP: netip.MustParsePrefix("192.168.10.11/24")},
-		{Name: "node2", IP: netip.MustParsePrefix("192.168.10.12/24")},
-		{Name: "node3", IP: netip.MustParsePrefix("192.168.20.11/24")},
+		{Name: "node1", IP: netip.MustParsePrefix("192.168.10.11/24"), Zone: "zone-a"},
+		{Name: "node2", IP: netip.MustParsePrefix("192.168.10.12/24"), Zone: "zone-c"},
+		{Name: "node3", IP: netip.MustParsePrefix("192.168.20.11/24"), Zone: "zone-b"},
 	}
 }
 

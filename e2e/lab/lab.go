@@ -85,6 +85,8 @@ type NodeSpec struct {
 	IP netip.Prefix
 	// PodCIDR defaults to 10.244.<i>.0/24 for the i-th node (from 1).
 	PodCIDR netip.Prefix
+	// Zone is its topology.kubernetes.io/zone; empty: its segment's.
+	Zone string
 }
 
 // DefaultNodes is the default topology.
@@ -309,9 +311,13 @@ func (l *Lab) planNode(i int, s NodeSpec) (*Node, error) {
 	if s.IP.Addr() == seg.Gateway || s.IP.Addr() == s.IP.Masked().Addr() {
 		return nil, fmt.Errorf("node %s: ip %v is the router's or the subnet's address", s.Name, s.IP)
 	}
+	zone := seg.Zone
+	if s.Zone != "" {
+		zone = s.Zone
+	}
 	return &Node{
 		Name: s.Name, NS: l.Prefix + "-" + s.Name, IP: s.IP.Addr(), Subnet: s.IP.Masked(),
-		Gateway: seg.Gateway, Iface: "eth0", PodCIDR: pod, Zone: seg.Zone,
+		Gateway: seg.Gateway, Iface: "eth0", PodCIDR: pod, Zone: zone,
 		Cgroup: filepath.Join(l.cgroupRoot, "podnet-"+l.Prefix+"-"+s.Name),
 		lab:    l,
 	}, nil

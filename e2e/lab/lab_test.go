@@ -52,6 +52,16 @@ func TestPlanDefaults(t *testing.T) {
 	if l.ownsWorkDir {
 		t.Errorf("a work dir passed in is the caller's, yet the lab would remove it")
 	}
+	// A node's own zone overrides its segment's.
+	nodes := DefaultNodes()
+	nodes[1].Zone = "zone-c"
+	l, err = newLab(Options{Prefix: "pntest", WorkDir: t.TempDir(), BinDir: "/bin-dir", Nodes: nodes}, "/cg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if z := []string{l.Nodes[0].Zone, l.Nodes[1].Zone, l.Nodes[3].Zone}; z[0] != "zone-a" || z[1] != "zone-c" || z[2] != "zone-b" {
+		t.Errorf("zones %v, want zone-a (its segment's), zone-c (its own), zone-b", z)
+	}
 }
 
 func TestPlanRandomPrefixAndTempDir(t *testing.T) {

@@ -299,6 +299,10 @@ func (n *Node) StartKubelet(ctx context.Context) error {
 		"--kubeconfig="+n.o.Kubeconfig,
 		"--hostname-override="+n.Name,
 		"--node-ip="+n.IP.String(),
+		// A label a kubelet may set on its own Node (NodeRestriction
+		// allows topology.kubernetes.io/zone): the topology and
+		// trafficDistribution specs skip without zones.
+		"--node-labels=topology.kubernetes.io/zone="+n.Zone,
 		"--v=1",
 	)...)
 	if err != nil {
