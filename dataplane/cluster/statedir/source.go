@@ -101,6 +101,8 @@ type Source struct {
 	// inFlight: a change younger than this that a full scan finds is not
 	// counted as a repair (its event may still be on its way).
 	inFlight time.Duration
+	// racyWindow: see the constant of that name.
+	racyWindow time.Duration
 
 	// steps counts the runs of Run's runner that ended, for tests to
 	// wait on.
@@ -172,7 +174,7 @@ func New(o Options) *Source {
 	if o.Clock == nil {
 		o.Clock = runner.SystemClock
 	}
-	return &Source{o: o, clock: o.Clock, inFlight: time.Second, files: make(map[string]*fileState), dirty: make(map[string]bool),
+	return &Source{o: o, clock: o.Clock, inFlight: time.Second, racyWindow: racyWindow, files: make(map[string]*fileState), dirty: make(map[string]bool),
 		status: Status{Dir: o.Dir}}
 }
 
@@ -715,7 +717,7 @@ func (s *Source) load(path string, info fs.FileInfo, prev *fileState) bool {
 	// system clock, not the injected one.
 	readAt := time.Now()
 	f := &fileState{size: info.Size(), modTime: info.ModTime(), ctime: changeTime(info), ino: inode(info)}
-	f.racy = !info.ModTime().Before(readAt.Add(-racyWindow)) || !f.ctime.Before(readAt.Add(-racyWindow))
+	f.racy = !info.ModTime().Before(readAt.Add(-s.racyWindow)) || !f.ctime.Before(readAt.Add(-s.racyWindow))
 	if prev != nil {
 		f.objs, f.data, f.parsed, f.refused = prev.objs, prev.data, prev.parsed, prev.refused
 	}
