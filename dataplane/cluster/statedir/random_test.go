@@ -194,7 +194,6 @@ type mirror struct {
 
 	read map[cluster.Ref]cluster.Object // what the reader has read, its goroutine's
 	done chan struct{}
-	gen  chan uint64 // the number of signals served, on request
 }
 
 func newMirror(ctx context.Context, store *cluster.Store) *mirror {

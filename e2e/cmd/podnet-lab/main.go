@@ -179,7 +179,7 @@ func turnFlags(cmd string, args []string, slice time.Duration) (addrs []string, 
 		return nil, 0, 0, err
 	}
 	if fs.NArg() == 0 {
-		return nil, 0, 0, fmt.Errorf("%s: want HOST:PORT...", cmd)
+		return nil, 0, 0, fmt.Errorf("%s: want one or more HOST:PORT", cmd)
 	}
 	if *fd <= 0 || *fd > 5*time.Minute {
 		return nil, 0, 0, fmt.Errorf("%s: --duration %v: want 0 < duration <= 5m", cmd, *fd)
@@ -226,7 +226,7 @@ func connectCmd(args []string) error {
 		return err
 	}
 	if fs.NArg() == 0 {
-		return errors.New("connect: want HOST:PORT...")
+		return errors.New("connect: want one or more HOST:PORT")
 	}
 	return lab.ServeConnects(os.Stdin, os.Stdout, fs.Args())
 }
