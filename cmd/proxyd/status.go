@@ -105,8 +105,17 @@ func printStatus(out io.Writer, r statusReport, now time.Time) {
 	fmt.Fprintf(w, "  pending changes:\t%d Services, %d with endpoint changes\n", sp.PendingServiceChanges, sp.PendingEndpointChanges)
 	w.Flush()
 
+	printPeers(out, r)
+	printServices(out, sp)
+	if r.BPFMaps != nil {
+		printBPFMaps(out, r.BPFMaps)
+	}
+}
+
+// printPeers prints the table of the node's peers and their routes.
+func printPeers(out io.Writer, r statusReport) {
 	fmt.Fprintf(out, "\nPeers (%d):\n", len(r.Node.Peers))
-	w = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "  NODE\tNODE IP\tPOD CIDR\tBACKEND\tROUTE")
 	for _, p := range r.Node.Peers {
 		fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\n", p.Name, p.NodeIP, p.PodCIDR, p.Backend, p.Route)
@@ -116,8 +125,12 @@ func printStatus(out io.Writer, r statusReport, now time.Time) {
 	}
 	w.Flush()
 
+}
+
+// printServices prints the table of Services as programmed.
+func printServices(out io.Writer, sp proxy.Status) {
 	fmt.Fprintf(out, "\nServices (%d):\n", len(sp.Services))
-	w = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "  SERVICE\tPORT\tFRONTENDS\tENDPOINTS")
 	for _, s := range sp.Services {
 		for _, p := range s.Ports {
@@ -129,9 +142,6 @@ func printStatus(out io.Writer, r statusReport, now time.Time) {
 		}
 	}
 	w.Flush()
-	if r.BPFMaps != nil {
-		printBPFMaps(out, r.BPFMaps)
-	}
 }
 
 func endpoints(p proxy.PortStatus) string {
