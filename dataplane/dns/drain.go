@@ -5,6 +5,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/podnet/podnet/dataplane/runner"
 )
 
 // Draining: a dnsd told to stop (SIGTERM) still receives queries until
@@ -23,20 +25,10 @@ type DrainOptions struct {
 	Quiet time.Duration
 	// Max bounds the drain; 0: no bound but Quiet.
 	Max time.Duration
-	// Clock tells the time; nil: the system's.
-	Clock Clock
+	// Clock tells the time, so a test can drive the drain
+	// (runner.FakeClock); nil: the system's.
+	Clock runner.Clock
 }
-
-// Clock is the time source of a drain, so a test can drive it.
-type Clock interface {
-	Now() time.Time
-	After(time.Duration) <-chan time.Time
-}
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time                         { return time.Now() }
-func (systemClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
 // seen records a query's arrival while the server drains. Outside a drain
 // it costs one read of a flag that does not change, so the query path

@@ -13,68 +13,13 @@ import (
 	"time"
 
 	mdns "github.com/miekg/dns"
+
+	"github.com/podnet/podnet/dataplane/runner"
 )
-
-// fakeClock is a Clock the test moves: After's channels fire only when
-// advance passes their time, and every After call is announced on
-// waiting, so the test knows when the drain has looked at the time again.
-type fakeClock struct {
-	mu      sync.Mutex
-	now     time.Time
-	timers  []fakeTimer
-	waiting chan struct{}
-}
-
-type fakeTimer struct {
-	at time.Time
-	ch chan time.Time
-}
-
-func newFakeClock() *fakeClock {
-	return &fakeClock{now: time.Unix(1_000_000, 0), waiting: make(chan struct{}, 1000)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) After(d time.Duration) <-chan time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ch := make(chan time.Time, 1)
-	if d <= 0 {
-		ch <- c.now
-	} else {
-		c.timers = append(c.timers, fakeTimer{at: c.now.Add(d), ch: ch})
-	}
-	c.waiting <- struct{}{}
-	return ch
-}
-
-// advance moves the time on by d and returns how many timers fired.
-func (c *fakeClock) advance(d time.Duration) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	fired := 0
-	kept := c.timers[:0]
-	for _, t := range c.timers {
-		if t.at.After(c.now) {
-			kept = append(kept, t)
-			continue
-		}
-		t.ch <- t.at
-		fired++
-	}
-	c.timers = kept
-	return fired
-}
 
 // drainServer runs a Server on loopback that drains on cancel.
 type drainServer struct {
-	clock  *fakeClock
+	clock  *runner.FakeClock
 	cancel context.CancelFunc
 	done   chan struct{} // closed when Run returned
 	err    error         // what Run returned
@@ -86,7 +31,7 @@ func startDrainServer(t *testing.T, o DrainOptions) *drainServer {
 	t.Helper()
 	z := NewZone(testState(), ZoneOptions{ShortNames: true})
 	z.Flush()
-	clock := newFakeClock()
+	clock := runner.NewFakeClock()
 	o.Clock = clock
 	srv := NewServer(ServerOptions{Listen: []string{"127.0.0.1:0"}, Zone: z, Sockets: 2, Drain: o})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -99,11 +44,11 @@ func startDrainServer(t *testing.T, o DrainOptions) *drainServer {
 	t.Cleanup(func() {
 		cancel()
 		for {
-			clock.advance(time.Hour)
+			clock.Advance(time.Hour)
 			select {
 			case <-d.done:
 				return
-			case <-clock.waiting:
+			case <-clock.Asked():
 			}
 		}
 	})
@@ -120,14 +65,14 @@ func startDrainServer(t *testing.T, o DrainOptions) *drainServer {
 // either waits again (true) or the server returned (false).
 func (d *drainServer) step(t *testing.T, by time.Duration) bool {
 	t.Helper()
-	for len(d.clock.waiting) > 0 {
-		<-d.clock.waiting
+	for len(d.clock.Asked()) > 0 {
+		<-d.clock.Asked()
 	}
-	if d.clock.advance(by) == 0 {
+	if d.clock.Advance(by) == 0 {
 		return true
 	}
 	select {
-	case <-d.clock.waiting:
+	case <-d.clock.Asked():
 		return true
 	case <-d.done:
 		return false
@@ -240,7 +185,7 @@ func TestDrainAnswersUntilQuiet(t *testing.T) {
 	}
 
 	d.cancel()
-	<-d.clock.waiting // the drain began
+	<-d.clock.Asked() // the drain began
 	for i := range 10 {
 		for _, s := range senders {
 			s.waitAnswers(t, s.answered.Load(), 2)
@@ -291,7 +236,7 @@ func TestDrainEndsAtMax(t *testing.T) {
 	udp.run(&wg, stop, func() error { return ask("udp", d.udp) })
 	udp.waitAnswers(t, 0, 1)
 	d.cancel()
-	<-d.clock.waiting
+	<-d.clock.Asked()
 	start := d.clock.Now()
 	for d.clock.Now().Sub(start) < maxDrain {
 		udp.waitAnswers(t, udp.answered.Load(), 2)
@@ -334,7 +279,7 @@ func TestNoDrainStopsAtOnce(t *testing.T) {
 func TestHealth(t *testing.T) {
 	z := NewZone(testState(), ZoneOptions{ShortNames: true})
 	z.Flush()
-	clock := newFakeClock()
+	clock := runner.NewFakeClock()
 	srv := NewServer(ServerOptions{Listen: []string{"127.0.0.1:0"}, Zone: z, Sockets: 2, Drain: DrainOptions{Clock: clock}})
 	if err := srv.Health(); err == nil || err.Error() != "not listening yet" {
 		t.Errorf("before Run: %v", err)
@@ -357,11 +302,11 @@ func TestHealth(t *testing.T) {
 	if err := srv.Health(); err != nil {
 		t.Errorf("a query just begun: %v", err)
 	}
-	clock.advance(stuckAfter - time.Millisecond)
+	clock.Advance(stuckAfter - time.Millisecond)
 	if err := srv.Health(); err != nil {
 		t.Errorf("a query %v on: %v", stuckAfter-time.Millisecond, err)
 	}
-	clock.advance(time.Millisecond)
+	clock.Advance(time.Millisecond)
 	if err := srv.Health(); err == nil || !strings.Contains(err.Error(), "udp "+w.addr+": one query for more than 1s") {
 		t.Errorf("a query stuck for %v: %v", stuckAfter, err)
 	}
@@ -400,7 +345,7 @@ func TestDrainFinishesQueriesInFlight(t *testing.T) {
 	}
 	z := NewZone(testState(), ZoneOptions{})
 	z.Flush()
-	clock := newFakeClock()
+	clock := runner.NewFakeClock()
 	srv := NewServer(ServerOptions{Listen: []string{"127.0.0.1:0"}, Zone: z, Forwarder: fwd, Sockets: 1,
 		Drain: DrainOptions{Quiet: time.Second, Clock: clock}})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -427,8 +372,8 @@ func TestDrainFinishesQueriesInFlight(t *testing.T) {
 		<-asked // the query waits at the upstream
 	}
 	cancel()
-	<-clock.waiting
-	clock.advance(time.Second) // a quiet interval: the drain ends
+	<-clock.Asked()
+	clock.Advance(time.Second) // a quiet interval: the drain ends
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		srv.connMu.Lock()

@@ -15,6 +15,8 @@ import (
 
 	mdns "github.com/miekg/dns"
 	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/dataplane/runner"
 )
 
 // ServerOptions configures a Server.
@@ -65,7 +67,7 @@ type Server struct {
 	// tcpConns holds a token per open TCP connection.
 	tcpConns chan struct{}
 
-	clock     Clock
+	clock     runner.Clock
 	draining  atomic.Bool
 	lastQuery atomic.Int64   // Unix nanoseconds of the last query while draining
 	inflight  sync.WaitGroup // forwarded UDP queries waiting for an upstream
@@ -110,7 +112,7 @@ func NewServer(opts ServerOptions) *Server {
 	}
 	s := &Server{opts: opts, tcpConns: make(chan struct{}, opts.TCPMaxConns), clock: opts.Drain.Clock}
 	if s.clock == nil {
-		s.clock = systemClock{}
+		s.clock = runner.SystemClock
 	}
 	s.fwd.Store(opts.Forwarder)
 	s.SetLog(opts.Log)

@@ -8,12 +8,13 @@ import (
 
 // FakeClock is a Clock a test moves with Advance: the channels After
 // returns fire only when the time passes theirs. Pending tells what is
-// armed, so a test can wait for a Runner to be waiting before it moves the
-// time on.
+// armed, and Asked announces every call of After, so a test can wait for
+// the code under test to be waiting before it moves the time on.
 type FakeClock struct {
 	mu     sync.Mutex
 	now    time.Time
 	timers []fakeTimer
+	asked  chan struct{}
 }
 
 type fakeTimer struct {
@@ -22,7 +23,14 @@ type fakeTimer struct {
 }
 
 // NewFakeClock returns a FakeClock at an arbitrary fixed time.
-func NewFakeClock() *FakeClock { return &FakeClock{now: time.Unix(1_000_000, 0)} }
+func NewFakeClock() *FakeClock {
+	return &FakeClock{now: time.Unix(1_000_000, 0), asked: make(chan struct{}, 1024)}
+}
+
+// Asked gets a value for every call of After, up to the 1,024 not yet
+// received (later ones are not announced, so code that asks often never
+// blocks on a test that does not listen).
+func (c *FakeClock) Asked() <-chan struct{} { return c.asked }
 
 // Now returns the clock's time.
 func (c *FakeClock) Now() time.Time {
@@ -39,17 +47,23 @@ func (c *FakeClock) After(d time.Duration) <-chan time.Time {
 	ch := make(chan time.Time, 1)
 	if d <= 0 {
 		ch <- c.now
-		return ch
+	} else {
+		c.timers = append(c.timers, fakeTimer{at: c.now.Add(d), ch: ch})
 	}
-	c.timers = append(c.timers, fakeTimer{at: c.now.Add(d), ch: ch})
+	select {
+	case c.asked <- struct{}{}:
+	default:
+	}
 	return ch
 }
 
-// Advance moves the time on by d, firing every channel due by then.
-func (c *FakeClock) Advance(d time.Duration) {
+// Advance moves the time on by d, firing every channel due by then, and
+// returns how many it fired.
+func (c *FakeClock) Advance(d time.Duration) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.now = c.now.Add(d)
+	fired := 0
 	kept := c.timers[:0]
 	for _, t := range c.timers {
 		if t.at.After(c.now) {
@@ -57,8 +71,10 @@ func (c *FakeClock) Advance(d time.Duration) {
 			continue
 		}
 		t.ch <- t.at
+		fired++
 	}
 	c.timers = kept
+	return fired
 }
 
 // Pending returns the times of the channels not fired yet, earliest first.

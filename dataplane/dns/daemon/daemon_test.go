@@ -8,13 +8,13 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	mdns "github.com/miekg/dns"
 
 	"github.com/podnet/podnet/dataplane/dns"
+	"github.com/podnet/podnet/dataplane/runner"
 	"github.com/podnet/podnet/dataplane/testport"
 )
 
@@ -45,52 +45,12 @@ func TestRunFailsOnBusyPortAtStart(t *testing.T) {
 	}
 }
 
-// stepClock is a dns.Clock that moves only when told: After fires once
-// the time has been moved past it.
-type stepClock struct {
-	mu     sync.Mutex
-	now    time.Time
-	timers map[chan time.Time]time.Time
-	asked  chan struct{}
-}
-
-func (c *stepClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *stepClock) After(d time.Duration) <-chan time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ch := make(chan time.Time, 1)
-	c.timers[ch] = c.now.Add(d)
-	c.asked <- struct{}{}
-	return ch
-}
-
-// advance moves the time on by d and says whether a timer fired.
-func (c *stepClock) advance(d time.Duration) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	fired := false
-	for ch, at := range c.timers {
-		if !at.After(c.now) {
-			ch <- at
-			delete(c.timers, ch)
-			fired = true
-		}
-	}
-	return fired
-}
-
 // TestRunDrainsOnStop: when dnsd's context ends (SIGTERM), /ready fails at
 // once, queries are still answered, and Run returns only once none has
 // come for the quiet interval.
 func TestRunDrainsOnStop(t *testing.T) {
 	dnsPort, readyPort := testport.Free(t), testport.Free(t)
-	clock := &stepClock{now: time.Unix(1_000_000, 0), timers: map[chan time.Time]time.Time{}, asked: make(chan struct{}, 100)}
+	clock := runner.NewFakeClock()
 	const quiet = 2 * time.Second
 	cfg := Config{
 		Listen:       []string{fmt.Sprintf("127.0.0.1:%d", dnsPort)},
@@ -135,7 +95,7 @@ func TestRunDrainsOnStop(t *testing.T) {
 	}
 
 	cancel()
-	<-clock.asked // the drain began
+	<-clock.Asked() // the drain began
 	if code, body := status(); code != http.StatusServiceUnavailable || body != "shutting down" {
 		t.Errorf("/ready while draining: %d %q, want 503 \"shutting down\"", code, body)
 	}
@@ -143,16 +103,16 @@ func TestRunDrainsOnStop(t *testing.T) {
 		if err := query(); err != nil {
 			t.Fatalf("query while draining: %v", err)
 		}
-		if !clock.advance(quiet / 2) {
+		if clock.Advance(quiet/2) == 0 {
 			continue
 		}
 		select {
 		case err := <-done:
 			t.Fatalf("Run returned while queries kept coming: %v", err)
-		case <-clock.asked:
+		case <-clock.Asked():
 		}
 	}
-	if !clock.advance(quiet) {
+	if clock.Advance(quiet) == 0 {
 		t.Fatal("no drain timer fired a quiet interval after the last query")
 	}
 	select {
