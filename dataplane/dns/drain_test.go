@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -292,6 +293,10 @@ func TestHealth(t *testing.T) {
 	if err := ask("udp", l.UDP[0].String()); err != nil {
 		t.Fatal(err)
 	}
+	// The answer reaches the client before its worker counts the query
+	// finished: wait for that, or the worker's count would land in the
+	// middle of the counts the test sets below.
+	waitWorkersIdle(t, srv)
 	if err := srv.Health(); err != nil {
 		t.Errorf("serving: %v", err)
 	}
@@ -325,6 +330,21 @@ func TestHealth(t *testing.T) {
 	}
 	if err := srv.Health(); err == nil || err.Error() != "stopped" {
 		t.Errorf("after Run: %v", err)
+	}
+}
+
+// waitWorkersIdle waits until every UDP worker of srv has finished each
+// query it started.
+func waitWorkersIdle(t *testing.T, srv *Server) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, w := range srv.workers {
+		for w.started.Load() != w.finished.Load() {
+			if time.Now().After(deadline) {
+				t.Fatalf("udp %s: a query still unfinished after 10s", w.addr)
+			}
+			runtime.Gosched()
+		}
 	}
 }
 
