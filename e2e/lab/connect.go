@@ -57,11 +57,39 @@ func ServeConnects(in io.Reader, out io.Writer, addrs []string) error {
 // Connector is a `podnet-lab connect` process in a pod (in its node's
 // cgroup, so socket-level load balancing applies to it): Connect asks it
 // for one connect.
-type Connector struct {
+type Connector struct{ lineProc }
+
+// lineProc is a podnet-lab helper process (connect, udp-ask) that the test
+// speaks to a line at a time over its stdin and stdout.
+type lineProc struct {
 	cmd  *exec.Cmd
 	in   io.WriteCloser
 	out  *bufio.Reader
 	errs *syncBuffer
+}
+
+// startLineProc starts args in netns and cgroup with its stdin and stdout
+// piped; where names the place in errors.
+func startLineProc(netns, cgroup, where string, args []string) (lineProc, error) {
+	cmd, cg, err := command(context.Background(), netns, cgroup, args, false)
+	if err != nil {
+		return lineProc{}, err
+	}
+	defer cg.Close()
+	lp := lineProc{cmd: cmd, errs: &syncBuffer{}}
+	cmd.Stderr = lp.errs
+	if lp.in, err = cmd.StdinPipe(); err != nil {
+		return lineProc{}, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return lineProc{}, err
+	}
+	lp.out = bufio.NewReader(stdout)
+	if err := cmd.Start(); err != nil {
+		return lineProc{}, fmt.Errorf("start %s in %s: %w", strings.Join(args, " "), where, err)
+	}
+	return lp, nil
 }
 
 // StartConnector starts `podnet-lab connect addrs...` in the pod, on the
@@ -74,25 +102,11 @@ func (p *Pod) StartConnector(cpus string, addrs ...string) (*Connector, error) {
 	if cpus != "" {
 		args = append([]string{"taskset", "-c", cpus}, args...)
 	}
-	cmd, cg, err := command(context.Background(), p.NS, p.Node.Cgroup, args, false)
+	lp, err := startLineProc(p.NS, p.Node.Cgroup, p.Name, args)
 	if err != nil {
 		return nil, err
 	}
-	defer cg.Close()
-	c := &Connector{cmd: cmd, errs: &syncBuffer{}}
-	cmd.Stderr = c.errs
-	if c.in, err = cmd.StdinPipe(); err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	c.out = bufio.NewReader(stdout)
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start podnet-lab connect in %s: %w", p.Name, err)
-	}
-	return c, nil
+	return &Connector{lp}, nil
 }
 
 // Connect makes the process connect once to its i-th address and returns

@@ -2,13 +2,11 @@ package lab
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"strings"
 	"time"
 )
@@ -68,12 +66,7 @@ func ServeUDPAsks(in io.Reader, out io.Writer, addr string) error {
 
 // UDPAsker is a `podnet-lab udp-ask` process in a pod or the outside host
 // (in its cgroup, so socket-level load balancing applies to it).
-type UDPAsker struct {
-	cmd  *exec.Cmd
-	in   io.WriteCloser
-	out  *bufio.Reader
-	errs *syncBuffer
-}
+type UDPAsker struct{ lineProc }
 
 // StartUDPAsker starts `podnet-lab udp-ask addr` in the pod.
 func (p *Pod) StartUDPAsker(addr string) (*UDPAsker, error) {
@@ -87,25 +80,11 @@ func (n *Node) StartUDPAsker(addr string) (*UDPAsker, error) {
 }
 
 func startUDPAsker(bin, netns, cgroup, addr string) (*UDPAsker, error) {
-	cmd, cg, err := command(context.Background(), netns, cgroup, []string{bin, "udp-ask", addr}, false)
+	lp, err := startLineProc(netns, cgroup, netns, []string{bin, "udp-ask", addr})
 	if err != nil {
 		return nil, err
 	}
-	defer cg.Close()
-	a := &UDPAsker{cmd: cmd, errs: &syncBuffer{}}
-	cmd.Stderr = a.errs
-	if a.in, err = cmd.StdinPipe(); err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	a.out = bufio.NewReader(stdout)
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start podnet-lab udp-ask in %s: %w", netns, err)
-	}
-	return a, nil
+	return &UDPAsker{lp}, nil
 }
 
 // Ask sends one query and returns the process's answer line: "ok NAME",
