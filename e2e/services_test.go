@@ -26,6 +26,7 @@ import (
 
 	"github.com/podnet/podnet/bpf"
 	"github.com/podnet/podnet/dataplane/metricstest"
+	"github.com/podnet/podnet/dataplane/nodenet"
 	ebpfmode "github.com/podnet/podnet/dataplane/proxy/ebpf"
 	"github.com/podnet/podnet/dataplane/roottest"
 	"github.com/podnet/podnet/e2e/lab"
@@ -1175,7 +1176,7 @@ func pinnedFrontends(t *testing.T, pinDir string) []string {
 }
 
 // checkPeers compares the peers of `proxyd status` with the node's routes.
-func checkPeers(t *testing.T, n *lab.Node, peers []agent.PeerStatus) {
+func checkPeers(t *testing.T, n *lab.Node, peers []nodenet.PeerStatus) {
 	t.Helper()
 	for _, p := range peers {
 		route, _ := n.Exec(t.Context(), "ip", "route", "show", p.PodCIDR)

@@ -22,6 +22,7 @@ import (
 	"github.com/podnet/podnet/dataplane/hostnet"
 	"github.com/podnet/podnet/dataplane/ipt"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
+	"github.com/podnet/podnet/dataplane/nodenet"
 	"github.com/podnet/podnet/dataplane/podcidr"
 	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/routing"
@@ -116,7 +117,7 @@ func registerConntrack(fs *pflag.FlagSet, c *hostnet.Conntrack) {
 func (f *flags) setup(logger *slog.Logger) (func(context.Context) error, error) {
 	if f.cleanup {
 		return func(context.Context) error {
-			return errors.Join(agent.Cleanup(logger), modes.Cleanup(proxy.Config{Logger: logger, Settings: f.modeSettings}, ""))
+			return errors.Join(nodenet.Cleanup(logger), modes.Cleanup(proxy.Config{Logger: logger, Settings: f.modeSettings}, ""))
 		}, nil
 	}
 	o, err := f.agentOptions(logger)

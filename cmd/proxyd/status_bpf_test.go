@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/podnet/podnet/dataplane/agent"
+	"github.com/podnet/podnet/dataplane/nodenet"
 	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/proxy/ebpf"
 )
@@ -75,7 +76,7 @@ func TestStatusNamesTheVXLANConflict(t *testing.T) {
 	why := "routes: create podnet.1: the VXLAN VNI and port are taken: flannel.1 already holds VNI 1 on UDP port 8472 (another network's device, such as flannel's flannel.1): remove it, or move podnet's with --vxlan-vni or --vxlan-port: file exists"
 	r := statusReport{
 		Health: agent.HealthStatus{Healthy: true, Components: map[string]string{"node-network": why, "cluster-state": "ok"}},
-		Node:   agent.NodeStatus{Name: "node1", LastError: why},
+		Node:   agent.NodeStatus{Status: nodenet.Status{Name: "node1", LastError: why}},
 	}
 	var out bytes.Buffer
 	printStatus(&out, r, time.Now())

@@ -13,7 +13,9 @@ import (
 
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/hostnet"
+	"github.com/podnet/podnet/dataplane/link"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
+	"github.com/podnet/podnet/dataplane/nodenet"
 	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/routing"
 )
@@ -60,23 +62,23 @@ func (b *recordingBackend) synced() []int {
 }
 
 // fakeKernel is a whole node kernel of fakes: node1 on eth0.
-func fakeKernel() (*Kernel, *routing.FakeKernel, *hostnet.FakeIPTables) {
+func fakeKernel() (*nodenet.Kernel, *routing.FakeKernel, *hostnet.FakeIPTables) {
 	k := routing.NewFakeKernel(map[string]netip.Prefix{"eth0": netip.MustParsePrefix("192.168.10.0/24")})
 	ipt := hostnet.NewFakeIPTables()
-	return &Kernel{
+	return &nodenet.Kernel{
 		Routes:   k,
 		IPTables: ipt,
 		Sysctl:   fakeSysctl{"net/ipv4/ip_forward": "0", "net/bridge/bridge-nf-call-iptables": "0"},
 		Modprobe: func(string) error { return nil },
-		Links: func() ([]Link, error) {
-			return []Link{{Name: "lo", MTU: 65536, Addrs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/8")}},
+		Links: func() ([]link.Interface, error) {
+			return []link.Interface{{Name: "lo", MTU: 65536, Addrs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/8")}},
 				{Name: "eth0", MTU: 1500, Addrs: []netip.Prefix{netip.MustParsePrefix("192.168.10.11/24")}}}, nil
 		},
 		Watch: func(ctx context.Context, _ func(routing.Event)) error { <-ctx.Done(); return nil },
 	}, k, ipt
 }
 
-func runOptions(t *testing.T, kernel *Kernel) Options {
+func runOptions(t *testing.T, kernel *nodenet.Kernel) Options {
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "cluster.yaml"), []byte(twoNodes), 0o644); err != nil {
 		t.Fatal(err)
@@ -169,24 +171,6 @@ func TestRunFailsOnBusyPortBeforeTouchingTheNode(t *testing.T) {
 	}
 }
 
-func TestFindUnderlay(t *testing.T) {
-	links := []Link{
-		{Name: "lo", MTU: 65536, Addrs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/8")}},
-		{Name: "eth0", MTU: 9000, Addrs: []netip.Prefix{netip.MustParsePrefix("10.0.0.5/16"), netip.MustParsePrefix("192.168.10.11/24")}},
-	}
-	ip := netip.MustParseAddr("192.168.10.11")
-	u, err := findUnderlay(links, "", ip)
-	if err != nil || u != (underlay{iface: "eth0", subnet: netip.MustParsePrefix("192.168.10.0/24"), mtu: 9000}) {
-		t.Errorf("findUnderlay = %+v, %v", u, err)
-	}
-	if _, err := findUnderlay(links, "lo", ip); err == nil || !strings.Contains(err.Error(), "--iface lo does not hold") {
-		t.Errorf("wrong --iface: err = %v", err)
-	}
-	if _, err := findUnderlay(links, "", netip.MustParseAddr("192.168.10.99")); err == nil || !strings.Contains(err.Error(), "set --iface") {
-		t.Errorf("no interface: err = %v", err)
-	}
-}
-
 // TestServiceProxyWaitsForTheFirstRoutes: the Service proxy's first sync
 // comes after the node network's first one has ended, not beside it.
 func TestServiceProxyWaitsForTheFirstRoutes(t *testing.T) {
@@ -196,7 +180,7 @@ func TestServiceProxyWaitsForTheFirstRoutes(t *testing.T) {
 	unblock := func() { released.Do(func() { close(release) }) }
 	links := kernel.Links
 	var once sync.Once
-	kernel.Links = func() ([]Link, error) {
+	kernel.Links = func() ([]link.Interface, error) {
 		once.Do(func() { <-release })
 		return links()
 	}

@@ -1,14 +1,12 @@
 package agent
 
 import (
-	"net/netip"
-	"sync"
 	"time"
 
 	"github.com/podnet/podnet/dataplane/app"
 	"github.com/podnet/podnet/dataplane/cluster/statedir"
 	"github.com/podnet/podnet/dataplane/health"
-	"github.com/podnet/podnet/dataplane/routing"
+	"github.com/podnet/podnet/dataplane/nodenet"
 )
 
 // Status sections of the node agent on the daemon's status board.
@@ -17,33 +15,16 @@ const (
 	StatusHealth = "health"
 )
 
-// NodeStatus is what the node agent reports: this node's pod network and
-// its routes to every other node's pods, as last reconciled.
+// NodeStatus is what the node agent reports: the node network's status
+// and the cluster state it was computed from.
 type NodeStatus struct {
-	Name        string `json:"name"`
-	PodCIDR     string `json:"podCIDR,omitempty"`
-	ClusterCIDR string `json:"clusterCIDR"`
-	Backend     string `json:"backend"`
+	nodenet.Status
 	// ClusterState is "synced", "stale: …" (the API server is away, the
 	// last state is served) or "loading".
 	ClusterState string `json:"clusterState"`
 	// StateDir is the state directory's last full scan (nil for the API
 	// server): "synced" means the Store held what the files said then.
 	StateDir *statedir.Status `json:"stateDir,omitempty"`
-	Peers    []PeerStatus     `json:"peers"`
-	// Skipped names the nodes that cannot be routed to, and why.
-	Skipped   []string  `json:"skipped,omitempty"`
-	LastSync  time.Time `json:"lastSync"`
-	LastError string    `json:"lastError,omitempty"`
-}
-
-// PeerStatus is one other node and the route to its pods.
-type PeerStatus struct {
-	Name    string `json:"name"`
-	NodeIP  string `json:"nodeIP"`
-	PodCIDR string `json:"podCIDR"`
-	Backend string `json:"backend"` // host-gw or vxlan
-	Route   string `json:"route"`
 }
 
 // HealthStatus is the daemon's health: the verdict of /healthz and the
@@ -71,35 +52,12 @@ func healthStatus(p *health.Progress, c *health.Checker) HealthStatus {
 	return hs
 }
 
-// netStatus keeps the last reconciled routing table for the status
-// board, which renders its plan when asked.
-type netStatus struct {
-	mu       sync.Mutex
-	table    *routing.Table
-	lastSync time.Time
-	lastErr  error
-}
-
-func (s *netStatus) record(t *routing.Table, err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.table, s.lastSync, s.lastErr = t, time.Now(), err
-}
-
-// report describes the last reconciliation.
-func (n *nodeNet) report(src app.Source) NodeStatus {
-	s := &n.status
-	s.mu.Lock()
-	t, last, lastErr := s.table, s.lastSync, s.lastErr
-	s.mu.Unlock()
-	var plan routing.Plan
-	if t != nil {
-		plan = t.Plan()
-	}
-	ns := NodeStatus{Name: n.o.NodeName, ClusterCIDR: n.o.ClusterCIDR.String(), Backend: string(n.o.Backend),
-		ClusterState: "loading", LastSync: last, Skipped: plan.Skipped}
+// nodeStatus describes the node network's last reconciliation and the
+// cluster state.
+func nodeStatus(n *nodenet.Network, src app.Source) NodeStatus {
+	ns := NodeStatus{Status: n.Report(), ClusterState: "loading"}
 	select {
-	case <-n.store.Synced():
+	case <-src.Store.Synced():
 		ns.ClusterState = "synced"
 		if err := src.Stale(); err != nil {
 			ns.ClusterState = "stale: " + err.Error()
@@ -110,26 +68,6 @@ func (n *nodeNet) report(src app.Source) NodeStatus {
 		st := src.StateDir.Status()
 		ns.StateDir = &st
 		ns.ClusterState = st.ClusterState(ns.ClusterState)
-	}
-	if plan.PodCIDR.IsValid() {
-		ns.PodCIDR = plan.PodCIDR.String()
-	}
-	if lastErr != nil {
-		ns.LastError = lastErr.Error()
-	}
-	routes := make(map[netip.Prefix]routing.Route, len(plan.Routes))
-	for _, r := range plan.Routes {
-		routes[r.Dst] = r
-	}
-	for _, p := range plan.Peers {
-		ps := PeerStatus{Name: p.Name, NodeIP: p.NodeIP.String(), PodCIDR: p.PodCIDR.String(), Backend: "host-gw"}
-		if p.VXLAN {
-			ps.Backend = "vxlan"
-		}
-		if r, ok := routes[p.PodCIDR]; ok {
-			ps.Route = r.String()
-		}
-		ns.Peers = append(ns.Peers, ps)
 	}
 	return ns
 }

@@ -1,4 +1,4 @@
-package agent
+package nodenet
 
 import (
 	"context"
@@ -70,7 +70,7 @@ func TestOwnWritesDoNotTriggerAFullSync(t *testing.T) {
 	store.MarkSynced()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { n.run(ctx); close(done) }()
+	go func() { n.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 
 	waitFor := func(what string, cond func() bool) {
@@ -141,7 +141,7 @@ const (
 	markerLink = "marker"
 )
 
-func (w *markedWatch) onEvent(n *nodeNet, e routing.Event, agent func(routing.Event)) {
+func (w *markedWatch) onEvent(n *Network, e routing.Event, agent func(routing.Event)) {
 	switch {
 	case e.Kind == routing.EventRoute && strings.HasPrefix(e.Route.Dst.String(), markerNet),
 		e.Kind == routing.EventNeigh && strings.HasPrefix(e.Neigh.IP.String(), markerNet),
