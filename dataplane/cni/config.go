@@ -11,6 +11,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/podnet/podnet/dataplane/ipam"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
 )
 
@@ -35,9 +36,10 @@ type Config struct {
 	HairpinMode bool `json:"hairpinMode"`
 	// NodeConfig is the file proxyd writes with the node's podCIDR.
 	NodeConfig string `json:"nodeConfig"`
-	// Subnet, if set, is the podCIDR to use instead of the node config's,
-	// for running the plugin without proxyd.
-	Subnet netip.Prefix `json:"subnet"`
+	// Subnets, if set, are the podCIDRs to use instead of the node
+	// config's, for running the plugin without proxyd: the field "subnet",
+	// one prefix or one per family separated by a comma.
+	Subnets []netip.Prefix `json:"-"`
 	// DataDir holds the IPAM store (one subdirectory per network).
 	DataDir string `json:"dataDir"`
 	// LogFile receives the plugin's log; empty logs warnings to stderr.
@@ -70,7 +72,7 @@ var fieldKinds = map[string]string{
 	"mtu":         "an integer",
 	"hairpinMode": "true or false",
 	"nodeConfig":  "a string",
-	"subnet":      "a CIDR string like \"10.244.1.0/24\"",
+	"subnet":      "a CIDR string like \"10.244.1.0/24\" or one per family, \"10.244.1.0/24,fd00:10:244:1::/64\"",
 	"dataDir":     "a string",
 	"logFile":     "a string",
 	"logFormat":   "\"text\" or \"json\"",
@@ -120,12 +122,15 @@ func ParseConfig(data []byte) (*Config, error) {
 		if err := json.Unmarshal(v, &s); err != nil {
 			return nil, invalidf("subnet: want %s, got %s", fieldKinds["subnet"], v)
 		}
-		if s != "" {
-			p, err := netip.ParsePrefix(s)
+		for _, part := range strings.Split(s, ",") {
+			if part = strings.TrimSpace(part); part == "" {
+				continue
+			}
+			p, err := netip.ParsePrefix(part)
 			if err != nil {
 				return nil, invalidf("subnet: want %s, got %q", fieldKinds["subnet"], s)
 			}
-			c.Subnet = p
+			c.Subnets = append(c.Subnets, p)
 		}
 	}
 	if err := c.Validate(); err != nil {
@@ -151,13 +156,19 @@ func (c *Config) Validate() error {
 	if c.MTU != 0 && (c.MTU < 576 || c.MTU > 65535) {
 		return fmt.Errorf("mtu: %d out of range 576-65535", c.MTU)
 	}
-	if c.Subnet.IsValid() {
-		if c.Subnet != c.Subnet.Masked() {
-			return fmt.Errorf("subnet: %s has host bits set (did you mean %s?)", c.Subnet, c.Subnet.Masked())
+	fams := map[ipfamily.Family]netip.Prefix{}
+	for _, sn := range c.Subnets {
+		if sn != sn.Masked() {
+			return fmt.Errorf("subnet: %s has host bits set (did you mean %s?)", sn, sn.Masked())
 		}
-		if _, _, ok := ipam.Usable(c.Subnet); !ok {
-			return fmt.Errorf("subnet: %s is too small for pods (need /30 or larger)", c.Subnet)
+		if _, _, ok := ipam.Usable(sn); !ok {
+			return fmt.Errorf("subnet: %s is too small for pods (need /%d or larger)", sn, sn.Addr().BitLen()-2)
 		}
+		f := ipfamily.OfPrefix(sn)
+		if other, dup := fams[f]; dup {
+			return fmt.Errorf("subnet: %s and %s are both %v; want one per family", other, sn, f)
+		}
+		fams[f] = sn
 	}
 	for _, f := range []struct{ name, path string }{
 		{"nodeConfig", c.NodeConfig}, {"dataDir", c.DataDir}, {"bootIDFile", c.BootIDFile},
@@ -197,16 +208,28 @@ func validIfName(name string) error {
 // storeDir is the IPAM directory of the network.
 func (c *Config) storeDir() string { return filepath.Join(c.DataDir, c.Name) }
 
-// podNetwork is what ADD needs from the node: the podCIDR and the MTU.
+// podNetwork is what ADD needs from the node: the podCIDRs (one per
+// family, IPv4 first) and the MTU.
 type podNetwork struct {
-	PodCIDR netip.Prefix
-	MTU     int
+	PodCIDRs []netip.Prefix
+	MTU      int
+}
+
+// ipv4First orders podCIDRs by family, IPv4 first: the pod's first address
+// (its MAC's source, the result's first IP) is the IPv4 one, as on a node
+// of the release before dual-stack.
+func ipv4First(ps []netip.Prefix) []netip.Prefix {
+	out := append(ipfamily.IPv4.Prefixes(ps), ipfamily.IPv6.Prefixes(ps)...)
+	for i := range out {
+		out[i] = out[i].Masked()
+	}
+	return out
 }
 
 // network resolves the pod network: the subnet field, or the node config.
 func (c *Config) network() (podNetwork, error) {
-	if c.Subnet.IsValid() {
-		return podNetwork{PodCIDR: c.Subnet.Masked(), MTU: orDefault(c.MTU, DefaultMTU)}, nil
+	if len(c.Subnets) > 0 {
+		return podNetwork{PodCIDRs: ipv4First(c.Subnets), MTU: orDefault(c.MTU, DefaultMTU)}, nil
 	}
 	nc, err := nodeconfig.Read(c.NodeConfig)
 	if err != nil {
@@ -216,7 +239,7 @@ func (c *Config) network() (podNetwork, error) {
 	if mtu == 0 {
 		mtu = orDefault(nc.MTU, DefaultMTU)
 	}
-	return podNetwork{PodCIDR: nc.PodCIDR.Masked(), MTU: mtu}, nil
+	return podNetwork{PodCIDRs: ipv4First(nc.Pods()), MTU: mtu}, nil
 }
 
 func orDefault(v, def int) int {

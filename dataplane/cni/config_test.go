@@ -2,6 +2,7 @@ package cni
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -14,7 +15,7 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Bridge != "cbr0" || c.MTU != 0 || !c.HairpinMode || c.NodeConfig != "/run/podnet/node.json" ||
-		c.Subnet.IsValid() || c.DataDir != "/var/lib/podnet/ipam" || c.LogFile != "" ||
+		len(c.Subnets) != 0 || c.DataDir != "/var/lib/podnet/ipam" || c.LogFile != "" ||
 		c.BootIDFile != "/proc/sys/kernel/random/boot_id" {
 		t.Errorf("defaults: %+v", c)
 	}
@@ -30,11 +31,11 @@ func TestConfigFields(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Bridge != "br-pods" || c.MTU != 1400 || c.HairpinMode || c.NodeConfig != "/x/node.json" ||
-		c.Subnet != netip.MustParsePrefix("10.9.0.0/24") || c.DataDir != "/x/ipam" || c.LogFile != "/x/cni.log" {
+		!slices.Equal(c.Subnets, []netip.Prefix{netip.MustParsePrefix("10.9.0.0/24")}) || c.DataDir != "/x/ipam" || c.LogFile != "/x/cni.log" {
 		t.Errorf("decoded %+v", c)
 	}
 	pn, err := c.network()
-	if err != nil || pn.PodCIDR != c.Subnet || pn.MTU != 1400 {
+	if err != nil || !slices.Equal(pn.PodCIDRs, c.Subnets) || pn.MTU != 1400 {
 		t.Errorf("network() = %+v, %v; want the subnet and MTU 1400 without reading a node config", pn, err)
 	}
 }
@@ -55,6 +56,8 @@ func TestConfigErrorsNameFieldAndValue(t *testing.T) {
 		{`"subnet":"10.0.0.0/33"`, types.ErrInvalidNetworkConfig, []string{"subnet", "10.0.0.0/33"}},
 		{`"subnet":"10.0.0.1/24"`, types.ErrInvalidNetworkConfig, []string{"subnet", "10.0.0.1/24", "host bits"}},
 		{`"subnet":"10.0.0.0/31"`, types.ErrInvalidNetworkConfig, []string{"subnet", "too small"}},
+		{`"subnet":"10.0.0.0/24,10.1.0.0/24"`, types.ErrInvalidNetworkConfig, []string{"subnet", "both IPv4; want one per family"}},
+		{`"subnet":"fd00::/127"`, types.ErrInvalidNetworkConfig, []string{"subnet", "too small", "/126"}},
 		{`"subnet":[1]`, types.ErrInvalidNetworkConfig, []string{"subnet", "[1]"}},
 		{`"dataDir":"relative/dir"`, types.ErrInvalidNetworkConfig, []string{"dataDir", "relative/dir"}},
 		{`"nodeConfig":""`, types.ErrInvalidNetworkConfig, []string{"nodeConfig"}},
@@ -91,5 +94,19 @@ func TestConfigPrevResult(t *testing.T) {
 	}
 	if c.PrevResult == nil || c.PrevResult.Version() != "1.0.0" {
 		t.Errorf("prevResult %v", c.PrevResult)
+	}
+}
+
+// TestConfigSubnetPerFamily: "subnet" takes one prefix per family, and the
+// pod network lists them IPv4 first whatever the order written.
+func TestConfigSubnetPerFamily(t *testing.T) {
+	c, err := ParseConfig([]byte(`{"cniVersion":"1.1.0","name":"n1","type":"podnet","subnet":"fd00:10:244:1::/64, 10.9.0.0/24"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pn, err := c.network()
+	want := []netip.Prefix{netip.MustParsePrefix("10.9.0.0/24"), netip.MustParsePrefix("fd00:10:244:1::/64")}
+	if err != nil || !slices.Equal(pn.PodCIDRs, want) {
+		t.Errorf("network() = %+v, %v; want %v", pn, err, want)
 	}
 }

@@ -270,7 +270,7 @@ func TestFakeAddSetsUpBridgeVethAndPod(t *testing.T) {
 	}
 	v := e.host.links[link.HostVethName("c1", "eth0")]
 	if v == nil || v.master != br.index || v.mtu != 1400 || v.pod == nil ||
-		v.pod.Addr != netip.PrefixFrom(addr, 24) || v.pod.Gateway != netip.MustParseAddr("10.7.0.1") {
+		len(v.pod.Addrs) != 1 || v.pod.Addrs[0] != (link.PodAddr{Addr: netip.PrefixFrom(addr, 24), Gateway: netip.MustParseAddr("10.7.0.1")}) {
 		t.Fatalf("veth %+v", v)
 	}
 	if !e.host.forwarding {
@@ -327,7 +327,7 @@ func TestFakeStaleBridgeAddress(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The podCIDR moves: the old pod still holds 10.7.0.x.
-	e.conf.Subnet = netip.MustParsePrefix("10.8.0.0/24")
+	e.conf.Subnets = []netip.Prefix{netip.MustParsePrefix("10.8.0.0/24")}
 	_, err := e.add("new")
 	var te *types.Error
 	if !errors.As(err, &te) || te.Code != types.ErrTryAgainLater || !strings.Contains(te.Msg, "10.7.0.1/24") || !strings.Contains(te.Msg, "old/eth0") {

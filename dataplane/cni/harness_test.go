@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -222,11 +223,17 @@ func tail(b []byte, n int) []byte {
 	return b
 }
 
-func (n *testNode) writeNodeConfig(podCIDR string, mtu int) {
+// writeNodeConfig writes node.json with podCIDRs, one prefix or one per
+// family separated by a comma, in the cluster CIDRs 10.0.0.0/8 and fd00::/8.
+func (n *testNode) writeNodeConfig(podCIDRs string, mtu int) {
 	n.t.Helper()
-	err := nodeconfig.Write(filepath.Join(n.dir, "node.json"), nodeconfig.Config{
-		PodCIDR: netip.MustParsePrefix(podCIDR), ClusterCIDR: netip.MustParsePrefix("10.0.0.0/8"), MTU: mtu,
-	})
+	var pods, clusters []netip.Prefix
+	for _, s := range strings.Split(podCIDRs, ",") {
+		p := netip.MustParsePrefix(s)
+		pods = append(pods, p)
+		clusters = append(clusters, map[bool]netip.Prefix{true: netip.MustParsePrefix("10.0.0.0/8"), false: netip.MustParsePrefix("fd00::/8")}[p.Addr().Is4()])
+	}
+	err := nodeconfig.Write(filepath.Join(n.dir, "node.json"), nodeconfig.New(pods, clusters, mtu))
 	if err != nil {
 		n.t.Fatal(err)
 	}
@@ -344,9 +351,14 @@ func podAddr(t testing.TB, r *current.Result) netip.Addr {
 
 // ping sends ICMP echo requests from inside from to dst and waits for a
 // reply; a bounded number of tries.
+// For IPv6 the kernel fills in the ICMPv6 checksum of a raw socket.
 func ping(from ns.NetNS, dst netip.Addr) error {
 	return from.Do(func(ns.NetNS) error {
-		c, err := net.ListenPacket("ip4:icmp", "0.0.0.0")
+		network, any, request, reply := "ip4:icmp", "0.0.0.0", byte(8), byte(0)
+		if dst.Is6() {
+			network, any, request, reply = "ip6:ipv6-icmp", "::", 128, 129
+		}
+		c, err := net.ListenPacket(network, any)
 		if err != nil {
 			return err
 		}
@@ -354,9 +366,11 @@ func ping(from ns.NetNS, dst netip.Addr) error {
 		id := uint16(os.Getpid())
 		buf := make([]byte, 1500)
 		for seq := uint16(1); seq <= 5; seq++ {
-			msg := []byte{8, 0, 0, 0, byte(id >> 8), byte(id), byte(seq >> 8), byte(seq), 'p', 'o', 'd', 'n', 'e', 't'}
-			cs := icmpChecksum(msg)
-			msg[2], msg[3] = byte(cs>>8), byte(cs)
+			msg := []byte{request, 0, 0, 0, byte(id >> 8), byte(id), byte(seq >> 8), byte(seq), 'p', 'o', 'd', 'n', 'e', 't'}
+			if dst.Is4() {
+				cs := icmpChecksum(msg)
+				msg[2], msg[3] = byte(cs>>8), byte(cs)
+			}
 			if _, err := c.WriteTo(msg, &net.IPAddr{IP: dst.AsSlice()}); err != nil {
 				return err
 			}
@@ -368,7 +382,7 @@ func ping(from ns.NetNS, dst netip.Addr) error {
 					break // timeout: next try
 				}
 				ip := peer.(*net.IPAddr).IP
-				if nr >= 8 && buf[0] == 0 && ip.Equal(dst.AsSlice()) && buf[4] == byte(id>>8) && buf[5] == byte(id) {
+				if nr >= 8 && buf[0] == reply && ip.Equal(dst.AsSlice()) && buf[4] == byte(id>>8) && buf[5] == byte(id) {
 					return nil
 				}
 			}

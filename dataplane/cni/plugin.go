@@ -32,6 +32,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/podnet/podnet/dataplane/ipam"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/link"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
 )
@@ -205,9 +206,8 @@ func (p *plugin) add(c *Config, args *skel.CmdArgs, log *slog.Logger) (*current.
 	defer podNS.Close()
 
 	att := ipam.Attachment{ContainerID: args.ContainerID, IfName: args.IfName}
-	gw := ipam.Gateway(pn.PodCIDR)
 	t0 := time.Now()
-	addr, fresh, br, err := p.allocate(c, pn, att, log)
+	addrs, fresh, br, err := p.allocate(c, pn, att, log)
 	if err != nil {
 		return nil, err
 	}
@@ -222,13 +222,13 @@ func (p *plugin) add(c *Config, args *skel.CmdArgs, log *slog.Logger) (*current.
 		}
 		if fresh {
 			if err := c.release(att, log); err != nil {
-				log.Warn("rollback: release address", "addr", addr, "err", err)
+				log.Warn("rollback: release addresses", "addrs", addrs, "err", err)
 			}
 		}
 	}()
 
 	t1 := time.Now()
-	hostMAC, podMAC := link.RandomMAC(), link.MACFromIP(addr)
+	hostMAC, podMAC := link.RandomMAC(), link.MACFromIP(addrs[0].Addr.Addr())
 	err = p.host.AddVeth(link.VethOptions{
 		HostName: hostName, HostMAC: hostMAC,
 		PodName: args.IfName, PodMAC: podMAC, PodNS: podNS,
@@ -238,67 +238,85 @@ func (p *plugin) add(c *Config, args *skel.CmdArgs, log *slog.Logger) (*current.
 		return nil, err
 	}
 	t2 := time.Now()
-	podAddr := netip.PrefixFrom(addr, pn.PodCIDR.Bits())
-	if err := p.host.ConfigurePod(podNS, link.PodIface{Name: args.IfName, Addr: podAddr, Gateway: gw}); err != nil {
+	if err := p.host.ConfigurePod(podNS, link.PodIface{Name: args.IfName, Addrs: addrs}); err != nil {
 		return nil, err
 	}
-	if err := p.host.EnableForwarding(addr.Is4()); err != nil {
-		return nil, err
+	for _, a := range addrs {
+		if err := p.host.EnableForwarding(a.Addr.Addr().Is4()); err != nil {
+			return nil, err
+		}
 	}
 	success = true
-	log.Info("attached", "addr", podAddr, "hostVeth", hostName, "fresh", fresh,
+	log.Info("attached", "addrs", addrs, "hostVeth", hostName, "fresh", fresh,
 		"ipam", t1.Sub(t0), "veth", t2.Sub(t1), "pod", time.Since(t2))
 
-	return &current.Result{
+	res := &current.Result{
 		CNIVersion: current.ImplementedSpecVersion,
 		Interfaces: []*current.Interface{
 			{Name: br.Attrs().Name, Mac: br.Attrs().HardwareAddr.String(), Mtu: pn.MTU},
 			{Name: hostName, Mac: hostMAC.String(), Mtu: pn.MTU},
 			{Name: args.IfName, Mac: podMAC.String(), Mtu: pn.MTU, Sandbox: args.Netns},
 		},
-		IPs: []*current.IPConfig{{
+	}
+	for _, a := range addrs {
+		ip := a.Addr.Addr()
+		res.IPs = append(res.IPs, &current.IPConfig{
 			Interface: current.Int(2),
-			Address:   net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(podAddr.Bits(), addr.BitLen())},
-			Gateway:   gw.AsSlice(),
-		}},
-		Routes: []*types.Route{{Dst: *defaultRoute(addr), GW: gw.AsSlice()}},
-	}, nil
+			Address:   net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(a.Addr.Bits(), ip.BitLen())},
+			Gateway:   a.Gateway.AsSlice(),
+		})
+		res.Routes = append(res.Routes, &types.Route{Dst: *defaultRoute(ip), GW: a.Gateway.AsSlice()})
+	}
+	return res, nil
 }
 
-// allocate takes (or finds) the attachment's address. The bridge is made
+// allocate takes (or finds) the attachment's address of each family, in
+// the order of the node's podCIDRs (IPv4 first), in one transaction: a
+// crash leaves both or neither. The bridge is made
 // and checked before the store lock is taken, so the common case holds the
 // lock only for the allocation and its write; a bridge address that needs
 // changing is changed under the lock, where the allocations it depends on
 // cannot move.
-func (p *plugin) allocate(c *Config, pn podNetwork, att ipam.Attachment, log *slog.Logger) (netip.Addr, bool, netlink.Link, error) {
+func (p *plugin) allocate(c *Config, pn podNetwork, att ipam.Attachment, log *slog.Logger) ([]link.PodAddr, bool, netlink.Link, error) {
 	br, ready, err := p.bridge(c, pn)
 	if err != nil {
-		return netip.Addr{}, false, nil, err
+		return nil, false, nil, err
 	}
 	txn, err := c.openStore(log)
 	if err != nil {
-		return netip.Addr{}, false, nil, err
+		return nil, false, nil, err
 	}
 	defer txn.Close()
-	addr, fresh, err := txn.Allocate(pn.PodCIDR, att)
-	if errors.Is(err, ipam.ErrRangeFull) {
-		return netip.Addr{}, false, nil, types.NewError(types.ErrTryAgainLater, "allocate address: "+err.Error(), "")
-	}
-	if err != nil {
-		return netip.Addr{}, false, nil, err
+	var addrs []link.PodAddr
+	anyFresh := false
+	for _, cidr := range pn.PodCIDRs {
+		addr, fresh, err := txn.Allocate(cidr, att)
+		if errors.Is(err, ipam.ErrRangeFull) {
+			return nil, false, nil, types.NewError(types.ErrTryAgainLater, "allocate address: "+err.Error(), "")
+		}
+		if err != nil {
+			return nil, false, nil, err
+		}
+		anyFresh = anyFresh || fresh
+		addrs = append(addrs, link.PodAddr{Addr: netip.PrefixFrom(addr, cidr.Bits()), Gateway: ipam.Gateway(cidr)})
 	}
 	if !ready {
-		if err := p.fixBridgeAddrs(c, txn, pn, br, log); err != nil {
-			return netip.Addr{}, false, nil, err
+		for _, cidr := range pn.PodCIDRs {
+			if err := p.fixBridgeAddrs(c, txn, cidr, br, log); err != nil {
+				return nil, false, nil, err
+			}
+		}
+		if err := p.fixBridgeMAC(br, pn); err != nil {
+			return nil, false, nil, err
 		}
 	}
 	if err := txn.Commit(); err != nil {
-		return netip.Addr{}, false, nil, err
+		return nil, false, nil, err
 	}
 	if err := txn.Close(); err != nil {
-		return netip.Addr{}, false, nil, err
+		return nil, false, nil, err
 	}
-	return addr, fresh, br, nil
+	return addrs, anyFresh, br, nil
 }
 
 func family(a netip.Addr) int {
@@ -308,35 +326,45 @@ func family(a netip.Addr) int {
 	return netlink.FAMILY_V4
 }
 
+// bridgeMAC is the bridge's MAC: derived from the first gateway (the IPv4
+// one on a dual-stack node).
+func bridgeMAC(pn podNetwork) net.HardwareAddr { return link.MACFromIP(ipam.Gateway(pn.PodCIDRs[0])) }
+
 // bridge creates the bridge if missing and keeps its MTU in step with the
 // node's (the gateway side of every pod's traffic uses it). ready reports
-// whether its only address already is the gateway.
+// whether its only address of each family already is that family's
+// gateway.
 func (p *plugin) bridge(c *Config, pn podNetwork) (br netlink.Link, ready bool, err error) {
-	gw := ipam.Gateway(pn.PodCIDR)
-	br, err = p.host.Bridge(c.Bridge, pn.MTU, link.MACFromIP(gw))
+	br, err = p.host.Bridge(c.Bridge, pn.MTU, bridgeMAC(pn))
 	if err != nil {
 		return nil, false, err
 	}
 	if err := p.host.SetMTU(br, pn.MTU); err != nil {
 		return nil, false, err
 	}
-	addrs, err := p.host.Addrs(br, family(gw))
-	if err != nil {
-		return nil, false, err
+	ready = true
+	for _, cidr := range pn.PodCIDRs {
+		gw := ipam.Gateway(cidr)
+		addrs, err := p.host.Addrs(br, family(gw))
+		if err != nil {
+			return nil, false, err
+		}
+		ready = ready && len(addrs) == 1 && addrs[0] == netip.PrefixFrom(gw, cidr.Bits())
 	}
-	return br, len(addrs) == 1 && addrs[0] == netip.PrefixFrom(gw, pn.PodCIDR.Bits()), nil
+	return br, ready, nil
 }
 
-// fixBridgeAddrs gives the bridge the gateway address and its MAC. An
-// address from an earlier podCIDR is replaced once no pod holds an address
-// in its range; while some do, ADD fails with "try again".
-func (p *plugin) fixBridgeAddrs(c *Config, txn *ipam.Txn, pn podNetwork, br netlink.Link, log *slog.Logger) error {
-	gw := ipam.Gateway(pn.PodCIDR)
+// fixBridgeAddrs gives the bridge the gateway address of cidr's family.
+// An address from an earlier podCIDR of that family is replaced once no
+// pod holds an address in its range; while some do, ADD fails with "try
+// again".
+func (p *plugin) fixBridgeAddrs(c *Config, txn *ipam.Txn, cidr netip.Prefix, br netlink.Link, log *slog.Logger) error {
+	gw := ipam.Gateway(cidr)
 	addrs, err := p.host.Addrs(br, family(gw)) // again: another ADD may have fixed them
 	if err != nil {
 		return err
 	}
-	want := netip.PrefixFrom(gw, pn.PodCIDR.Bits())
+	want := netip.PrefixFrom(gw, cidr.Bits())
 	have := false
 	for _, a := range addrs {
 		if a == want {
@@ -345,7 +373,7 @@ func (p *plugin) fixBridgeAddrs(c *Config, txn *ipam.Txn, pn podNetwork, br netl
 		}
 		var users []string
 		for _, al := range txn.Allocations() {
-			if a.Masked().Contains(al.Addr) && !pn.PodCIDR.Contains(al.Addr) {
+			if a.Masked().Contains(al.Addr) && !cidr.Contains(al.Addr) {
 				users = append(users, al.Addr.String()+" ("+al.Attachment.String()+")")
 			}
 		}
@@ -360,15 +388,18 @@ func (p *plugin) fixBridgeAddrs(c *Config, txn *ipam.Txn, pn podNetwork, br netl
 		}
 	}
 	if !have {
-		if err := p.host.AddAddr(br, want); err != nil {
-			return err
-		}
-		mac := link.MACFromIP(gw)
-		if err := p.host.SetMAC(br, mac); err != nil {
-			return err
-		}
-		br.Attrs().HardwareAddr = mac
+		return p.host.AddAddr(br, want)
 	}
+	return nil
+}
+
+// fixBridgeMAC gives the bridge the MAC its first gateway derives.
+func (p *plugin) fixBridgeMAC(br netlink.Link, pn podNetwork) error {
+	mac := bridgeMAC(pn)
+	if err := p.host.SetMAC(br, mac); err != nil {
+		return err
+	}
+	br.Attrs().HardwareAddr = mac
 	return nil
 }
 
@@ -378,8 +409,8 @@ func (c *Config) release(att ipam.Attachment, log *slog.Logger) error {
 		return err
 	}
 	defer txn.Close()
-	if addr, ok := txn.Release(att); ok {
-		log.Info("released", "addr", addr)
+	if addrs := txn.Release(att); len(addrs) > 0 {
+		log.Info("released", "addrs", addrs)
 	}
 	if err := txn.Commit(); err != nil {
 		return err
@@ -454,7 +485,7 @@ func (p *plugin) check(c *Config, args *skel.CmdArgs, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	want.podCIDR, want.mtu, want.bridge = pn.PodCIDR, pn.MTU, c.Bridge
+	want.podCIDRs, want.mtu, want.bridge = pn.PodCIDRs, pn.MTU, c.Bridge
 	want.hostVeth = link.HostVethName(args.ContainerID, args.IfName)
 	want.att = ipam.Attachment{ContainerID: args.ContainerID, IfName: args.IfName}
 	seen, err := p.observe(c, args, want, log)
@@ -471,21 +502,26 @@ func (p *plugin) check(c *Config, args *skel.CmdArgs, log *slog.Logger) error {
 type checkWant struct {
 	att      ipam.Attachment
 	ifName   string
-	addr     netip.Addr
-	prefix   netip.Prefix // addr with the pod's prefix length
-	gw       netip.Addr   // invalid: prevResult names none
-	mac      string       // "": prevResult names none
-	podCIDR  netip.Prefix
+	addrs    []wantAddr // one per family, as prevResult lists them
+	mac      string     // "": prevResult names none
+	podCIDRs []netip.Prefix
 	mtu      int
 	bridge   string
 	hostVeth string
 }
 
+// wantAddr is one of the pod's addresses in prevResult.
+type wantAddr struct {
+	addr   netip.Addr
+	prefix netip.Prefix // addr with the pod's prefix length
+	gw     netip.Addr   // invalid: prevResult names none
+}
+
 // checkSeen is the pod's state as CHECK observed it. An error field says
 // that part could not be read.
 type checkSeen struct {
-	ipamAddr                netip.Addr // invalid: the store holds no address
-	hostErr                 error      // the host veth
+	ipamAddrs               []netip.Addr // what the store holds for the attachment
+	hostErr                 error        // the host veth
 	bridgeErr               error
 	hostMaster, bridgeIndex int
 	hostMTU                 int
@@ -494,7 +530,7 @@ type checkSeen struct {
 	pod                     link.PodState
 }
 
-// checkWanted reads the pod interface and its address from prevResult.
+// checkWanted reads the pod interface and its addresses from prevResult.
 func checkWanted(prev *current.Result, ifName string) (checkWant, error) {
 	podIdx := -1
 	for i, ifc := range prev.Interfaces {
@@ -505,22 +541,23 @@ func checkWanted(prev *current.Result, ifName string) (checkWant, error) {
 	if podIdx < 0 {
 		return checkWant{}, fmt.Errorf("CHECK: prevResult lists no interface %s with a sandbox", ifName)
 	}
-	var ipc *current.IPConfig
-	for _, ip := range prev.IPs {
-		if ip.Interface != nil && *ip.Interface == podIdx {
-			ipc = ip
+	w := checkWant{ifName: ifName, mac: prev.Interfaces[podIdx].Mac}
+	for _, ipc := range prev.IPs {
+		if ipc.Interface == nil || *ipc.Interface != podIdx {
+			continue
 		}
+		var a wantAddr
+		a.addr, _ = netip.AddrFromSlice(ipc.Address.IP)
+		a.addr = a.addr.Unmap()
+		ones, _ := ipc.Address.Mask.Size()
+		a.prefix = netip.PrefixFrom(a.addr, ones)
+		a.gw, _ = netip.AddrFromSlice(ipc.Gateway)
+		a.gw = a.gw.Unmap()
+		w.addrs = append(w.addrs, a)
 	}
-	if ipc == nil {
+	if len(w.addrs) == 0 {
 		return checkWant{}, fmt.Errorf("CHECK: prevResult has no address for interface %s", ifName)
 	}
-	w := checkWant{ifName: ifName, mac: prev.Interfaces[podIdx].Mac}
-	w.addr, _ = netip.AddrFromSlice(ipc.Address.IP)
-	w.addr = w.addr.Unmap()
-	ones, _ := ipc.Address.Mask.Size()
-	w.prefix = netip.PrefixFrom(w.addr, ones)
-	w.gw, _ = netip.AddrFromSlice(ipc.Gateway)
-	w.gw = w.gw.Unmap()
 	return w, nil
 }
 
@@ -533,9 +570,7 @@ func (p *plugin) observe(c *Config, args *skel.CmdArgs, want checkWant, log *slo
 	if err != nil {
 		return seen, err
 	}
-	if got, ok := txn.Lookup(want.att); ok {
-		seen.ipamAddr = got
-	}
+	seen.ipamAddrs = txn.Addrs(want.att)
 	txn.Close()
 
 	if hl, err := netlink.LinkByName(want.hostVeth); err != nil {
@@ -554,25 +589,42 @@ func (p *plugin) observe(c *Config, args *skel.CmdArgs, want checkWant, log *slo
 		return seen, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_NETNS %s: %v", args.Netns, err), "")
 	}
 	defer podNS.Close()
-	seen.pod, seen.podErr = link.InspectPod(podNS, args.IfName, family(want.addr))
+	seen.pod, seen.podErr = link.InspectPod(podNS, args.IfName)
 	return seen, nil
 }
 
 // compareCheck lists every way seen differs from want, in the order an
-// operator would look: IPAM, the host side, the pod side. Pure.
+// operator would look: IPAM, the host side, the pod side; each address
+// family on its own. Pure.
 func compareCheck(want checkWant, seen checkSeen) []string {
 	var diffs []string
-	switch {
-	case !seen.ipamAddr.IsValid():
-		diffs = append(diffs, fmt.Sprintf("ipam holds no address for %s (prevResult has %s)", want.att, want.addr))
-	case seen.ipamAddr != want.addr:
-		diffs = append(diffs, fmt.Sprintf("ipam holds %s for %s, prevResult has %s", seen.ipamAddr, want.att, want.addr))
+	for _, a := range want.addrs {
+		diffs = append(diffs, compareIPAM(want, a, seen)...)
 	}
-	if !want.podCIDR.Contains(want.addr) {
-		diffs = append(diffs, fmt.Sprintf("address %s is outside the podCIDR %s", want.addr, want.podCIDR))
+	if len(want.addrs) != len(want.podCIDRs) {
+		diffs = append(diffs, fmt.Sprintf("prevResult has %d addresses, the node's podCIDRs %v want one per family", len(want.addrs), want.podCIDRs))
 	}
 	diffs = append(diffs, compareHost(want, seen)...)
 	return append(diffs, comparePod(want, seen)...)
+}
+
+// compareIPAM compares one address of prevResult with the store and the
+// podCIDR of its family.
+func compareIPAM(want checkWant, a wantAddr, seen checkSeen) []string {
+	var diffs []string
+	f := ipfamily.Of(a.addr)
+	held := f.Addrs(seen.ipamAddrs)
+	switch {
+	case len(held) == 0:
+		diffs = append(diffs, fmt.Sprintf("ipam holds no %v address for %s (prevResult has %s)", f, want.att, a.addr))
+	case held[0] != a.addr:
+		diffs = append(diffs, fmt.Sprintf("ipam holds %s for %s, prevResult has %s", held[0], want.att, a.addr))
+	}
+	cidrs := f.Prefixes(want.podCIDRs)
+	if len(cidrs) == 0 || !cidrs[0].Contains(a.addr) {
+		diffs = append(diffs, fmt.Sprintf("address %s is outside the podCIDR %v", a.addr, cidrs))
+	}
+	return diffs
 }
 
 // compareHost compares the host veth and its bridge.
@@ -596,7 +648,7 @@ func compareHost(want checkWant, seen checkSeen) []string {
 	return diffs
 }
 
-// comparePod compares the pod's interface, address and default route.
+// comparePod compares the pod's interface, addresses and default routes.
 func comparePod(want checkWant, seen checkSeen) []string {
 	if seen.podErr != nil {
 		return []string{seen.podErr.Error()}
@@ -612,22 +664,35 @@ func comparePod(want checkWant, seen checkSeen) []string {
 	if !st.Up {
 		diffs = append(diffs, fmt.Sprintf("%s in pod is down", name))
 	}
-	if !slices.Contains(st.Addrs, want.prefix) {
-		diffs = append(diffs, fmt.Sprintf("%s in pod has addresses %v, want %s", name, st.Addrs, want.prefix))
+	for _, a := range want.addrs {
+		diffs = append(diffs, comparePodAddr(name, a, st)...)
 	}
-	if want.gw.IsValid() && st.DefaultGW != want.gw {
-		if st.DefaultGW.IsValid() {
-			diffs = append(diffs, fmt.Sprintf("pod's default route is via %s, want %s", st.DefaultGW, want.gw))
+	return diffs
+}
+
+// comparePodAddr compares one of the pod's addresses and its family's
+// default route (and, for IPv6, that router advertisements are ignored).
+func comparePodAddr(name string, a wantAddr, st link.PodState) []string {
+	var diffs []string
+	if !slices.Contains(st.Addrs, a.prefix) {
+		diffs = append(diffs, fmt.Sprintf("%s in pod has addresses %v, want %s", name, st.Addrs, a.prefix))
+	}
+	if gw := st.DefaultGW(a.addr); a.gw.IsValid() && gw != a.gw {
+		if gw.IsValid() {
+			diffs = append(diffs, fmt.Sprintf("pod's default route is via %s, want %s", gw, a.gw))
 		} else {
-			diffs = append(diffs, fmt.Sprintf("pod has no default route via %s on %s", want.gw, name))
+			diffs = append(diffs, fmt.Sprintf("pod has no default route via %s on %s", a.gw, name))
 		}
+	}
+	if a.addr.Is6() && st.AcceptRA != "0" {
+		diffs = append(diffs, fmt.Sprintf("%s in pod accepts router advertisements (accept_ra %q, want \"0\")", name, st.AcceptRA))
 	}
 	return diffs
 }
 
 func cmdStatus(args *skel.CmdArgs) error {
 	return run("STATUS", args, func(c *Config, log *slog.Logger) error {
-		if !c.Subnet.IsValid() {
+		if len(c.Subnets) == 0 {
 			if _, err := nodeconfig.Read(c.NodeConfig); err != nil {
 				msg := err.Error()
 				if errors.Is(err, nodeconfig.ErrNotFound) {

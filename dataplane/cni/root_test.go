@@ -2,9 +2,11 @@ package cni
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -72,11 +74,11 @@ func TestAddCheckDelEveryVersion(t *testing.T) {
 
 			// The kernel agrees with the result.
 			var st link.PodState
-			st, err = link.InspectPod(pod, "eth0", netlink.FAMILY_V4)
+			st, err = link.InspectPod(pod, "eth0")
 			if err != nil {
 				t.Fatal(err)
 			}
-			if st.MTU != 1400 || !st.Up || st.DefaultGW != netip.MustParseAddr("10.244.3.1") ||
+			if st.MTU != 1400 || !st.Up || st.DefaultGW(addr) != netip.MustParseAddr("10.244.3.1") ||
 				len(st.Addrs) != 1 || st.Addrs[0] != netip.PrefixFrom(addr, 24) || st.MAC != r.Interfaces[2].Mac {
 				t.Errorf("pod eth0 state %+v does not match the result %v", st, r)
 			}
@@ -447,7 +449,7 @@ func bridgeAddrs(t testing.TB, n *testNode) []netip.Prefix {
 		if err != nil {
 			return err
 		}
-		out, err = link.Addrs(br, netlink.FAMILY_V4)
+		out, err = link.Addrs(br, netlink.FAMILY_ALL)
 		return err
 	})
 	return out
@@ -549,5 +551,71 @@ func TestBridgeNameTakenByAnotherDevice(t *testing.T) {
 	}
 	if linkExists(t, pod, "eth0") {
 		t.Error("failed ADD left an interface in the pod")
+	}
+}
+
+// TestDualStackAddCheckDelGC: on a dual-stack node each pod gets one
+// address per family from the node's podCIDRs, each with its gateway on
+// cbr0 (the IPv6 one usable at once: no DAD), and ignores router
+// advertisements; pods reach each other over both families; CHECK
+// notices an IPv6 address gone; DEL and GC free both families.
+func TestDualStackAddCheckDelGC(t *testing.T) {
+	t.Parallel()
+	v4, v6 := netip.MustParsePrefix("10.244.7.0/24"), netip.MustParsePrefix("fd00:10:244:7::/64")
+	n := newTestNode(t, nodeOptions{podCIDR: v6.String() + "," + v4.String()})
+	pods := []ns.NetNS{newNetNS(t, "pod"), newNetNS(t, "pod")}
+	var addrs [][]netip.Addr
+	for i, pod := range pods {
+		r := n.mustAdd(pod, fmt.Sprintf("ctr-%d", i), "eth0")
+		var got []netip.Addr
+		for _, ipc := range r.IPs {
+			a, _ := netip.AddrFromSlice(ipc.Address.IP)
+			got = append(got, a.Unmap())
+		}
+		if len(got) != 2 || !v4.Contains(got[0]) || !v6.Contains(got[1]) ||
+			r.IPs[1].Gateway.String() != "fd00:10:244:7::1" || len(r.Routes) != 2 || r.Routes[1].Dst.String() != "::/0" {
+			t.Fatalf("pod %d: result IPs %v routes %v; want an IPv4 address of %s, then an IPv6 one of %s via fd00:10:244:7::1", i, r.IPs, r.Routes, v4, v6)
+		}
+		addrs = append(addrs, got)
+		st, err := link.InspectPod(pod, "eth0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.AcceptRA != "0" || st.DefaultGW(got[1]) != netip.MustParseAddr("fd00:10:244:7::1") || st.DefaultGW(got[0]) != netip.MustParseAddr("10.244.7.1") {
+			t.Errorf("pod %d: accept_ra %q, gateways %v", i, st.AcceptRA, st.Gateways)
+		}
+	}
+	if got := bridgeAddrs(t, n); !slices.Contains(got, netip.MustParsePrefix("fd00:10:244:7::1/64")) || !slices.Contains(got, netip.MustParsePrefix("10.244.7.1/24")) {
+		t.Errorf("cbr0 holds %v, want both gateways", got)
+	}
+	for _, a := range addrs[1] {
+		if err := ping(pods[0], a); err != nil {
+			t.Errorf("pod 0 -> pod 1 %s: %v", a, err)
+		}
+	}
+	if err := n.check(pods[1], "ctr-1", "eth0"); err != nil {
+		t.Errorf("CHECK of an untouched dual-stack pod: %v", err)
+	}
+	inNS(t, pods[1], func() error {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		return netlink.AddrDel(l, &netlink.Addr{IPNet: &net.IPNet{IP: addrs[1][1].AsSlice(), Mask: net.CIDRMask(64, 128)}})
+	})
+	if err := n.check(pods[1], "ctr-1", "eth0"); err == nil || !strings.Contains(err.Error(), addrs[1][1].String()+"/64") {
+		t.Errorf("CHECK after the pod's IPv6 address went: %v, want the address named", err)
+	}
+	if err := n.del(pods[0], "ctr-0", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if al := n.allocations(); len(al) != 2 || al[0].ContainerID != "ctr-1" || al[1].ContainerID != "ctr-1" {
+		t.Errorf("after DEL of ctr-0: %v, want ctr-1's two addresses", al)
+	}
+	if err := n.gc(nil, true); err != nil {
+		t.Fatal(err)
+	}
+	if al := n.allocations(); len(al) != 0 {
+		t.Errorf("after GC with nothing valid: %v", al)
 	}
 }

@@ -1,4 +1,7 @@
-// Package ipam hands out pod addresses from a node's podCIDR.
+// Package ipam hands out pod addresses from a node's podCIDRs: an
+// attachment holds at most one address per family, so a dual-stack pod's
+// two addresses are taken (and, after a crash, kept or lost) in one
+// transaction of the one store.
 //
 // The whole store is one small JSON file per network, rewritten on every
 // change by write, fsync, rename: after a crash at any point it holds either
@@ -34,6 +37,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/dataplane/atomicfile"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 )
 
 // DefaultBootIDFile is where Linux publishes the current boot's random ID.
@@ -227,14 +231,26 @@ func (t *Txn) Allocations() []Allocation {
 	return out
 }
 
-// Lookup returns the address held by a.
-func (t *Txn) Lookup(a Attachment) (netip.Addr, bool) {
+// Lookup returns the address of family f held by a.
+func (t *Txn) Lookup(a Attachment, f ipfamily.Family) (netip.Addr, bool) {
 	for _, al := range t.st.Allocations {
-		if al.Attachment == a {
+		if al.Attachment == a && f.Has(al.Addr) {
 			return al.Addr, true
 		}
 	}
 	return netip.Addr{}, false
+}
+
+// Addrs returns every address held by a, in address order (IPv4 first).
+func (t *Txn) Addrs(a Attachment) []netip.Addr {
+	var out []netip.Addr
+	for _, al := range t.st.Allocations {
+		if al.Attachment == a {
+			out = append(out, al.Addr)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
 }
 
 // CountIn returns how many allocations lie inside p.
@@ -278,15 +294,16 @@ func lastAddr(p netip.Prefix) netip.Addr {
 }
 
 // Allocate returns the address of a in rng, taking the next free one
-// (round-robin) if a holds none. An address a holds outside rng (a podCIDR
-// that changed) is released first.
+// (round-robin) if a holds none. An address of rng's family that a holds
+// outside rng (a podCIDR that changed) is released first; its address of
+// the other family stays.
 func (t *Txn) Allocate(rng netip.Prefix, a Attachment) (addr netip.Addr, fresh bool, err error) {
 	rng = rng.Masked()
-	if cur, ok := t.Lookup(a); ok {
+	if cur, ok := t.Lookup(a, ipfamily.OfPrefix(rng)); ok {
 		if rng.Contains(cur) {
 			return cur, false, nil
 		}
-		t.Release(a)
+		t.releaseAddr(cur)
 	}
 	first, last, ok := Usable(rng)
 	if !ok {
@@ -340,16 +357,23 @@ func countBetween(first, last netip.Addr) uint64 {
 	return lv - fv + 1
 }
 
-// Release frees the address held by a, reporting it and whether there was one.
-func (t *Txn) Release(a Attachment) (netip.Addr, bool) {
-	for i, al := range t.st.Allocations {
+// Release frees every address held by a (one per family) and returns them.
+func (t *Txn) Release(a Attachment) []netip.Addr {
+	var out []netip.Addr
+	t.Retain(func(al Allocation) bool {
 		if al.Attachment == a {
-			t.st.Allocations = slices.Delete(t.st.Allocations, i, i+1)
-			t.dirty = true
-			return al.Addr, true
+			out = append(out, al.Addr)
+			return false
 		}
-	}
-	return netip.Addr{}, false
+		return true
+	})
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
+
+// releaseAddr frees addr.
+func (t *Txn) releaseAddr(addr netip.Addr) {
+	t.Retain(func(al Allocation) bool { return al.Addr != addr })
 }
 
 // Retain keeps only the allocations keep returns true for and returns the

@@ -44,7 +44,7 @@ func release(t *testing.T, o Options, a Attachment) {
 		t.Fatal(err)
 	}
 	defer txn.Close()
-	if _, ok := txn.Release(a); !ok {
+	if len(txn.Release(a)) == 0 {
 		t.Fatalf("release %s: not allocated", a)
 	}
 	if err := txn.Commit(); err != nil {
@@ -256,5 +256,64 @@ func TestUsable(t *testing.T) {
 		if ok != tc.ok || (ok && (f.String() != tc.first || l.String() != tc.last)) {
 			t.Errorf("Usable(%s) = %s, %s, %v; want %s, %s, %v", tc.rng, f, l, ok, tc.first, tc.last, tc.ok)
 		}
+	}
+}
+
+// TestOneAddressPerFamily: a dual-stack attachment holds one address of
+// each family, taken in one transaction; a second ADD finds both, a new
+// podCIDR of one family replaces only that family's address, DEL frees
+// both, and a reboot releases both.
+func TestOneAddressPerFamily(t *testing.T) {
+	o := testOptions(t)
+	v4, v6 := netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:10:244:1::/64")
+	both := func(a Attachment, r4, r6 netip.Prefix) (netip.Addr, netip.Addr) {
+		t.Helper()
+		txn, err := Open(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer txn.Close()
+		a4, _, err4 := txn.Allocate(r4, a)
+		a6, _, err6 := txn.Allocate(r6, a)
+		if err := errors.Join(err4, err6, txn.Commit()); err != nil {
+			t.Fatal(err)
+		}
+		return a4, a6
+	}
+	a4, a6 := both(att(1), v4, v6)
+	if a4 != netip.MustParseAddr("10.244.1.2") || a6 != netip.MustParseAddr("fd00:10:244:1::2") {
+		t.Fatalf("first pod got %s and %s, want 10.244.1.2 and fd00:10:244:1::2", a4, a6)
+	}
+	if b4, b6 := both(att(1), v4, v6); b4 != a4 || b6 != a6 {
+		t.Errorf("a repeated ADD got %s and %s, want %s and %s again", b4, b6, a4, a6)
+	}
+	if b4, b6 := both(att(2), v4, v6); b4 != netip.MustParseAddr("10.244.1.3") || b6 != netip.MustParseAddr("fd00:10:244:1::3") {
+		t.Errorf("second pod got %s and %s", b4, b6)
+	}
+	moved := netip.MustParsePrefix("fd00:10:244:9::/64")
+	if b4, b6 := both(att(1), v4, moved); b4 != a4 || !moved.Contains(b6) {
+		t.Errorf("after the IPv6 podCIDR moved: %s and %s, want %s kept and an address of %s", b4, b6, a4, moved)
+	}
+	txn, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := txn.Addrs(att(1)); len(got) != 2 {
+		t.Errorf("attachment holds %v, want one address per family", got)
+	}
+	if got := txn.Release(att(2)); len(got) != 2 || got[0] != netip.MustParseAddr("10.244.1.3") {
+		t.Errorf("release gave back %v, want both of att 2's addresses, IPv4 first", got)
+	}
+	txn.Commit()
+	txn.Close()
+
+	os.WriteFile(o.BootIDFile, []byte("boot-b\n"), 0o644)
+	txn, err = Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer txn.Close()
+	if r := txn.Rebooted(); len(r) != 2 || len(txn.Allocations()) != 0 {
+		t.Errorf("after a reboot: released %v, still held %v; want both families released", r, txn.Allocations())
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"strings"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
@@ -124,9 +126,12 @@ func Addrs(l netlink.Link, family int) ([]netip.Prefix, error) {
 	return out, nil
 }
 
-// AddAddr adds p to l; an address already there is not an error.
+// AddAddr adds p to l; an address already there is not an error. An IPv6
+// address skips duplicate address detection (addr): podnet's IPAM already
+// made it unique, and a tentative gateway or pod address would drop the
+// first second of every pod's traffic.
 func AddAddr(l netlink.Link, p netip.Prefix) error {
-	if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: ipNet(p)}); err != nil && !errors.Is(err, unix.EEXIST) {
+	if err := netlink.AddrAdd(l, addr(p)); err != nil && !errors.Is(err, unix.EEXIST) {
 		return fmt.Errorf("add %s to %s: %w", p, l.Attrs().Name, err)
 	}
 	return nil
@@ -251,45 +256,103 @@ func DelByName(name string) (bool, error) {
 
 // PodIface is the configuration of the pod side of a veth.
 type PodIface struct {
-	Name    string
+	Name string
+	// Addrs holds one address per family of the node's podCIDRs.
+	Addrs []PodAddr
+}
+
+// PodAddr is one of a pod's addresses and the gateway of its family.
+type PodAddr struct {
 	Addr    netip.Prefix // the pod address with the podCIDR's length
 	Gateway netip.Addr
 }
 
-// ConfigurePod gives the pod interface its address, brings it up and adds
-// the default route via the gateway, inside podNS.
+// ConfigurePod gives the pod interface its addresses, brings it up and adds
+// a default route via the gateway of each family, inside podNS. With an
+// IPv6 address the interface ignores router advertisements: its routes are
+// podnet's, and a rogue RA from another pod on the bridge must not add one.
 func ConfigurePod(podNS ns.NetNS, p PodIface) error {
 	return podNS.Do(func(ns.NetNS) error {
 		l, err := netlink.LinkByName(p.Name)
 		if err != nil {
 			return fmt.Errorf("look up %s in pod: %w", p.Name, err)
 		}
-		if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: ipNet(p.Addr)}); err != nil && !errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("add %s to %s in pod: %w", p.Addr, p.Name, err)
+		for _, a := range p.Addrs {
+			if a.Addr.Addr().Is6() {
+				if err := setIPv6Conf(p.Name, "accept_ra", "0"); err != nil {
+					return err
+				}
+			}
+			if err := netlink.AddrAdd(l, addr(a.Addr)); err != nil && !errors.Is(err, unix.EEXIST) {
+				return fmt.Errorf("add %s to %s in pod: %w", a.Addr, p.Name, err)
+			}
 		}
 		if err := netlink.LinkSetUp(l); err != nil {
 			return fmt.Errorf("set %s up in pod: %w", p.Name, err)
 		}
-		route := &netlink.Route{LinkIndex: l.Attrs().Index, Gw: p.Gateway.AsSlice(), Dst: defaultDst(p.Gateway)}
-		if err := netlink.RouteAdd(route); err != nil && !errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("add default route via %s in pod: %w", p.Gateway, err)
+		for _, a := range p.Addrs {
+			route := &netlink.Route{LinkIndex: l.Attrs().Index, Gw: a.Gateway.AsSlice(), Dst: defaultDst(a.Gateway)}
+			if err := netlink.RouteAdd(route); err != nil && !errors.Is(err, unix.EEXIST) {
+				return fmt.Errorf("add default route via %s in pod: %w", a.Gateway, err)
+			}
 		}
 		return nil
 	})
 }
 
-// PodState is what CHECK compares against the result of ADD.
-type PodState struct {
-	MTU       int
-	MAC       string
-	Up        bool
-	Addrs     []netip.Prefix
-	DefaultGW netip.Addr // invalid if there is no default route via ifName
+// setIPv6Conf writes net.ipv6.conf.IFACE.KEY in the calling thread's
+// network namespace (/proc/sys/net follows the opener's namespace).
+func setIPv6Conf(iface, key, value string) error {
+	path := "/proc/sys/net/ipv6/conf/" + iface + "/" + key
+	if err := os.WriteFile(path, []byte(value), 0o644); err != nil {
+		return fmt.Errorf("set %s to %s: %w", path, value, err)
+	}
+	return nil
 }
 
-// InspectPod reads the state of interface name inside podNS, for family of
-// gw (netlink.FAMILY_V4 or FAMILY_V6).
-func InspectPod(podNS ns.NetNS, name string, family int) (PodState, error) {
+// IPv6Conf reads net.ipv6.conf.IFACE.KEY in the calling thread's network
+// namespace.
+func IPv6Conf(iface, key string) (string, error) {
+	b, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + iface + "/" + key)
+	return strings.TrimSpace(string(b)), err
+}
+
+// addr is p as a netlink address; an IPv6 one without duplicate address
+// detection.
+func addr(p netip.Prefix) *netlink.Addr {
+	a := &netlink.Addr{IPNet: ipNet(p)}
+	if p.Addr().Is6() {
+		a.Flags = unix.IFA_F_NODAD
+	}
+	return a
+}
+
+// PodState is what CHECK compares against the result of ADD.
+type PodState struct {
+	MTU   int
+	MAC   string
+	Up    bool
+	Addrs []netip.Prefix // global addresses of both families
+	// Gateways holds the gateway of each family's default route via the
+	// interface, IPv4 first.
+	Gateways []netip.Addr
+	// AcceptRA is net.ipv6.conf.IFACE.accept_ra ("" without IPv6).
+	AcceptRA string
+}
+
+// DefaultGW is the gateway of the default route of a's family, invalid if
+// there is none via the interface.
+func (st PodState) DefaultGW(a netip.Addr) netip.Addr {
+	for _, gw := range st.Gateways {
+		if gw.Is4() == a.Is4() {
+			return gw
+		}
+	}
+	return netip.Addr{}
+}
+
+// InspectPod reads the state of interface name inside podNS, both families.
+func InspectPod(podNS ns.NetNS, name string) (PodState, error) {
 	var st PodState
 	err := podNS.Do(func(ns.NetNS) error {
 		l, err := netlink.LinkByName(name)
@@ -299,18 +362,21 @@ func InspectPod(podNS ns.NetNS, name string, family int) (PodState, error) {
 		st.MTU = l.Attrs().MTU
 		st.MAC = l.Attrs().HardwareAddr.String()
 		st.Up = l.Attrs().Flags&net.FlagUp != 0
-		if st.Addrs, err = Addrs(l, family); err != nil {
+		if st.Addrs, err = Addrs(l, netlink.FAMILY_ALL); err != nil {
 			return err
 		}
-		routes, err := netlink.RouteList(l, family)
-		if err != nil {
-			return fmt.Errorf("list routes of %s in pod: %w", name, err)
-		}
-		for _, r := range routes {
-			if isDefault(r.Dst) && r.Gw != nil {
-				st.DefaultGW, _ = netip.AddrFromSlice(r.Gw)
-				st.DefaultGW = st.DefaultGW.Unmap()
-				break
+		st.AcceptRA, _ = IPv6Conf(name, "accept_ra")
+		for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+			routes, err := netlink.RouteList(l, family)
+			if err != nil {
+				return fmt.Errorf("list routes of %s in pod: %w", name, err)
+			}
+			for _, r := range routes {
+				if isDefault(r.Dst) && r.Gw != nil {
+					gw, _ := netip.AddrFromSlice(r.Gw)
+					st.Gateways = append(st.Gateways, gw.Unmap())
+					break
+				}
 			}
 		}
 		return nil

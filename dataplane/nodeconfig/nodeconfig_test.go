@@ -1,10 +1,12 @@
 package nodeconfig
 
 import (
+	"encoding/json"
 	"errors"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -26,7 +28,7 @@ func TestWriteThenRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got != want {
+	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("read %+v, wrote %+v", got, want)
 	}
 	// No temporary files are left beside it.
@@ -58,6 +60,11 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{`{"podCIDR":"10.1.0.0/24","clusterCIDR":"10.244.0.0/16"}`, "outside clusterCIDR"},
 		{`{"podCIDR":"10.244.1.0/24","mtu":70000}`, "mtu: 70000"},
 		{`{"podCIDR":"not-a-cidr"}`, "decode node config"},
+		{`{"podCIDR":"fd00:10:244:1::/127"}`, "too small for pods (need /126"},
+		{`{"podCIDR":"10.244.1.0/24","podCIDRs":["10.244.1.0/24","10.244.2.0/24"]}`, "both IPv4; want one per family"},
+		{`{"podCIDR":"10.244.1.0/24","podCIDRs":["fd00:10:244:1::/64"]}`, "does not hold 10.244.1.0/24"},
+		{`{"podCIDR":"fd00:10:244:1::/64","podCIDRs":["10.244.1.0/24","fd00:10:244:1::/64"]}`, "podCIDR is the IPv4 one"},
+		{`{"podCIDR":"10.244.1.0/24","podCIDRs":["10.244.1.0/24","fd00:1::/64"],"clusterCIDRs":["10.244.0.0/16","fd00:10:244::/56"],"clusterCIDR":"10.244.0.0/16"}`, "fd00:1::/64 is outside clusterCIDR fd00:10:244::/56"},
 	} {
 		path := filepath.Join(t.TempDir(), "node.json")
 		os.WriteFile(path, []byte(c.json), 0o644)
@@ -68,5 +75,48 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 	}
 	if err := Write(filepath.Join(t.TempDir(), "x.json"), Config{}); err == nil {
 		t.Error("Write accepted a config without podCIDR")
+	}
+}
+
+// TestDualStackForOldAndNewReaders: a dual-stack node's file holds both
+// podCIDRs for this release's plugin, and podCIDR (the IPv4 one) for a
+// plugin of the release before, which knew no other field; a single-stack
+// node writes exactly the file that release wrote.
+func TestDualStackForOldAndNewReaders(t *testing.T) {
+	v4, v6 := netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:10:244:1::/64")
+	c4, c6 := netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/56")
+	path := filepath.Join(t.TempDir(), "node.json")
+	// The IPv6 one first, as a Node may list them: podCIDR is still IPv4's.
+	if err := Write(path, New([]netip.Prefix{v6, v4}, []netip.Prefix{c6, c4}, 1450)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Read(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.PodCIDR != v4 || got.ClusterCIDR != c4 || !reflect.DeepEqual(got.Pods(), []netip.Prefix{v6, v4}) {
+		t.Errorf("read %+v", got)
+	}
+	data, _ := os.ReadFile(path)
+	var old struct {
+		PodCIDR     string `json:"podCIDR"`
+		ClusterCIDR string `json:"clusterCIDR"`
+		MTU         int    `json:"mtu"`
+	}
+	if err := json.Unmarshal(data, &old); err != nil || old.PodCIDR != "10.244.1.0/24" || old.ClusterCIDR != "10.244.0.0/16" || old.MTU != 1450 {
+		t.Errorf("an older reader sees %+v (%v) in %s", old, err, data)
+	}
+
+	for _, c := range []struct {
+		pods, clusters []netip.Prefix
+		want           string
+	}{
+		{[]netip.Prefix{v4}, []netip.Prefix{c4}, `{"podCIDR":"10.244.1.0/24","clusterCIDR":"10.244.0.0/16","mtu":1450}`},
+		{[]netip.Prefix{v6}, []netip.Prefix{c6}, `{"podCIDR":"fd00:10:244:1::/64","clusterCIDR":"fd00:10:244::/56","mtu":1450}`},
+	} {
+		data, err := json.Marshal(New(c.pods, c.clusters, 1450))
+		if err != nil || string(data) != c.want {
+			t.Errorf("single stack %v: %s (%v), want %s", c.pods, data, err, c.want)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -96,7 +97,7 @@ func TestSyncOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (nodeconfig.Config{PodCIDR: netip.MustParsePrefix("10.244.1.0/24"), ClusterCIDR: n.o.ClusterCIDR, MTU: 1450}); cfg != want {
+	if want := (nodeconfig.Config{PodCIDR: netip.MustParsePrefix("10.244.1.0/24"), ClusterCIDR: n.o.ClusterCIDR, MTU: 1450}); !reflect.DeepEqual(cfg, want) {
 		t.Errorf("node config = %+v, want %+v", cfg, want)
 	}
 	if s := n.sysctl.(fakeSysctl); s["net/ipv4/ip_forward"] != "1" || s["net/bridge/bridge-nf-call-iptables"] != "1" {
