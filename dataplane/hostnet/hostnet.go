@@ -18,6 +18,8 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+
+	"github.com/podnet/podnet/dataplane/ipfamily"
 )
 
 // Chain names. Every chain of this package starts with ChainPrefix.
@@ -65,29 +67,45 @@ func ExecModprobe(module string) error {
 	return nil
 }
 
-const (
-	sysctlForward   = "net/ipv4/ip_forward"
-	sysctlBridgeDir = "net/bridge"
-	sysctlBridgeNF  = "net/bridge/bridge-nf-call-iptables"
-)
+const sysctlBridgeDir = "net/bridge"
 
-// EnsureSysctls turns on IP forwarding and bridged-traffic filtering,
-// loading br_netfilter if its sysctls are missing. A sysctl that already
-// has its value is only read, so this works in a container whose /proc/sys
-// is read-only once something privileged (proxyd init) has set them. The
-// error says what an operator has to do when it cannot be fixed from here.
-func EnsureSysctls(s Sysctl, modprobe Modprobe) error {
-	if err := ensure(s, sysctlForward, "1"); err != nil {
-		return err
+// Sysctls names the forwarding sysctl and br_netfilter's hook of family f:
+// IPv4's ip_forward and bridge-nf-call-iptables, IPv6's
+// conf/all/forwarding and bridge-nf-call-ip6tables.
+func Sysctls(f ipfamily.Family) (forward, bridgeNF string) {
+	if f == ipfamily.IPv6 {
+		return "net/ipv6/conf/all/forwarding", "net/bridge/bridge-nf-call-ip6tables"
 	}
-	if _, err := s.Get(sysctlBridgeNF); errors.Is(err, os.ErrNotExist) {
-		merr := modprobe("br_netfilter")
-		if _, err := s.Get(sysctlBridgeNF); err != nil {
-			return fmt.Errorf("%w (/proc/sys/%s is missing; loading it failed: %v): run `modprobe br_netfilter` on the host and add br_netfilter to /etc/modules-load.d/",
-				ErrBrNetfilter, sysctlBridgeDir, merr)
+	return "net/ipv4/ip_forward", "net/bridge/bridge-nf-call-iptables"
+}
+
+// EnsureSysctls turns on IP forwarding and bridged-traffic filtering for
+// each family (IPv4 alone when none is given), loading br_netfilter if its
+// sysctls are missing. A sysctl that already has its value is only read,
+// so this works in a container whose /proc/sys is read-only once something
+// privileged (proxyd init) has set them. The error says what an operator
+// has to do when it cannot be fixed from here.
+func EnsureSysctls(s Sysctl, modprobe Modprobe, families ...ipfamily.Family) error {
+	if len(families) == 0 {
+		families = []ipfamily.Family{ipfamily.IPv4}
+	}
+	for _, f := range families {
+		forward, bridgeNF := Sysctls(f)
+		if err := ensure(s, forward, "1"); err != nil {
+			return err
+		}
+		if _, err := s.Get(bridgeNF); errors.Is(err, os.ErrNotExist) {
+			merr := modprobe("br_netfilter")
+			if _, err := s.Get(bridgeNF); err != nil {
+				return fmt.Errorf("%w (/proc/sys/%s is missing; loading it failed: %v): run `modprobe br_netfilter` on the host and add br_netfilter to /etc/modules-load.d/",
+					ErrBrNetfilter, bridgeNF, merr)
+			}
+		}
+		if err := ensure(s, bridgeNF, "1"); err != nil {
+			return err
 		}
 	}
-	return ensure(s, sysctlBridgeNF, "1")
+	return nil
 }
 
 func ensure(s Sysctl, name, want string) error {
@@ -180,13 +198,21 @@ func (r Rules) Chains() []Chain {
 		[]string{"-s", cidr, "-d", cidr, "-m", "comment", "--comment", "podnet: pod to pod keeps its source", "-j", "RETURN"})
 	if r.Masquerade {
 		post.Rules = append(post.Rules,
-			[]string{"-s", cidr, "!", "-d", "224.0.0.0/4", "-m", "comment", "--comment", "podnet: pods to outside the cluster", "-j", "MASQUERADE", "--random-fully"})
+			[]string{"-s", cidr, "!", "-d", multicast(ipfamily.OfPrefix(r.ClusterCIDR)), "-m", "comment", "--comment", "podnet: pods to outside the cluster", "-j", "MASQUERADE", "--random-fully"})
 	}
 	fwd := Chain{Table: "filter", Name: ChainForward, From: "FORWARD", Rules: [][]string{
 		{"-s", cidr, "-m", "comment", "--comment", "podnet: from pods", "-j", "ACCEPT"},
 		{"-d", cidr, "-m", "comment", "--comment", "podnet: to pods", "-j", "ACCEPT"},
 	}}
 	return []Chain{post, fwd}
+}
+
+// multicast is family f's multicast range, which is never masqueraded.
+func multicast(f ipfamily.Family) string {
+	if f == ipfamily.IPv6 {
+		return "ff00::/8"
+	}
+	return "224.0.0.0/4"
 }
 
 func jump(c Chain) []string {

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/podnet/podnet/dataplane/ipfamily"
 )
 
 var rules = Rules{ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"), Masquerade: true}
@@ -107,6 +109,43 @@ func (f *fakeSysctl) Set(name, v string) error {
 	}
 	f.vals[name] = v
 	return nil
+}
+
+var sysctlForward, sysctlBridgeNF = Sysctls(ipfamily.IPv4)
+
+// TestEnsureSysctlsPerFamily: a dual-stack node gets IPv6 forwarding and
+// br_netfilter's IPv6 hook beside IPv4's; an IPv6-only node only IPv6's;
+// a read-only IPv6 hook left off is named.
+func TestEnsureSysctlsPerFamily(t *testing.T) {
+	fwd6, nf6 := Sysctls(ipfamily.IPv6)
+	s := &fakeSysctl{vals: map[string]string{sysctlForward: "0", sysctlBridgeNF: "0", fwd6: "0", nf6: "0"}}
+	if err := EnsureSysctls(s, ExecModprobe, ipfamily.IPv4, ipfamily.IPv6); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{sysctlForward, sysctlBridgeNF, "net/ipv6/conf/all/forwarding", "net/bridge/bridge-nf-call-ip6tables"} {
+		if s.vals[k] != "1" {
+			t.Errorf("dual-stack: %s = %q, want 1", k, s.vals[k])
+		}
+	}
+	s = &fakeSysctl{vals: map[string]string{sysctlForward: "0", sysctlBridgeNF: "0", fwd6: "0", nf6: "0"}}
+	if err := EnsureSysctls(s, ExecModprobe, ipfamily.IPv6); err != nil || s.vals[fwd6] != "1" || s.vals[nf6] != "1" || s.vals[sysctlForward] != "0" {
+		t.Errorf("IPv6 only: err %v, sysctls %v; want IPv6's set and IPv4's left alone", err, s.vals)
+	}
+	s = &fakeSysctl{vals: map[string]string{sysctlForward: "1", sysctlBridgeNF: "1", fwd6: "1", nf6: "0"}, readOnly: true}
+	if err := EnsureSysctls(s, ExecModprobe, ipfamily.IPv4, ipfamily.IPv6); !errors.Is(err, ErrSysctlReadOnly) || !strings.Contains(err.Error(), "bridge-nf-call-ip6tables") {
+		t.Errorf("read-only IPv6 hook off: %v, want ErrSysctlReadOnly naming bridge-nf-call-ip6tables", err)
+	}
+}
+
+func TestMasqueradeIPv6(t *testing.T) {
+	ipt := NewFakeIPTables()
+	if _, err := EnsureChains(ipt, Rules{ClusterCIDR: netip.MustParsePrefix("fd00:10:244::/56"), Masquerade: true}); err != nil {
+		t.Fatal(err)
+	}
+	want := "-s fd00:10:244::/56 ! -d ff00::/8 -m comment --comment podnet: pods to outside the cluster -j MASQUERADE --random-fully"
+	if got := ipt.Dump(); !strings.Contains(got, want) {
+		t.Errorf("chains:\n%s\nwant the rule %q", got, want)
+	}
 }
 
 func TestEnsureSysctls(t *testing.T) {

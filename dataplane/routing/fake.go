@@ -24,6 +24,9 @@ type FakeKernel struct {
 	routes   map[netip.Prefix]Route
 	neighs   map[string]map[netip.Addr]Neigh
 	fdb      map[string]map[string]FDB
+	// famAddrs holds the device addresses written through Family's
+	// views, one per family, as the kernel holds them.
+	famAddrs map[string]map[ipfamily.Family]netip.Prefix
 	// Mutations counts every successful change.
 	Mutations int
 }
@@ -38,7 +41,68 @@ func NewFakeKernel(underlay map[string]netip.Prefix) *FakeKernel {
 		routes:   make(map[netip.Prefix]Route),
 		neighs:   make(map[string]map[netip.Addr]Neigh),
 		fdb:      make(map[string]map[string]FDB),
+		famAddrs: make(map[string]map[ipfamily.Family]netip.Prefix),
 	}
+}
+
+// Family returns a view of k for the reconciler of family f, as
+// NewNetlinkKernel(ns, f) is of the real kernel: routes and neighbours of
+// f alone, the device's address of f alone; FDB entries and the device
+// itself are shared with the other family's view.
+func (k *FakeKernel) Family(f ipfamily.Family) Kernel { return fakeFamily{k, f} }
+
+type fakeFamily struct {
+	*FakeKernel
+	f ipfamily.Family
+}
+
+func (v fakeFamily) VXLAN(name string) (*VXLANDevice, error) {
+	d, err := v.FakeKernel.VXLAN(name)
+	if d != nil {
+		v.mu.Lock()
+		d.Addr = v.famAddrs[name][v.f]
+		v.mu.Unlock()
+	}
+	return d, err
+}
+
+func (v fakeFamily) setAddr(d VXLANDevice) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.famAddrs[d.Name] == nil {
+		v.famAddrs[d.Name] = make(map[ipfamily.Family]netip.Prefix)
+	}
+	if d.Addr.IsValid() {
+		v.famAddrs[d.Name][v.f] = d.Addr
+	} else {
+		delete(v.famAddrs[d.Name], v.f)
+	}
+}
+
+func (v fakeFamily) CreateVXLAN(d VXLANDevice) error {
+	if err := v.FakeKernel.CreateVXLAN(d); err != nil {
+		return err
+	}
+	v.setAddr(d)
+	return nil
+}
+
+func (v fakeFamily) UpdateVXLAN(d VXLANDevice) error {
+	if err := v.FakeKernel.UpdateVXLAN(d); err != nil {
+		return err
+	}
+	v.setAddr(d)
+	return nil
+}
+
+func (v fakeFamily) Routes() ([]Route, error) {
+	rs, err := v.FakeKernel.Routes()
+	return slices.DeleteFunc(rs, func(r Route) bool { return !v.f.HasPrefix(r.Dst) }), err
+}
+
+func (v fakeFamily) Neighs(dev string) ([]Neigh, error) {
+	ns, err := v.FakeKernel.Neighs(dev)
+	return slices.DeleteFunc(ns, func(n Neigh) bool { return !v.f.Has(n.IP) }), err
 }
 
 // SetMTU sets an underlay interface's MTU (default 1500).
@@ -55,7 +119,7 @@ func (k *FakeKernel) checkMTULocked(d VXLANDevice) error {
 	if parent == 0 {
 		parent = 1500
 	}
-	if d.MTU > parent-VXLANOverhead {
+	if d.MTU > parent-Overhead(ipfamily.Of(d.Local)) {
 		return fmt.Errorf("link %s: mtu %d over parent %s's %d: %w", d.Name, d.MTU, d.Parent, parent, syscall.EINVAL)
 	}
 	return nil
@@ -116,6 +180,7 @@ func (k *FakeKernel) DeleteLink(name string) error {
 		return fmt.Errorf("link %s: %w", name, syscall.ENODEV)
 	}
 	delete(k.links, name)
+	delete(k.famAddrs, name)
 	k.dropDevLocked(name, true)
 	k.Mutations++
 	return nil
@@ -286,6 +351,11 @@ func (k *FakeKernel) Dump() string {
 	var lines []string
 	for _, l := range k.links {
 		lines = append(lines, "link "+l.String())
+	}
+	for name, m := range k.famAddrs {
+		for _, a := range m {
+			lines = append(lines, fmt.Sprintf("addr %s dev %s", a, name))
+		}
 	}
 	for _, r := range k.routes {
 		lines = append(lines, fmt.Sprintf("route %s proto %d", r, Protocol))

@@ -19,9 +19,19 @@
 //     MAC and an FDB entry maps that MAC to the peer's node IP. The MAC is
 //     derived from the node IP, so nodes need to exchange nothing beyond
 //     what the Node objects already say; the device never learns.
+//
+// A plan routes one pod family (Config.Family); a dual-stack node has one
+// per family. Host-gw needs the peer's address of the pod family on the
+// node's own subnet of that family. VXLAN runs over one underlay family for
+// the whole node (Config.Underlay): both pod families then share the one
+// device, its FDB entries (one per peer) and its MTU, and each plan holds
+// its own family's routes, neighbours and device address. IPv6 pods over
+// an IPv4 underlay are as much VXLAN as IPv4 pods over IPv6: the inner
+// frame is Ethernet.
 package routing
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"net"
 	"net/netip"
@@ -46,8 +56,10 @@ const (
 	DefaultDevice = "podnet.1"
 	DefaultVNI    = 1
 	DefaultPort   = 8472
-	// VXLANOverhead is what encapsulation adds to an IPv4 packet: outer
-	// IPv4 (20) + UDP (8) + VXLAN (8) + inner Ethernet (14).
+	// VXLANOverhead is what encapsulation over an IPv4 underlay adds to
+	// a pod's packet: outer IPv4 (20) + UDP (8) + VXLAN (8) + inner
+	// Ethernet (14); over IPv6 the outer header is 40 bytes, 70 in all
+	// (Overhead).
 	VXLANOverhead = 50
 	// Protocol tags podnet's routes (rtnetlink protocol number), so the
 	// reconciler only ever touches routes it made.
@@ -58,20 +70,49 @@ const (
 type Config struct {
 	NodeName string
 	Backend  Backend
-	// Family is the address family routed: of the podCIDRs, the peers'
-	// InternalIPs and NodeIP. Zero: NodeIP's.
+	// Family is the pod address family routed: of the podCIDRs and of
+	// the host-gw gateways. Zero: NodeIP's.
 	Family ipfamily.Family
-	// NodeIP is this node's underlay address (the VXLAN source).
+	// NodeIP is this node's address of Family, invalid when it has none
+	// (host-gw is then impossible and every peer goes over VXLAN).
 	NodeIP netip.Addr
-	// NodeSubnet is the underlay subnet of the interface holding NodeIP;
-	// peers inside it are reachable with host-gw.
+	// NodeSubnet is the subnet of the interface holding NodeIP; peers
+	// inside it are reachable with host-gw.
 	NodeSubnet netip.Prefix
-	// Iface is the underlay interface; its MTU is UnderlayMTU.
+	// Iface is the interface holding NodeIP; its MTU is UnderlayMTU.
 	Iface       string
 	UnderlayMTU int
-	Device      string // VXLAN device name
-	VNI         int
-	Port        int
+	// Underlay is the VXLAN source address, of the one family VXLAN runs
+	// over on this node; its interface is UnderlayIface. Zero: NodeIP
+	// and Iface.
+	Underlay      netip.Addr
+	UnderlayIface string
+	Device        string // VXLAN device name
+	VNI           int
+	Port          int
+}
+
+// vxlanLocal is the VXLAN source address and its interface.
+func (c Config) vxlanLocal() (netip.Addr, string) {
+	if c.Underlay.IsValid() {
+		return c.Underlay, c.UnderlayIface
+	}
+	return c.NodeIP, c.Iface
+}
+
+// Overhead is what VXLAN over an underlay of family f adds to a pod's
+// packet: 50 bytes over IPv4, 70 over IPv6.
+func Overhead(f ipfamily.Family) int {
+	if f == ipfamily.IPv6 {
+		return VXLANOverhead + 20
+	}
+	return VXLANOverhead
+}
+
+// overhead is the encapsulation's cost on this node's underlay.
+func (c Config) overhead() int {
+	local, _ := c.vxlanLocal()
+	return Overhead(ipfamily.Of(local))
 }
 
 // Validate names the first field that is wrong.
@@ -81,8 +122,14 @@ func (c Config) Validate() error {
 	default:
 		return fmt.Errorf("backend: %q is not auto, host-gw or vxlan", c.Backend)
 	}
-	if !c.NodeIP.IsValid() || c.Family != 0 && !c.Family.Has(c.NodeIP) {
+	if c.NodeIP.IsValid() && c.Family != 0 && !c.Family.Has(c.NodeIP) {
 		return fmt.Errorf("node IP: %v is not an %v address", c.NodeIP, c.family())
+	}
+	if local, _ := c.vxlanLocal(); !local.IsValid() {
+		return fmt.Errorf("node IP: none of %v, and no underlay address for VXLAN", c.family())
+	}
+	if !c.NodeIP.IsValid() && c.Backend == BackendHostGW {
+		return fmt.Errorf("backend host-gw: the node has no %v address to route %v pods by (use --backend auto or vxlan)", c.family(), c.family())
 	}
 	if c.VNI < 1 || c.VNI > 1<<24-1 {
 		return fmt.Errorf("vxlan VNI: %d out of range 1-16777215", c.VNI)
@@ -90,7 +137,7 @@ func (c Config) Validate() error {
 	if c.Port < 1 || c.Port > 65535 {
 		return fmt.Errorf("vxlan port: %d out of range 1-65535", c.Port)
 	}
-	if c.UnderlayMTU < 576+VXLANOverhead {
+	if c.UnderlayMTU < 576+c.overhead() {
 		return fmt.Errorf("underlay MTU: %d too small", c.UnderlayMTU)
 	}
 	return nil
@@ -104,6 +151,9 @@ func (c Config) family() ipfamily.Family {
 	if f := ipfamily.Of(c.NodeIP); f != 0 {
 		return f
 	}
+	if f := ipfamily.Of(c.Underlay); f != 0 {
+		return f
+	}
 	return ipfamily.IPv4
 }
 
@@ -114,7 +164,7 @@ func (c Config) PodMTU() int {
 	if c.Backend == BackendHostGW {
 		return c.UnderlayMTU
 	}
-	return c.UnderlayMTU - VXLANOverhead
+	return c.UnderlayMTU - c.overhead()
 }
 
 // VXLANDevice is the desired VXLAN device.
@@ -193,13 +243,26 @@ type Plan struct {
 	Skipped []string
 }
 
-// VTEPMAC derives a node's VTEP MAC from its address: locally
-// administered, unicast, 0e:70 followed by the address's last four bytes
-// (an IPv4 address's four; nodes on one IPv6 underlay differ there too
-// unless their addresses are 2^32 apart).
+// VTEPMAC derives a node's VTEP MAC from its underlay address: locally
+// administered and unicast. From an IPv4 address, 0e:70 followed by its
+// four bytes (unique, and what nodes of earlier releases derive). From an
+// IPv6 address, 46 bits of its SHA-256 (the last four bytes alone collide
+// for nodes 2^32 apart, as in two /64s of one ULA prefix): the chance that
+// two of 5,000 nodes share one is about 2e-7, where 32 bits gave 0.3%;
+// the 0x02 bit of the first byte is set and 0x0e/0x70 never both start it,
+// so no IPv6-derived MAC equals an IPv4-derived one.
 func VTEPMAC(ip netip.Addr) net.HardwareAddr {
+	if ip.Is4() {
+		b := ip.As4()
+		return net.HardwareAddr{0x0e, 0x70, b[0], b[1], b[2], b[3]}
+	}
 	b := ip.As16()
-	return net.HardwareAddr{0x0e, 0x70, b[12], b[13], b[14], b[15]}
+	h := sha256.Sum256(b[:])
+	m := net.HardwareAddr{h[0]&^0x01 | 0x02, h[1], h[2], h[3], h[4], h[5]}
+	if m[0] == 0x0e && m[1] == 0x70 {
+		m[0] = 0x0a
+	}
+	return m
 }
 
 // VTEPAddr is the VXLAN next hop of a node: its podCIDR's network address.
@@ -257,9 +320,10 @@ func (c Config) device(podCIDR netip.Prefix) *VXLANDevice {
 	if c.Backend == BackendHostGW {
 		return nil
 	}
+	local, parent := c.vxlanLocal()
 	d := &VXLANDevice{
-		Name: c.Device, VNI: c.VNI, Port: c.Port, Local: c.NodeIP, Parent: c.Iface,
-		MAC: VTEPMAC(c.NodeIP), MTU: c.UnderlayMTU - VXLANOverhead, Up: true,
+		Name: c.Device, VNI: c.VNI, Port: c.Port, Local: local, Parent: parent,
+		MAC: VTEPMAC(local), MTU: c.UnderlayMTU - c.overhead(), Up: true,
 	}
 	if podCIDR.IsValid() {
 		d.Addr = ipfamily.Host(VTEPAddr(podCIDR))
@@ -275,21 +339,32 @@ func (c Config) peerOf(self netip.Prefix, n *cluster.Node) (Peer, string) {
 	if !ok {
 		return Peer{}, n.Name + ": no " + f.String() + " podCIDR"
 	}
-	ip, ok := n.InternalIP(f)
-	if !ok {
-		return Peer{}, n.Name + ": no " + f.String() + " InternalIP"
-	}
 	cidr = cidr.Masked()
 	if self.IsValid() && cidr.Overlaps(self) {
 		return Peer{}, fmt.Sprintf("%s: podCIDR %s overlaps this node's %s", n.Name, cidr, self)
 	}
-	if c.Backend == BackendHostGW && !c.NodeSubnet.Contains(ip) {
+	ip, ok := n.InternalIP(f)
+	onLink := ok && c.NodeSubnet.IsValid() && c.NodeSubnet.Contains(ip)
+	switch {
+	case c.Backend == BackendHostGW && !ok:
+		return Peer{}, n.Name + ": no " + f.String() + " InternalIP"
+	case c.Backend == BackendHostGW && !onLink:
 		// The kernel refuses a gateway that is not on a connected
 		// subnet; say why instead of failing every sync.
 		return Peer{}, fmt.Sprintf("%s: %s is outside %s; host-gw needs one L2 segment (use --backend auto or vxlan)", n.Name, ip, c.NodeSubnet)
+	case c.Backend == BackendHostGW, c.Backend == BackendAuto && onLink:
+		return Peer{Name: n.Name, NodeIP: ip, PodCIDR: cidr}, ""
 	}
-	vx := c.Backend == BackendVXLAN || (c.Backend == BackendAuto && !c.NodeSubnet.Contains(ip))
-	return Peer{Name: n.Name, NodeIP: ip, PodCIDR: cidr, VXLAN: vx}, ""
+	local, _ := c.vxlanLocal()
+	uf := ipfamily.Of(local)
+	uip, ok := n.InternalIP(uf)
+	switch {
+	case !ok && uf == f:
+		return Peer{}, n.Name + ": no " + f.String() + " InternalIP"
+	case !ok:
+		return Peer{}, fmt.Sprintf("%s: no %v InternalIP to reach its %v pods over VXLAN (this node's underlay is %v)", n.Name, uf, f, uf)
+	}
+	return Peer{Name: n.Name, NodeIP: uip, PodCIDR: cidr, VXLAN: true}, ""
 }
 
 // duplicate says why peer is skipped for other, which owns its VTEP address.

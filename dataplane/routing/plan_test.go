@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"bytes"
 	"errors"
 	"flag"
 	"fmt"
@@ -435,8 +436,10 @@ func TestIPv6Routes(t *testing.T) {
 	for _, want := range []string{
 		"route fd00:244:2::/64 via fd00:10::12 dev eth0",
 		"route fd00:244:4::/64 via fd00:244:4:: dev podnet.1 onlink",
-		"neigh fd00:244:4:: lladdr 0e:70:00:00:00:14 dev podnet.1 permanent",
-		"fdb 0e:70:00:00:00:14 dev podnet.1 dst fd00:20::14 self permanent",
+		"neigh fd00:244:4:: lladdr " + VTEPMAC(netip.MustParseAddr("fd00:20::14")).String() + " dev podnet.1 permanent",
+		"fdb " + VTEPMAC(netip.MustParseAddr("fd00:20::14")).String() + " dev podnet.1 dst fd00:20::14 self permanent",
+		// Over an IPv6 underlay the outer header is 20 bytes longer.
+		"mtu 1430",
 	} {
 		if !strings.Contains(dump, want) {
 			t.Errorf("kernel lacks %q:\n%s", want, dump)
@@ -459,5 +462,122 @@ func TestIPv6Routes(t *testing.T) {
 	cfg.NodeIP = netip.MustParseAddr("192.168.10.11")
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "not an IPv6 address") {
 		t.Errorf("IPv4 node IP for the IPv6 family: %v", err)
+	}
+}
+
+// TestDualStackSharesOneDevice: on a node whose underlay is IPv4 alone,
+// IPv6 pods go over VXLAN to every peer (no IPv6 address to host-gw by),
+// on the same device as IPv4's VXLAN peers: one MTU (1450, an IPv4
+// underlay's), one FDB entry per peer whichever family wants it, and each
+// family's reconciler leaves the entries the other wants. A second apply
+// changes nothing, and a peer leaving takes its FDB entry only once
+// neither family wants it.
+func TestDualStackSharesOneDevice(t *testing.T) {
+	node := func(name, ip, cidr4, cidr6 string) *cluster.Node {
+		n := &cluster.Node{Name: name, InternalIPs: []netip.Addr{netip.MustParseAddr(ip)}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix(cidr4)}}
+		if cidr6 != "" {
+			n.PodCIDRs = append(n.PodCIDRs, netip.MustParsePrefix(cidr6))
+		}
+		return n
+	}
+	nodes := []*cluster.Node{
+		node("node1", "192.168.10.11", "10.244.1.0/24", "fd00:244:1::/64"),
+		node("node2", "192.168.10.12", "10.244.2.0/24", "fd00:244:2::/64"),
+		node("node4", "192.168.20.14", "10.244.4.0/24", "fd00:244:4::/64"),
+		node("v4pods", "192.168.10.15", "10.244.5.0/24", ""),
+	}
+	base := Config{NodeName: "node1", Backend: BackendAuto, UnderlayMTU: 1500, Device: DefaultDevice, VNI: DefaultVNI, Port: DefaultPort}
+	c4 := base
+	c4.Family, c4.NodeIP, c4.NodeSubnet, c4.Iface = ipfamily.IPv4, netip.MustParseAddr("192.168.10.11"), netip.MustParsePrefix("192.168.10.0/24"), "eth0"
+	c6 := base
+	c6.Family, c6.Underlay, c6.UnderlayIface = ipfamily.IPv6, c4.NodeIP, "eth0"
+	for _, c := range []Config{c4, c6} {
+		if err := c.Validate(); err != nil {
+			t.Fatalf("%v: %v", c.Family, err)
+		}
+	}
+	if c6.PodMTU() != 1450 {
+		t.Errorf("IPv6 pods over an IPv4 underlay: MTU %d, want 1450", c6.PodMTU())
+	}
+	k := NewFakeKernel(map[string]netip.Prefix{"eth0": c4.NodeSubnet})
+	t4, t6 := NewTable(c4, nodes), NewTable(c6, nodes)
+	r4 := &Reconciler{Kernel: k.Family(ipfamily.IPv4), Device: DefaultDevice, SharedFDB: t6.HasFDB}
+	r6 := &Reconciler{Kernel: k.Family(ipfamily.IPv6), Device: DefaultDevice, SharedFDB: t4.HasFDB}
+	apply := func() int {
+		t.Helper()
+		c4, err4 := r4.Apply(t4.Plan())
+		c6, err6 := r6.Apply(t6.Plan())
+		if err := errors.Join(err4, err6); err != nil {
+			t.Fatal(err)
+		}
+		return len(c4) + len(c6)
+	}
+	apply()
+	mac2, mac4 := VTEPMAC(netip.MustParseAddr("192.168.10.12")), VTEPMAC(netip.MustParseAddr("192.168.20.14"))
+	dump := k.Dump()
+	for _, want := range []string{
+		"route 10.244.2.0/24 via 192.168.10.12 dev eth0 proto 98",
+		"route 10.244.4.0/24 via 10.244.4.0 dev podnet.1 onlink",
+		"route fd00:244:2::/64 via fd00:244:2:: dev podnet.1 onlink",
+		"route fd00:244:4::/64 via fd00:244:4:: dev podnet.1 onlink",
+		"neigh fd00:244:2:: lladdr " + mac2.String(),
+		"fdb " + mac2.String() + " dev podnet.1 dst 192.168.10.12 self permanent",
+		"fdb " + mac4.String() + " dev podnet.1 dst 192.168.20.14 self permanent",
+		"addr 10.244.1.0/32 dev podnet.1", "addr fd00:244:1::/128 dev podnet.1",
+		"mtu 1450",
+	} {
+		if !strings.Contains(dump, want) {
+			t.Errorf("kernel lacks %q:\n%s", want, dump)
+		}
+	}
+	if strings.Contains(dump, "10.244.5.0/24 via 10.244.5.0") || strings.Count(dump, "fdb ") != 2 {
+		t.Errorf("want v4pods by host-gw and one FDB entry per VXLAN peer:\n%s", dump)
+	}
+	if n := apply(); n != 0 {
+		t.Errorf("second apply changed %d entries:\n%s", n, k.Dump())
+	}
+	// node4 leaves: the IPv4 table's delta first, while IPv6 still wants
+	// its FDB entry, then IPv6's.
+	gone := map[string]*cluster.Node{"node4": nil}
+	if _, err := r4.Patch(t4.Update(gone)); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(k.Dump(), "dst 192.168.20.14") {
+		t.Errorf("IPv4's patch removed the FDB entry IPv6 still uses:\n%s", k.Dump())
+	}
+	if _, err := r6.Patch(t6.Update(gone)); err != nil {
+		t.Fatal(err)
+	}
+	if dump := k.Dump(); strings.Contains(dump, "192.168.20.14") || strings.Contains(dump, "244:4") || strings.Contains(dump, "10.244.4.") {
+		t.Errorf("node4 left entries behind:\n%s", dump)
+	}
+	if n := apply(); n != 0 {
+		t.Errorf("apply after the patches changed %d entries:\n%s", n, k.Dump())
+	}
+}
+
+// TestVTEPMACIPv6: nodes of one IPv6 underlay whose addresses share their
+// last four bytes get different MACs (those bytes alone were the MAC);
+// every MAC is unicast and locally administered, and IPv4's stay as
+// earlier releases derive them.
+func TestVTEPMACIPv6(t *testing.T) {
+	a, b := VTEPMAC(netip.MustParseAddr("fd00:10:0:1::11")), VTEPMAC(netip.MustParseAddr("fd00:10:0:2::11"))
+	if bytes.Equal(a, b) {
+		t.Errorf("fd00:10:0:1::11 and fd00:10:0:2::11 share the MAC %s", a)
+	}
+	seen := map[string]string{}
+	for i := range 2000 {
+		ip := netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0, 0, byte(i >> 8), byte(i), 15: 0x11})
+		m := VTEPMAC(ip)
+		if m[0]&1 != 0 || m[0]&2 == 0 || m[0] == 0x0e && m[1] == 0x70 {
+			t.Fatalf("%s: MAC %s not unicast, not locally administered, or in IPv4's 0e:70 range", ip, m)
+		}
+		if other, dup := seen[m.String()]; dup {
+			t.Fatalf("%s and %s share the MAC %s", ip, other, m)
+		}
+		seen[m.String()] = ip.String()
+	}
+	if m := VTEPMAC(netip.MustParseAddr("192.168.10.11")).String(); m != "0e:70:c0:a8:0a:0b" {
+		t.Errorf("IPv4 VTEP MAC %s, want 0e:70:c0:a8:0a:0b as before", m)
 	}
 }

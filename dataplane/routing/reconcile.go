@@ -61,6 +61,24 @@ type Reconciler struct {
 	Kernel Kernel
 	// Device is the VXLAN device name to remove when a plan has none.
 	Device string
+	// SharedFDB, when set, reports FDB entries another plan on the same
+	// device wants (the other family's, on a dual-stack node): this
+	// reconciler never deletes those.
+	SharedFDB func(FDB) bool
+}
+
+// keepFDB drops from fs the entries another plan wants.
+func (r *Reconciler) keepFDB(fs []FDB) []FDB {
+	if r.SharedFDB == nil {
+		return fs
+	}
+	var out []FDB
+	for _, f := range fs {
+		if !r.SharedFDB(f) {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // Patch makes the changes of d (a Table's answer to one Node change) and
@@ -87,8 +105,9 @@ func (r *Reconciler) Patch(d Delta) ([]string, error) {
 	for i := range d.Delete.Neighs {
 		ops = append(ops, Op{Delete: true, Neigh: &d.Delete.Neighs[i]})
 	}
-	for i := range d.Delete.FDB {
-		ops = append(ops, Op{Delete: true, FDB: &d.Delete.FDB[i]})
+	dels := r.keepFDB(d.Delete.FDB)
+	for i := range dels {
+		ops = append(ops, Op{Delete: true, FDB: &dels[i]})
 	}
 	var c changeLog
 	c.write(r.Kernel, ops)
@@ -243,7 +262,7 @@ func (r *Reconciler) diffFDB(p Plan, c *changeLog) (sets, dels []Op) {
 		}
 	}
 	for i, f := range have {
-		if !wantSet[keyOf(f)] {
+		if !wantSet[keyOf(f)] && (r.SharedFDB == nil || !r.SharedFDB(f)) {
 			dels = append(dels, Op{Delete: true, FDB: &have[i]})
 		}
 	}

@@ -357,6 +357,15 @@ func (t *Table) skipReason(name string) string {
 	return duplicate(n.peer, t.nodes[t.claims[VTEPAddr(n.peer.PodCIDR)][0]].peer)
 }
 
+// HasFDB reports whether the table wants the FDB entry f (whose device
+// another family's table may share).
+func (t *Table) HasFDB(f FDB) bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	_, ok := t.fdb[keyOf(f)]
+	return ok
+}
+
 // Peers counts the peers reached with VXLAN and with host-gw.
 func (t *Table) Peers() (vxlan, hostGW int) {
 	t.mu.RLock()
