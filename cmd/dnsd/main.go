@@ -76,6 +76,7 @@ func (f *flags) register(fs *pflag.FlagSet) {
 	fs.StringArrayVar(&cfg.Upstreams, "upstream", nil, "upstream resolver HOST:PORT (repeatable); default: the nameservers of --resolv-conf")
 	fs.StringVar(&cfg.ConfigFile, "config", "", "config file (upstreamNameservers, stubDomains, hosts; YAML or JSON, as in the kube-dns ConfigMap), reloaded when it changes")
 	fs.StringVar(&cfg.ResolvConf, "resolv-conf", "/etc/resolv.conf", "resolv.conf to take upstreams from when no --upstream is given")
+	fs.BoolVar(&cfg.Autopath, "autopath", false, "resolve pods' search paths on the server, as CoreDNS's autopath @kubernetes: a name under the querying pod's <ns>.svc.<zone> that does not exist is looked up along the rest of its search path (the cluster's, then --resolv-conf's search line) and answered with a CNAME; watches Pods")
 	fs.StringVar(&f.policy, "policy", "random", "upstream selection: random, round_robin or sequential")
 	fs.DurationVar(&cfg.Forward.TryTimeout, "forward-timeout", 0, "timeout of one upstream try (default 2s)")
 	fs.DurationVar(&cfg.Forward.Deadline, "forward-deadline", 0, "deadline of a forwarded query, all tries included (default 5s)")

@@ -43,6 +43,7 @@ type Metrics struct {
 	panics            prometheus.Counter
 	forged            prometheus.Counter
 	tcpRefused        prometheus.Counter
+	autopathSuccess   prometheus.Counter
 	forwardRequests   *prometheus.CounterVec
 	// fwd is the forwarder in use (it changes when the config file does).
 	fwd                atomic.Pointer[Forwarder]
@@ -160,6 +161,10 @@ func NewMetrics(reg prometheus.Registerer, zone *Zone, cache *Cache, fwd *Forwar
 		forged: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "podnet_dns_forward_forged_answers_total", Help: "Upstream answers dropped because their ID or question did not match.",
 		}),
+		autopathSuccess: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "coredns_autopath_success_total", Help: "Counter of requests that did autopath.",
+			ConstLabels: prometheus.Labels{"server": serverLabel},
+		}),
 		tcpRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "podnet_dns_tcp_connections_refused_total", Help: "TCP connections closed at once because the cap on concurrent ones was reached.",
 		}),
@@ -179,7 +184,7 @@ func NewMetrics(reg prometheus.Registerer, zone *Zone, cache *Cache, fwd *Forwar
 	buildInfo.WithLabelValues(version.Version, version.Revision(), runtime.Version()).Set(1)
 	reg.MustRegister(&m.queries, m.cacheRequests, m.cacheHits, m.cacheMisses,
 		m.cacheStale, m.cachePrefetch, m.proxyDuration, m.healthcheckFails, m.healthcheckBroken,
-		m.forwardRefused, m.programming, m.panics, m.forged, m.forwardRequests, m.tcpRefused, buildInfo)
+		m.forwardRefused, m.programming, m.panics, m.forged, m.forwardRequests, m.tcpRefused, m.autopathSuccess, buildInfo)
 	if cache != nil {
 		for _, kind := range []struct {
 			name   string
@@ -277,6 +282,9 @@ type queryInfo struct {
 	size    int // of the request, in bytes
 	from    netip.AddrPort
 	start   time.Time // set only while queries are logged
+	// inner: a query dnsd asks itself as part of a client's (autopath's
+	// steps); it is neither counted nor logged.
+	inner bool
 }
 
 // now is the time to pass to lap as the start of a query or of a lap.

@@ -39,6 +39,7 @@ var corednsMetrics = []metricstest.Metric{
 	{Name: "coredns_proxy_healthcheck_failures_total", Type: dto.MetricType_COUNTER, Labels: []string{"proxy_name", "to"}},
 	{Name: "coredns_forward_healthcheck_broken_total", Type: dto.MetricType_COUNTER},
 	{Name: "coredns_forward_max_concurrent_rejects_total", Type: dto.MetricType_COUNTER},
+	{Name: "coredns_autopath_success_total", Type: dto.MetricType_COUNTER, Labels: []string{"server"}},
 	{Name: "coredns_kubernetes_dns_programming_duration_seconds", Type: dto.MetricType_HISTOGRAM, Labels: []string{"service_kind"}},
 	{Name: "coredns_panics_total", Type: dto.MetricType_COUNTER},
 	{Name: "coredns_build_info", Type: dto.MetricType_GAUGE, Labels: []string{"version", "revision", "goversion"}},

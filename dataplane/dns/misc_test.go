@@ -116,6 +116,11 @@ func TestReadResolvConf(t *testing.T) {
 	if _, err := ReadResolvConf(filepath.Join(t.TempDir(), "missing")); err == nil {
 		t.Error("missing resolv.conf: no error")
 	}
+	// The last search line holds, as for the resolver.
+	os.WriteFile(p, []byte("search old.example\nsearch Corp.Example. lab.example\nnameserver 192.0.2.53\n"), 0o644)
+	if got, err := ReadResolvSearch(p); err != nil || !slices.Equal(got, []string{"corp.example", "lab.example"}) {
+		t.Errorf("search %q %v, want [corp.example lab.example]", got, err)
+	}
 }
 
 func TestCacheBoundsAndClamps(t *testing.T) {

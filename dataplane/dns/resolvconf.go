@@ -29,3 +29,26 @@ func ReadResolvConf(path string) ([]netip.AddrPort, error) {
 	}
 	return out, sc.Err()
 }
+
+// ReadResolvSearch returns the search domains of a resolv.conf (its last
+// search line, as the resolver reads it), lowercase, without trailing dots.
+func ReadResolvSearch(path string) ([]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read resolv.conf: %w", err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 || fields[0] != "search" {
+			continue
+		}
+		out = out[:0]
+		for _, d := range fields[1:] {
+			if d = strings.ToLower(strings.Trim(d, ".")); d != "" {
+				out = append(out, d)
+			}
+		}
+	}
+	return out, nil
+}

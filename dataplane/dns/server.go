@@ -45,6 +45,8 @@ type ServerOptions struct {
 	// Drain says how the server stops once Run's context ends; the zero
 	// value stops at once.
 	Drain DrainOptions
+	// Autopath, when set, resolves pods' search paths on the server.
+	Autopath *AutopathOptions
 }
 
 // Server answers DNS over UDP and TCP. Its handler's rcode contract:
@@ -448,9 +450,14 @@ func (s *Server) refuse(pkt []byte, sc *scratch) []byte {
 // blocking for upstreams if needed. It returns nil for packets that get no
 // answer. Tests and the fuzzer use it; the listeners use serve.
 func (s *Server) Handle(ctx context.Context, pkt []byte, tcp bool) []byte {
+	return s.handleFrom(ctx, pkt, netip.AddrPort{}, tcp)
+}
+
+// handleFrom is Handle for a query from the client at from.
+func (s *Server) handleFrom(ctx context.Context, pkt []byte, from netip.AddrPort, tcp bool) []byte {
 	sc := s.pool.Get().(*scratch)
 	defer s.pool.Put(sc)
-	sc.q.v6, sc.q.from = false, netip.AddrPort{}
+	sc.q.v6, sc.q.from = from.Addr().Is6() && !from.Addr().Is4In6(), from
 	resp := s.serveAlone(ctx, pkt, sc, tcp)
 	if resp == nil {
 		return nil
@@ -487,21 +494,8 @@ func (s *Server) serve(ctx context.Context, pkt []byte, sc *scratch, tcp, block 
 	case s.forwarder() != nil && s.forwarder().isProbe(r.lower):
 		resp = errorReply(sc.resp, r, rcodeServFail)
 	default:
-		var n *node
-		var res zoneResult
-		resp, n, res = s.opts.Zone.answer(sc.resp, r)
-		sc.q.plugin = pluginKubernetes
-		switch res {
-		case needsCNAME:
-			if !block {
-				return nil, true
-			}
-			resp = s.externalName(ctx, pkt, r, n, sc)
-		case notOurs:
-			resp, async = s.forward(ctx, pkt, r, sc, block)
-			if async {
-				return nil, true
-			}
+		if resp, async = s.answerQuery(ctx, pkt, r, sc, block); async {
+			return nil, true
 		}
 	}
 	if resp == nil {
@@ -512,8 +506,36 @@ func (s *Server) serve(ctx context.Context, pkt []byte, sc *scratch, tcp, block 
 	}
 	sc.resp = resp[:0]
 	s.observe(r.qtype, sc, resp)
-	if ql != nil && ql.o.Queries != 0 {
+	if ql != nil && ql.o.Queries != 0 && !sc.q.inner {
 		ql.logQuery(&sc.q, r, resp)
+	}
+	return resp, false
+}
+
+// answerQuery answers a well-formed query: from the cluster zone, else
+// from the forwarder, with an ExternalName's CNAME chased and autopath's
+// walk done when the zone says so. With block false it returns async true
+// for what needs an upstream.
+func (s *Server) answerQuery(ctx context.Context, pkt []byte, r *request, sc *scratch, block bool) (resp []byte, async bool) {
+	resp, n, res := s.opts.Zone.answer(sc.resp, r)
+	sc.q.plugin = pluginKubernetes
+	switch res {
+	case needsCNAME:
+		if !block {
+			return nil, true
+		}
+		resp = s.externalName(ctx, pkt, r, n, sc)
+	case notOurs:
+		return s.forward(ctx, pkt, r, sc, block)
+	case answered:
+		if base, ok := s.autopathBase(r, resp, sc); ok {
+			if !block {
+				return nil, true
+			}
+			if ap := s.autopath(ctx, r, base, sc); ap != nil {
+				resp = ap
+			}
+		}
 	}
 	return resp, false
 }
@@ -531,7 +553,7 @@ func (s *Server) recoverPanic(resp *[]byte, async *bool) {
 }
 
 func (s *Server) observe(qtype uint16, sc *scratch, resp []byte) {
-	if s.opts.Metrics != nil {
+	if s.opts.Metrics != nil && !sc.q.inner {
 		sc.stats.count(qtype, &sc.q, resp)
 	}
 }

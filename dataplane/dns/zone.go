@@ -69,6 +69,9 @@ type ZoneOptions struct {
 	// DNSService is the Service whose ClusterIPs answer ns.dns.<zone> (and
 	// the apex NS glue); kube-system/kube-dns by default.
 	DNSService cluster.Key
+	// PodIndex keeps which namespace each pod address belongs to, for
+	// autopath (Zone.ClientNamespace).
+	PodIndex bool
 }
 
 func (o *ZoneOptions) setDefaults() {
@@ -99,7 +102,11 @@ type snapshot struct {
 	ptrMulti   map[netip.Addr][]ptrRef
 	namespaces map[string]struct{}
 	podIPs     map[string]map[netip.Addr]struct{} // verified mode: namespace → pod addresses
-	nsAddrs    []netip.Addr                       // ns.dns.<zone>
+	// podNS is the pod index: a pod address → its namespace, "" when pods
+	// of several namespaces hold it (host-network pods). nil without
+	// ZoneOptions.PodIndex.
+	podNS   map[netip.Addr]string
+	nsAddrs []netip.Addr // ns.dns.<zone>
 }
 
 // Zone answers the cluster zone from an index kept in step with a Store.
@@ -270,7 +277,8 @@ type builder struct {
 	nsRefs     map[string]int // namespace → Services and Pods in it
 	nsObjects  map[string]bool
 	podIPs     map[cluster.Key][]netip.Addr
-	podHosts   map[cluster.Key][2]string // hostname, subdomain
+	podHosts   map[cluster.Key][2]string    // hostname, subdomain
+	ipPods     map[netip.Addr][]cluster.Key // the pod index: the Pods holding each address
 	dnsService []netip.Addr
 	scratch    recScratch
 }
@@ -292,6 +300,9 @@ func (b *builder) apply(z *Zone, s *snapshot, p pending) bool {
 	}
 	if len(p.pods) > 0 && s.pods == PodsVerified {
 		s.podIPs = maps.Clone(s.podIPs)
+	}
+	if len(p.pods) > 0 && s.podNS != nil {
+		s.podNS = maps.Clone(s.podNS)
 	}
 	for key := range p.pods {
 		b.removePod(s, key)
@@ -330,9 +341,14 @@ func (b *builder) reset(z *Zone, s *snapshot, p *pending) {
 	*b = builder{
 		svcs: map[cluster.Key]*svcEntry{}, nsRefs: map[string]int{}, nsObjects: map[string]bool{},
 		podIPs: map[cluster.Key][]netip.Addr{}, podHosts: map[cluster.Key][2]string{},
+		ipPods: map[netip.Addr][]cluster.Key{},
 	}
 	s.namespaces = map[string]struct{}{}
 	s.podIPs = map[string]map[netip.Addr]struct{}{}
+	s.podNS = nil
+	if z.opts.PodIndex {
+		s.podNS = map[netip.Addr]string{}
+	}
 	p.services = nil
 	p.pods = map[cluster.Key]struct{}{}
 	for _, pod := range z.store.Pods() {
@@ -381,7 +397,7 @@ func (b *builder) removePod(s *snapshot, key cluster.Key) {
 	if _, had := b.podHosts[key]; had {
 		b.nsRefs[key.Namespace]--
 	}
-	if s.pods == PodsVerified {
+	if s.pods == PodsVerified || s.podNS != nil {
 		b.setPodIPs(s, key, nil)
 	}
 	delete(b.podHosts, key)
@@ -392,7 +408,7 @@ func (b *builder) removePod(s *snapshot, key cluster.Key) {
 func (b *builder) addPod(s *snapshot, key cluster.Key, pod *cluster.Pod) {
 	b.nsRefs[key.Namespace]++
 	b.podHosts[key] = [2]string{strings.ToLower(pod.Hostname), strings.ToLower(pod.Subdomain)}
-	if s.pods == PodsVerified {
+	if s.pods == PodsVerified || s.podNS != nil {
 		b.setPodIPs(s, key, pod.IPs)
 	}
 }
@@ -493,10 +509,13 @@ func (b *builder) podHostname(ns, pod, svc string) string {
 	return ""
 }
 
+// setPodIPs records key's addresses (none: it is gone) in the verified
+// mode's per-namespace sets and in the pod index.
 func (b *builder) setPodIPs(s *snapshot, key cluster.Key, ips []netip.Addr) {
 	ns := strings.ToLower(key.Namespace)
+	verified := s.pods == PodsVerified
 	for _, a := range b.podIPs[key] {
-		if m := s.podIPs[ns]; m != nil {
+		if m := s.podIPs[ns]; verified && m != nil {
 			m = maps.Clone(m)
 			delete(m, a)
 			if len(m) == 0 {
@@ -505,20 +524,64 @@ func (b *builder) setPodIPs(s *snapshot, key cluster.Key, ips []netip.Addr) {
 				s.podIPs[ns] = m
 			}
 		}
+		b.indexPod(s, a, key, false)
 	}
 	delete(b.podIPs, key)
 	if len(ips) == 0 {
 		return
 	}
-	b.podIPs[key] = slices.Clone(ips)
+	b.podIPs[key] = make([]netip.Addr, len(ips))
+	for i, a := range ips {
+		b.podIPs[key][i] = a.Unmap()
+	}
+	for _, a := range b.podIPs[key] {
+		b.indexPod(s, a, key, true)
+	}
+	if !verified {
+		return
+	}
 	m := maps.Clone(s.podIPs[ns])
 	if m == nil {
 		m = map[netip.Addr]struct{}{}
 	}
-	for _, a := range ips {
-		m[a.Unmap()] = struct{}{}
+	for _, a := range b.podIPs[key] {
+		m[a] = struct{}{}
 	}
 	s.podIPs[ns] = m
+}
+
+// indexPod adds key as a holder of a (or removes it) and sets a's
+// namespace in the pod index: the one namespace of its holders, "" for
+// several.
+func (b *builder) indexPod(s *snapshot, a netip.Addr, key cluster.Key, add bool) {
+	if s.podNS == nil {
+		return
+	}
+	keys := slices.DeleteFunc(slices.Clone(b.ipPods[a]), func(k cluster.Key) bool { return k == key })
+	if add {
+		keys = append(keys, key)
+	}
+	if len(keys) == 0 {
+		delete(b.ipPods, a)
+		delete(s.podNS, a)
+		return
+	}
+	b.ipPods[a] = keys
+	ns := strings.ToLower(keys[0].Namespace)
+	for _, k := range keys[1:] {
+		if !strings.EqualFold(k.Namespace, ns) {
+			ns = ""
+		}
+	}
+	s.podNS[a] = ns
+}
+
+// ClientNamespace is the namespace of the pod holding a, when the pod
+// index knows one (ZoneOptions.PodIndex): no pod, or pods of several
+// namespaces (host-network pods share their node's address), give false.
+func (z *Zone) ClientNamespace(a netip.Addr) (string, bool) {
+	ns := z.snap.Load().podNS[a.Unmap()]
+	return ns, ns != ""
 }
 
 // addFixedNames adds the names that exist whatever the cluster holds: the

@@ -48,8 +48,11 @@ type Config struct {
 	// Upstreams as HOST:PORT; when empty, the nameservers of ResolvConf.
 	Upstreams  []string
 	ResolvConf string
-	Forward    dns.ForwardOptions
-	Cache      dns.CacheOptions
+	// Autopath resolves pods' search paths on the server (the domains
+	// after the cluster's are ResolvConf's search line).
+	Autopath bool
+	Forward  dns.ForwardOptions
+	Cache    dns.CacheOptions
 	// NoCache turns the cache of forwarded answers off.
 	NoCache bool
 	// DNSServiceIP is the kube-dns VIP; an upstream there would be a loop.
@@ -96,6 +99,19 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+// autopathOptions is autopath's configuration, nil when it is off: the
+// search domains after the cluster's are those of --resolv-conf.
+func autopathOptions(cfg Config) (*dns.AutopathOptions, error) {
+	if !cfg.Autopath {
+		return nil, nil
+	}
+	search, err := dns.ReadResolvSearch(cfg.ResolvConf)
+	if err != nil {
+		return nil, fmt.Errorf("autopath: %w", err)
+	}
+	return &dns.AutopathOptions{Search: search}, nil
+}
+
 func parseUpstream(s string) (netip.AddrPort, error) {
 	if ap, err := netip.ParseAddrPort(s); err == nil {
 		return ap, nil
@@ -118,6 +134,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	store := src.Store
+	autopath, err := autopathOptions(cfg)
+	if err != nil {
+		return err
+	}
+	cfg.Zone.PodIndex = autopath != nil
 	zone := dns.NewZone(store, cfg.Zone)
 
 	file, applied, err := readConfigFile(cfg.ConfigFile)
@@ -139,20 +160,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		statedir.RegisterMetrics(reg, src.StateDir)
 	}
 	srv := dns.NewServer(dns.ServerOptions{Listen: cfg.Listen, Zone: zone, Forwarder: fwd, Cache: cache, Metrics: metrics,
-		TCPMaxConns: cfg.TCPMaxConns, TCPIdleTimeout: cfg.TCPIdleTimeout, Drain: cfg.Drain, Log: logOptions(cfg, file, log)})
+		TCPMaxConns: cfg.TCPMaxConns, TCPIdleTimeout: cfg.TCPIdleTimeout, Drain: cfg.Drain, Log: logOptions(cfg, file, log),
+		Autopath: autopath})
 
-	board := &status.Board{}
-	board.Provide(StatusSection, func() any {
-		st := dns.Report(zone, fwd, cache, metrics)
-		if err := src.Stale(); err != nil {
-			st.Stale = err.Error()
-		}
-		if src.StateDir != nil {
-			sd := src.StateDir.Status()
-			st.StateDir = &sd
-		}
-		return st
-	})
+	board := statusBoard(src, zone, fwd, cache, metrics)
 	// The group outlives ctx: while the server drains, the forwarder, the
 	// state and /ready (failing) go on.
 	g := app.NewGroup(context.WithoutCancel(ctx))
@@ -185,6 +196,23 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return nil
 	})
 	return g.Wait()
+}
+
+// statusBoard is what dnsd status prints.
+func statusBoard(src app.Source, zone *dns.Zone, fwd *dns.Forwarder, cache *dns.Cache, metrics *dns.Metrics) *status.Board {
+	board := &status.Board{}
+	board.Provide(StatusSection, func() any {
+		st := dns.Report(zone, fwd, cache, metrics)
+		if err := src.Stale(); err != nil {
+			st.Stale = err.Error()
+		}
+		if src.StateDir != nil {
+			sd := src.StateDir.Status()
+			st.StateDir = &sd
+		}
+		return st
+	})
+	return board
 }
 
 // serveDNS runs the DNS server until stop ends (then it drains) or the
@@ -294,10 +322,11 @@ func newSource(cfg Config, log *slog.Logger) (app.Source, error) {
 	if err != nil {
 		return app.Source{}, err
 	}
-	// Pods only matter to verified pod records; watching every Pod of a
-	// cluster costs memory CoreDNS also saves in the other modes.
+	// Pods only matter to verified pod records and autopath; watching
+	// every Pod of a cluster costs memory CoreDNS also saves in the other
+	// modes.
 	kinds := []cluster.Kind{cluster.KindService, cluster.KindEndpointSlice, cluster.KindNamespace}
-	if cfg.Zone.Pods == dns.PodsVerified {
+	if cfg.Zone.Pods == dns.PodsVerified || cfg.Autopath {
 		kinds = append(kinds, cluster.KindPod)
 	}
 	return app.NewSource(app.SourceOptions{Kube: kc, Kinds: kinds, Logger: log})
