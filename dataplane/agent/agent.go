@@ -29,6 +29,7 @@ import (
 	"github.com/podnet/podnet/dataplane/podcidr"
 	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/routing"
+	"github.com/podnet/podnet/dataplane/runner"
 	"github.com/podnet/podnet/dataplane/status"
 )
 
@@ -65,6 +66,10 @@ type Options struct {
 	ServiceProxy *proxy.ServiceOptions
 	// Kernel replaces parts of the node's kernel (tests); nil: the real one.
 	Kernel *nodenet.Kernel
+	// Clock times the node network's syncs and how long the Service
+	// proxy's first sync waits for them; nil: the system's (tests drive a
+	// runner.FakeClock).
+	Clock  runner.Clock
 	Logger *slog.Logger
 }
 
@@ -126,7 +131,6 @@ func Run(ctx context.Context, o Options) error {
 	progress.Note(checker)
 	board := &status.Board{}
 	board.Provide(StatusHealth, func() any { return healthStatus(progress, checker) })
-	checker.Set(componentState, errors.New("cluster state not loaded yet"))
 
 	src, err := app.NewSource(app.SourceOptions{StateDir: o.StateDir, StateLimits: o.StateLimits, Kube: o.Kube, Logger: log})
 	if err != nil {
@@ -136,6 +140,7 @@ func Run(ctx context.Context, o Options) error {
 		statedir.RegisterMetrics(reg, src.StateDir)
 	}
 	registerStateMetrics(reg, src.FileErrors, src.Stale)
+	checkState(checker, src)
 	followNodeLeaving(src.Store, o.NodeName, progress)
 	var client kubernetes.Interface
 	if o.Kube != nil {
@@ -157,9 +162,7 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	g.Go("cluster state", src.Run)
-	g.Go("state sync", func(ctx context.Context) error {
-		return watchState(ctx, src, checker, log)
-	})
+	g.Go("state loaded", func(ctx context.Context) error { return logLoaded(ctx, src, log) })
 	if client != nil {
 		goKube(g, o, client, n.Routed())
 	}
@@ -182,7 +185,7 @@ func (o Options) nodeNetConfig() nodenet.Config {
 	return nodenet.Config{
 		NodeName: o.NodeName, ClusterCIDR: o.ClusterCIDR, Backend: o.Backend, VXLANVNI: o.VXLANVNI, VXLANPort: o.VXLANPort,
 		Iface: o.Iface, NodeConfigPath: o.NodeConfigPath, Masquerade: o.Masquerade,
-		SyncPeriod: o.SyncPeriod, MinSyncPeriod: o.MinSyncPeriod, ServiceHooks: serviceHooks(o.ServiceProxy),
+		SyncPeriod: o.SyncPeriod, MinSyncPeriod: o.MinSyncPeriod, ServiceHooks: serviceHooks(o.ServiceProxy), Clock: o.Clock,
 	}
 }
 
@@ -238,37 +241,33 @@ func goKube(g *app.Group, o Options, client kubernetes.Interface, routed <-chan 
 	})
 }
 
-// watchState reports the cluster state's health: not loaded until the
-// source has delivered it all, then stale while the API server is away
-// (the last known state keeps being served).
-func watchState(ctx context.Context, src app.Source, checker *health.Checker, log *slog.Logger) error {
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	// Until the state is loaded nothing is programmed (the kernel keeps
-	// what an earlier run left); /healthz says why.
-wait:
-	for {
+// checkState makes the cluster state's health a check, asked whenever
+// health is read: not loaded until the source has delivered it all (the
+// kernel keeps what an earlier run left, and /healthz says why), then
+// stale while the API server is away (the last known state keeps being
+// served).
+func checkState(checker *health.Checker, src app.Source) {
+	checker.Check(componentState, func() error {
 		select {
 		case <-src.Store.Synced():
-			checker.Set(componentState, nil)
-			log.Info("cluster state loaded", "nodes", len(src.Store.Nodes()), "services", len(src.Store.Services()))
-			break wait
-		case <-tick.C:
-			if err := src.Stale(); err != nil {
-				checker.Set(componentState, fmt.Errorf("cluster state not loaded yet, kernel rules left as they are: %w", err))
-			}
-		case <-ctx.Done():
-			return nil
+			return src.Stale()
+		default:
 		}
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-			checker.Set(componentState, src.Stale())
+		if err := src.Stale(); err != nil {
+			return fmt.Errorf("cluster state not loaded yet, kernel rules left as they are: %w", err)
 		}
+		return errors.New("cluster state not loaded yet")
+	})
+}
+
+// logLoaded logs when the cluster state is loaded.
+func logLoaded(ctx context.Context, src app.Source, log *slog.Logger) error {
+	select {
+	case <-src.Store.Synced():
+		log.Info("cluster state loaded", "nodes", len(src.Store.Nodes()), "services", len(src.Store.Services()))
+	case <-ctx.Done():
 	}
+	return nil
 }
 
 // routesFirstLimit bounds how long the Service proxy waits for the node

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/podnet/podnet/dataplane/nodenet"
 	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/routing"
+	"github.com/podnet/podnet/dataplane/runner"
 )
 
 const twoNodes = `apiVersion: v1
@@ -42,16 +44,30 @@ spec:
   ports: [{port: 80, protocol: TCP}]
 `
 
-// recordingBackend counts the Services of each sync.
+// recordingBackend counts the Services of each sync and, when kernel is
+// set, keeps what the node's routes were at the first one; each sync is
+// announced on synced (when set, without blocking).
 type recordingBackend struct {
-	mu    sync.Mutex
-	syncs []int
+	mu          sync.Mutex
+	syncs       []int
+	kernel      *routing.FakeKernel
+	firstRoutes string
+	announce    chan struct{}
 }
 
 func (b *recordingBackend) Sync(ports map[cluster.Key][]*proxy.ServicePort, _ map[cluster.Key]bool, _ bool) (proxy.SyncResult, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if len(b.syncs) == 0 && b.kernel != nil {
+		b.firstRoutes = b.kernel.Dump()
+	}
 	b.syncs = append(b.syncs, len(ports))
+	if b.announce != nil {
+		select {
+		case b.announce <- struct{}{}:
+		default:
+		}
+	}
 	return proxy.SyncResult{}, nil
 }
 
@@ -92,9 +108,8 @@ func runOptions(t *testing.T, kernel *nodenet.Kernel) Options {
 }
 
 // runWithRecordingProxy runs the agent with o and a Service proxy
-// recording its syncs, until the test ends.
-func runWithRecordingProxy(t *testing.T, o Options) *recordingBackend {
-	b := &recordingBackend{}
+// recording its syncs into b, until the test ends.
+func runWithRecordingProxy(t *testing.T, o Options, b *recordingBackend) *recordingBackend {
 	fake := proxy.Mode{Name: "fake", New: func(proxy.Config) (proxy.Backend, error) { return b, nil }}
 	o.ServiceProxy = &proxy.ServiceOptions{Mode: fake, Modes: proxy.Modes{fake}}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -115,7 +130,7 @@ func runWithRecordingProxy(t *testing.T, o Options) *recordingBackend {
 func TestRunWiresTheNode(t *testing.T) {
 	kernel, routes, ipt := fakeKernel()
 	o := runOptions(t, kernel)
-	b := runWithRecordingProxy(t, o)
+	b := runWithRecordingProxy(t, o, &recordingBackend{})
 
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -172,7 +187,10 @@ func TestRunFailsOnBusyPortBeforeTouchingTheNode(t *testing.T) {
 }
 
 // TestServiceProxyWaitsForTheFirstRoutes: the Service proxy's first sync
-// comes after the node network's first one has ended, not beside it.
+// comes after the node network's first one has ended, not beside it. The
+// agent runs on a fake clock, so the wait's limit (routesFirstLimit) never
+// passes on its own: the proxy syncing while the node network's first sync
+// is held means it did not wait.
 func TestServiceProxyWaitsForTheFirstRoutes(t *testing.T) {
 	kernel, routes, _ := fakeKernel()
 	release := make(chan struct{})
@@ -184,23 +202,39 @@ func TestServiceProxyWaitsForTheFirstRoutes(t *testing.T) {
 		once.Do(func() { <-release })
 		return links()
 	}
+	clock := runner.NewFakeClock()
 	o := runOptions(t, kernel)
-	b := runWithRecordingProxy(t, o)
+	o.Clock = clock
+	b := runWithRecordingProxy(t, o, &recordingBackend{kernel: routes, announce: make(chan struct{}, 1)})
 	t.Cleanup(unblock) // runs first: Run's end waits for the blocked sync
 
-	time.Sleep(500 * time.Millisecond)
+	// The Service proxy is waiting once its limit is armed on the clock.
+	limit := clock.Now().Add(routesFirstLimit)
+	timeout := time.After(10 * time.Second)
+	for !slices.Contains(clock.Pending(), limit) {
+		select {
+		case <-clock.Asked():
+		case <-b.announce:
+			t.Fatalf("Service proxy synced %v while the node network's first sync was still running", b.synced())
+		case <-timeout:
+			t.Fatalf("the Service proxy never waited for the node network (clock timers %v)", clock.Pending())
+		}
+	}
 	if s := b.synced(); len(s) != 0 {
 		t.Fatalf("Service proxy synced %v while the node network's first sync was still running", s)
 	}
 	unblock()
-	deadline := time.Now().Add(10 * time.Second)
-	for len(b.synced()) == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
+	select {
+	case <-b.announce:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no Service proxy sync 10 s after the node network's first sync was released")
 	}
-	if s := b.synced(); len(s) == 0 || s[0] != 1 {
+	if s := b.synced(); s[0] != 1 {
 		t.Fatalf("service proxy syncs %v, want a first one with the Service", s)
 	}
-	if d := routes.Dump(); !strings.Contains(d, "route 10.244.2.0/24 via 192.168.10.12 dev eth0") {
-		t.Errorf("the Service proxy synced before the route to node2 was in place:\n%s", d)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !strings.Contains(b.firstRoutes, "route 10.244.2.0/24 via 192.168.10.12 dev eth0") {
+		t.Errorf("the Service proxy synced before the route to node2 was in place:\n%s", b.firstRoutes)
 	}
 }

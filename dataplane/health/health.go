@@ -11,40 +11,62 @@ import (
 	"sync"
 )
 
-// Checker holds the last reported state of each component. Safe for
-// concurrent use.
+// Checker holds the state of each component: the last one reported (Set),
+// or the answer of its check when asked (Check). Safe for concurrent use.
 type Checker struct {
-	mu    sync.Mutex
-	state map[string]error
+	mu     sync.Mutex
+	state  map[string]error
+	checks map[string]func() error
 }
 
 // NewChecker returns a Checker with no components (healthy).
-func NewChecker() *Checker { return &Checker{state: make(map[string]error)} }
+func NewChecker() *Checker {
+	return &Checker{state: make(map[string]error), checks: make(map[string]func() error)}
+}
 
 // Set records the component's state: nil error means healthy.
 func (c *Checker) Set(component string, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	delete(c.checks, component)
 	c.state[component] = err
+}
+
+// Check makes check the component's state: it is called whenever the
+// state is asked for (States, Err, the HTTP answer), so a state that
+// turns bad with the passing of time (no successful sync for two periods)
+// is seen when it is, with nothing polling it. check must be cheap and
+// must not call back into the Checker.
+func (c *Checker) Check(component string, check func() error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.state, component)
+	c.checks[component] = check
 }
 
 // States returns every component's state (nil: healthy).
 func (c *Checker) States() map[string]error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := make(map[string]error, len(c.state))
+	out := make(map[string]error, len(c.state)+len(c.checks))
 	for name, err := range c.state {
 		out[name] = err
+	}
+	checks := make(map[string]func() error, len(c.checks))
+	for name, check := range c.checks {
+		checks[name] = check
+	}
+	c.mu.Unlock()
+	// Outside the lock: a check may take locks of its own.
+	for name, check := range checks {
+		out[name] = check()
 	}
 	return out
 }
 
 // Err returns an error naming every unhealthy component, or nil.
 func (c *Checker) Err() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	var bad []string
-	for name, err := range c.state {
+	for name, err := range c.States() {
 		if err != nil {
 			bad = append(bad, fmt.Sprintf("%s: %v", name, err))
 		}

@@ -34,3 +34,25 @@ func TestChecker(t *testing.T) {
 		t.Fatalf("recovered: %d %q", code, body)
 	}
 }
+
+// TestCheckerCheckIsAskedEachTime: a component given by a check has the
+// check's answer at every read, and Set replaces the check.
+func TestCheckerCheckIsAskedEachTime(t *testing.T) {
+	c := NewChecker()
+	var bad error
+	c.Check("service-proxy", func() error { return bad })
+	if err := c.Err(); err != nil {
+		t.Fatalf("check healthy: %v", err)
+	}
+	bad = errors.New("no successful sync for 1m0s")
+	if err := c.Err(); err == nil || !strings.Contains(err.Error(), "service-proxy: no successful sync for 1m0s") {
+		t.Fatalf("check turned bad, Err = %v", err)
+	}
+	if s := c.States(); s["service-proxy"] != bad {
+		t.Fatalf("States = %v", s)
+	}
+	c.Set("service-proxy", nil)
+	if err := c.Err(); err != nil {
+		t.Fatalf("Set after Check: %v, want the set state", err)
+	}
+}

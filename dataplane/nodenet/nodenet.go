@@ -54,6 +54,9 @@ type Config struct {
 	// ServiceHooks are the Service proxy's jumps in built-in chains, which
 	// the node firewall orders its own rules behind.
 	ServiceHooks []hostnet.Hook
+	// Clock times the syncs (the periodic resync, the first sync's wait);
+	// nil: the system's. Tests drive a runner.FakeClock.
+	Clock runner.Clock
 }
 
 // Component is the node network's name in the daemon's health.
@@ -123,8 +126,12 @@ func (k Kernel) WithReal(f ipfamily.Family, iptables ipt.Runner) (_ Kernel, clos
 // metrics to reg. Nothing runs until Run.
 func New(c Config, k Kernel, store *cluster.Store, checker *health.Checker, reg prometheus.Registerer, log *slog.Logger) *Network {
 	checker.Set(Component, errors.New("node network not synced yet"))
+	if c.Clock == nil {
+		c.Clock = runner.SystemClock
+	}
 	return &Network{
 		o:      c,
+		clock:  c.Clock,
 		log:    log.With("component", "node-network"),
 		store:  store,
 		health: checker,
@@ -150,6 +157,7 @@ func New(c Config, k Kernel, store *cluster.Store, checker *health.Checker, reg 
 // Network is the node network's reconciler (New, then Run).
 type Network struct {
 	o      Config
+	clock  runner.Clock
 	log    *slog.Logger
 	store  *cluster.Store
 	health *health.Checker
@@ -183,14 +191,14 @@ type Network struct {
 	dirty   map[string]struct{}
 	// fullSyncs counts the full syncs (tests).
 	fullSyncs atomic.Int64
-	// lastFull is when the last full sync started, and routesTook how
-	// long its routes took (the sysctls and chains go beside them).
+	// lastFull is when the last full sync started (on clock), and
+	// routesTook how long its routes took (the sysctls and chains go
+	// beside them).
 	lastFull   time.Time
 	routesTook time.Duration
-	// syncStart is when the current sync started (lastFull when it is
-	// a full one).
-	syncStart time.Time
-	status    netStatus
+	// wentFull says the current sync is a full one (syncOnce sets it).
+	wentFull bool
+	status   netStatus
 	// routed is closed after the first sync that put every route in
 	// place (Routed).
 	routed     chan struct{}
@@ -209,11 +217,9 @@ type Network struct {
 // use before the routes to its endpoints' nodes are in place; Services on
 // a node restarted keep their rules in the kernel meanwhile.
 func (n *Network) AwaitFirstSync(ctx context.Context, limit time.Duration) {
-	t := time.NewTimer(limit)
-	defer t.Stop()
 	select {
 	case <-n.firstDone:
-	case <-t.C:
+	case <-n.clock.After(limit):
 		n.log.Warn("node network's first sync still running; the Service proxy starts without waiting longer", "waited", limit)
 	case <-ctx.Done():
 	}
@@ -233,7 +239,7 @@ func (n *Network) Run(ctx context.Context) error {
 	// Bursts (a state file with many Nodes, our own netlink echoes)
 	// coalesce into one sync per MinSyncPeriod; a failed sync waits for
 	// the next change or the periodic resync.
-	r := runner.New(func() error { n.sync(); return nil }, runner.Options{MinInterval: n.o.MinSyncPeriod, MaxInterval: n.o.SyncPeriod})
+	r := runner.New(func() error { n.sync(); return nil }, runner.Options{MinInterval: n.o.MinSyncPeriod, MaxInterval: n.o.SyncPeriod, Clock: n.clock})
 	n.followNodes(r.Trigger)
 	n.needFull.Store(true)
 	if n.watch != nil {
@@ -298,13 +304,13 @@ func (n *Network) sync() {
 		}
 	})
 	start := time.Now()
-	full := n.needFull.Swap(false) || n.lastProblem != "" || start.Sub(n.lastFull) >= n.o.SyncPeriod
-	n.syncStart = start
+	full := n.needFull.Swap(false) || n.lastProblem != "" || n.clock.Now().Sub(n.lastFull) >= n.o.SyncPeriod
+	n.wentFull = false
 	changes, err := n.syncOnce(full)
 	took := time.Since(start)
 	n.metrics.syncs.Inc()
 	n.metrics.syncDuration.Observe(took.Seconds())
-	full = n.lastFull.Equal(n.syncStart)
+	full = n.wentFull
 	if full {
 		n.fullSyncs.Add(1)
 	}
@@ -373,8 +379,8 @@ func (n *Network) syncOnce(full bool) (int, error) {
 	if !ok {
 		return 0, fmt.Errorf("node %q has no %v InternalIP", n.o.NodeName, fam)
 	}
-	n.lastFull = time.Now()
-	n.syncStart = n.lastFull
+	n.lastFull = n.clock.Now()
+	n.wentFull = true
 	u, err := n.underlay(ip)
 	if err != nil {
 		return 0, err

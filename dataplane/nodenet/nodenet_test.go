@@ -19,6 +19,7 @@ import (
 	"github.com/podnet/podnet/dataplane/link"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
 	"github.com/podnet/podnet/dataplane/routing"
+	"github.com/podnet/podnet/dataplane/runner"
 )
 
 type fakeSysctl map[string]string
@@ -38,6 +39,7 @@ func newTestNodeNet(t *testing.T, backend routing.Backend, k *routing.FakeKernel
 	}
 	n := &Network{
 		o:      o,
+		clock:  runner.SystemClock,
 		log:    slog.New(slog.DiscardHandler),
 		store:  store,
 		health: health.NewChecker(),

@@ -96,22 +96,13 @@ func Run(ctx context.Context, o Options) error {
 			s.o.HealthChecks.Close()
 		}
 	}()
-	s.report(nil)
-	healthTicker := time.NewTicker(max(s.o.SyncPeriod/4, time.Second))
-	defer healthTicker.Stop()
-
 	// Nothing is programmed before the source has delivered the whole
-	// state; a source that never does makes the proxy unhealthy in time.
-waitSynced:
-	for {
-		select {
-		case <-o.Store.Synced():
-			break waitSynced
-		case <-healthTicker.C:
-			s.report(errors.New("cluster state not synced yet"))
-		case <-ctx.Done():
-			return nil
-		}
+	// state; a source that never does makes the proxy unhealthy in time
+	// (s.health).
+	select {
+	case <-o.Store.Synced():
+	case <-ctx.Done():
+		return nil
 	}
 	if o.BeforeFirstSync != nil {
 		o.BeforeFirstSync(ctx)
@@ -128,8 +119,6 @@ waitSynced:
 		case <-ctx.Done():
 			<-done
 			return nil
-		case <-healthTicker.C:
-			s.report(s.lastError())
 		case <-s.tracker.Changed():
 			s.queued()
 			r.Trigger()
@@ -158,12 +147,13 @@ type syncer struct {
 
 	status statusLog
 
-	mu      sync.Mutex // guards what report reads
+	mu      sync.Mutex // guards what health reads
 	lastOK  time.Time
 	lastErr error
 }
 
-// newSyncer fills in Options' defaults and subscribes to the Store.
+// newSyncer fills in Options' defaults, subscribes to the Store and makes
+// s.health the proxy's health.
 func newSyncer(o Options) *syncer {
 	if o.SyncPeriod <= 0 {
 		o.SyncPeriod = 30 * time.Second
@@ -183,7 +173,7 @@ func newSyncer(o Options) *syncer {
 	}
 	tracker := NewTracker(o.Store, o.NodeName)
 	o.Metrics.watch(o.Store)
-	return &syncer{
+	s := &syncer{
 		o:          o,
 		tracker:    tracker,
 		state:      NewState(o.Families...),
@@ -193,6 +183,10 @@ func newSyncer(o Options) *syncer {
 		freeMemory: debug.FreeOSMemory,
 		pending:    make(map[cluster.Key]bool),
 	}
+	if o.Health != nil {
+		o.Health.Check(HealthComponent, s.health)
+	}
+	return s
 }
 
 // syncOnce takes the changes tracked since the last sync and programs them:
@@ -230,7 +224,6 @@ func (s *syncer) syncOnce() error {
 		s.status.failed(err)
 		s.o.Logger.Error("service proxy sync failed; retrying with a full sync", "kind", kind, "err", err)
 		s.forceFull = true
-		s.report(err)
 		return err
 	}
 	took := s.now().Sub(began)
@@ -243,7 +236,6 @@ func (s *syncer) syncOnce() error {
 	s.lastOK, s.lastErr = s.now(), nil
 	s.updated(taken)
 	s.mu.Unlock()
-	s.report(nil)
 	if full {
 		s.forceFull = false
 		s.lastFull = began
@@ -287,30 +279,27 @@ func (s *syncer) queued() {
 	}
 }
 
-func (s *syncer) lastError() error {
+// health is the proxy's health, asked whenever it is read: bad once no
+// sync has succeeded for two SyncPeriods (since the start, before the
+// first), naming the last failure or that the cluster state never came.
+func (s *syncer) health() error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.lastErr
-}
-
-// report sets the proxy's health: bad once no sync has succeeded for two
-// SyncPeriods (since the start, before the first).
-func (s *syncer) report(err error) {
-	if s.o.Health == nil {
-		return
-	}
-	s.mu.Lock()
-	ref := s.lastOK
+	ref, err := s.lastOK, s.lastErr
 	s.mu.Unlock()
 	if ref.IsZero() {
 		ref = s.start
 	}
-	if since := s.now().Sub(ref); since > 2*s.o.SyncPeriod {
-		if err == nil {
-			err = fmt.Errorf("no successful sync since %s", ref.Format(time.RFC3339))
-		}
-		s.o.Health.Set(HealthComponent, fmt.Errorf("no successful sync for %s: %w", since.Round(time.Second), err))
-		return
+	since := s.now().Sub(ref)
+	if since <= 2*s.o.SyncPeriod {
+		return nil
 	}
-	s.o.Health.Set(HealthComponent, nil)
+	if err == nil {
+		select {
+		case <-s.o.Store.Synced():
+			err = fmt.Errorf("no successful sync since %s", ref.Format(time.RFC3339))
+		default:
+			err = errors.New("cluster state not synced yet")
+		}
+	}
+	return fmt.Errorf("no successful sync for %s: %w", since.Round(time.Second), err)
 }

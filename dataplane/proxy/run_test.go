@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -128,6 +129,9 @@ func TestRunBatchesAndRecoversWithFullSync(t *testing.T) {
 	})
 }
 
+// TestRunHealthTurnsBadWithoutSuccessfulSync: the proxy's health turns
+// bad the moment two SyncPeriods have passed without a successful sync,
+// not at the next poll, and good again with the next success.
 func TestRunHealthTurnsBadWithoutSuccessfulSync(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := cluster.NewStore()
@@ -135,47 +139,49 @@ func TestRunHealthTurnsBadWithoutSuccessfulSync(t *testing.T) {
 		st.MarkSynced()
 		b := &fakeBackend{sig: make(chan struct{}, 1), fail: 1 << 30}
 		hc := health.NewChecker()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		go Run(ctx, Options{Store: st, Backend: b, SyncPeriod: 500 * time.Millisecond, MinSyncPeriod: 50 * time.Millisecond, Health: hc})
 		b.wait(t, 1)
 		if err := hc.Err(); err != nil {
 			t.Fatalf("unhealthy right after start: %v", err)
 		}
-		deadline := time.Now().Add(5 * time.Second)
-		for hc.Err() == nil && time.Now().Before(deadline) {
-			time.Sleep(50 * time.Millisecond)
+		after(900 * time.Millisecond)
+		if err := hc.Err(); err != nil {
+			t.Fatalf("unhealthy 0.9 s after start, within 2 sync periods: %v", err)
 		}
-		if hc.Err() == nil {
-			t.Fatal("still healthy after 2 sync periods without a successful sync")
+		after(200 * time.Millisecond)
+		if err := hc.Err(); err == nil || !strings.Contains(err.Error(), "boom") {
+			t.Fatalf("health 1.1 s after start without a successful sync: %v, want bad, naming the failure", err)
 		}
 		b.mu.Lock()
 		b.fail = 0
 		b.mu.Unlock()
-		deadline = time.Now().Add(5 * time.Second)
-		for hc.Err() != nil && time.Now().Before(deadline) {
-			time.Sleep(50 * time.Millisecond)
-		}
+		after(100 * time.Millisecond) // the next retry, MinSyncPeriod on
 		if err := hc.Err(); err != nil {
 			t.Errorf("still unhealthy after a successful sync: %v", err)
 		}
 	})
 }
 
+// TestRunUnhealthyWhileStateNeverSyncs: a cluster state that never comes
+// makes the proxy unhealthy after two SyncPeriods, saying so, and nothing
+// is synced meanwhile.
 func TestRunUnhealthyWhileStateNeverSyncs(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := cluster.NewStore() // never marked synced
 		hc := health.NewChecker()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		b := &fakeBackend{sig: make(chan struct{}, 1)}
 		go Run(ctx, Options{Store: st, Backend: b, SyncPeriod: 500 * time.Millisecond, Health: hc})
-		deadline := time.Now().Add(5 * time.Second)
-		for hc.Err() == nil && time.Now().Before(deadline) {
-			time.Sleep(50 * time.Millisecond)
+		after(900 * time.Millisecond)
+		if err := hc.Err(); err != nil {
+			t.Fatalf("unhealthy within 2 sync periods: %v", err)
 		}
-		if hc.Err() == nil {
-			t.Fatal("healthy after 2 sync periods without cluster state")
+		after(200 * time.Millisecond)
+		if err := hc.Err(); err == nil || !strings.Contains(err.Error(), "cluster state not synced yet") {
+			t.Fatalf("health after 2 sync periods without cluster state: %v, want bad, saying why", err)
 		}
 		b.mu.Lock()
 		defer b.mu.Unlock()
