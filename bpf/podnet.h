@@ -157,6 +157,7 @@ static long (*bpf_map_delete_elem)(void *map, const void *key) = (void *)3;
 static __u64 (*bpf_ktime_get_ns)(void) = (void *)5;
 static __u32 (*bpf_get_prandom_u32)(void) = (void *)7;
 static __u64 (*bpf_get_socket_cookie)(void *ctx) = (void *)46;
+static long (*bpf_probe_read_kernel)(void *dst, __u32 size, const void *src) = (void *)113;
 static __u64 (*bpf_get_netns_cookie)(void *ctx) = (void *)122;
 static int (*bpf_set_retval)(int retval) = (void *)187;
 static long (*bpf_skb_store_bytes)(struct __sk_buff *skb, __u32 offset, const void *from, __u32 len, __u64 flags) = (void *)9;

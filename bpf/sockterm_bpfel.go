@@ -29,10 +29,11 @@ type SocktermRevnatVal struct {
 }
 
 type SocktermTermKey struct {
-	_    structs.HostLayout
-	Addr [16]uint8
-	Port uint16
-	Pad  uint16
+	_        structs.HostLayout
+	Backend  [16]uint8
+	Frontend [16]uint8
+	Bport    uint16
+	Fport    uint16
 }
 
 // Names of all BPF objects in the ELF.
@@ -40,7 +41,7 @@ type SocktermTermKey struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	SocktermMapRevnatV1     = "revnat_v1"
-	SocktermMapTermV1       = "term_v1"
+	SocktermMapTermV2       = "term_v2"
 	SocktermProgSockTermUdp = "sock_term_udp"
 )
 
@@ -94,7 +95,7 @@ type SocktermProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type SocktermMapSpecs struct {
 	RevnatV1 *ebpf.MapSpec `ebpf:"revnat_v1"`
-	TermV1   *ebpf.MapSpec `ebpf:"term_v1"`
+	TermV2   *ebpf.MapSpec `ebpf:"term_v2"`
 }
 
 // SocktermVariableSpecs contains global variables before they are loaded into the kernel.
@@ -124,13 +125,13 @@ func (o *SocktermObjects) Close() error {
 // It can be passed to LoadSocktermObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SocktermMaps struct {
 	RevnatV1 *ebpf.Map `ebpf:"revnat_v1"`
-	TermV1   *ebpf.Map `ebpf:"term_v1"`
+	TermV2   *ebpf.Map `ebpf:"term_v2"`
 }
 
 func (m *SocktermMaps) Close() error {
 	return _SocktermClose(
 		m.RevnatV1,
-		m.TermV1,
+		m.TermV2,
 	)
 }
 

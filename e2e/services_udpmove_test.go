@@ -41,6 +41,11 @@ func testUDPFlowsMove(t *testing.T, mode string) {
 			ports:     []svcPort{{name: "udp", proto: "UDP", port: 80, target: target, nodePort: nodePort}},
 			endpoints: []svcEndpoint{svcReady(srv)}}
 	}
+	// Another Service keeps sending to backend1, so the endpoint a moved
+	// Service leaves is still in use: what went is one (frontend, backend)
+	// pair, not the endpoint (ebpf mode destroys the sockets and expires
+	// the flows of that pair alone).
+	c.apply(udpSvc("udpmove-stays", "10.96.25.13", "ClusterIP", 6001, 0))
 	for _, tt := range []struct {
 		name, addr string
 		from       string // namespace path
@@ -51,6 +56,10 @@ func testUDPFlowsMove(t *testing.T, mode string) {
 			func(target int) svcDef { return udpSvc("udpmove", "10.96.25.10", "ClusterIP", target, 0) }},
 		{"NodePort from outside", net.JoinHostPort(n1.IP.String(), "30725"), l.OutsideHost.NSPath(), l.OutsideHost.StartUDPAsker,
 			func(target int) svcDef { return udpSvc("udpmove-np", "10.96.25.11", "NodePort", target, 30725) }},
+		// A pod's socket to its own node's NodePort: in ebpf mode socket
+		// LB translates it at connect, as it does a cluster IP.
+		{"NodePort from a pod on the node", net.JoinHostPort(n1.IP.String(), "30727"), c.c1.NSPath(), c.c1.StartUDPAsker,
+			func(target int) svcDef { return udpSvc("udpmove-np-pod", "10.96.25.14", "NodePort", target, 30727) }},
 	} {
 		t.Run("UDP flow follows a targetPort change: "+tt.name, func(t *testing.T) {
 			c.apply(tt.def(6001))

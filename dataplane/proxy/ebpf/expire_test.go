@@ -75,8 +75,9 @@ func TestExpireFlows(t *testing.T) {
 }
 
 // TestSyncerMovedUDP: a partial sync that takes a UDP backend away from a
-// Service's external frontends reports each (frontend, backend) pair, even
-// when another Service still uses the endpoint (so it is not removed).
+// Service's frontends reports each (frontend, backend) pair, the tc
+// programs' and socket LB's apart, even when another Service still uses
+// the endpoint (so it is not removed).
 func TestSyncerMovedUDP(t *testing.T) {
 	maps, _, _ := NewFakeMaps()
 	sy := NewSyncer(maps, func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("192.168.10.11")}, nil })
@@ -100,16 +101,22 @@ func TestSyncerMovedUDP(t *testing.T) {
 	if removed := sy.TakeRemovedUDP(); len(removed) != 0 {
 		t.Errorf("removed %v; want none, the other Service still uses %s", removed, a.AddrPort())
 	}
-	got := sy.TakeMovedUDP()
-	slices.SortFunc(got, func(x, y FlowTarget) int { return x.Frontend.Compare(y.Frontend) })
-	want := []FlowTarget{
-		{Frontend: netip.AddrPortFrom(netip.Addr{}, 30725), Backend: a.AddrPort()},
-		{Frontend: netip.MustParseAddrPort("192.0.2.60:80"), Backend: a.AddrPort()},
+	flows, sockets := sy.TakeMovedUDP()
+	byFrontend := func(x, y FlowTarget) int { return x.Frontend.Compare(y.Frontend) }
+	slices.SortFunc(flows, byFrontend)
+	slices.SortFunc(sockets, byFrontend)
+	nodePort := FlowTarget{Frontend: netip.AddrPortFrom(netip.Addr{}, 30725), Backend: a.AddrPort()}
+	externalIP := FlowTarget{Frontend: netip.MustParseAddrPort("192.0.2.60:80"), Backend: a.AddrPort()}
+	clusterIP := FlowTarget{Frontend: netip.MustParseAddrPort("10.96.25.11:80"), Backend: a.AddrPort()}
+	if want := []FlowTarget{nodePort, externalIP}; !slices.Equal(flows, want) {
+		t.Errorf("moved flows %v, want %v", flows, want)
 	}
-	if !slices.Equal(got, want) {
-		t.Errorf("moved %v, want %v", got, want)
+	// Socket LB serves the cluster IP too; the other Service's frontend,
+	// still sending to the endpoint, is not among them.
+	if want := []FlowTarget{nodePort, clusterIP, externalIP}; !slices.Equal(sockets, want) {
+		t.Errorf("moved socket pairs %v, want %v", sockets, want)
 	}
-	if again := sy.TakeMovedUDP(); len(again) != 0 {
-		t.Errorf("moved again %v, want nothing", again)
+	if f, s := sy.TakeMovedUDP(); len(f)+len(s) != 0 {
+		t.Errorf("moved again %v %v, want nothing", f, s)
 	}
 }

@@ -97,14 +97,9 @@ func (p *Proxier) Sync(ports map[cluster.Key][]*proxy.ServicePort, changed map[c
 	}
 	res, err := p.syncer.Sync(ports, changed, full)
 	removed := p.syncer.TakeRemovedUDP()
-	p.expireFlows(removed, p.syncer.TakeMovedUDP())
-	if len(removed) > 0 {
-		if n, err := p.dp.Terminate(removed, p.cfg.Cgroup); err != nil {
-			p.cfg.Logger.Warn("destroy UDP sockets connected to removed endpoints", "endpoints", removed, "namespaces", n, "err", err)
-		} else {
-			p.cfg.Logger.Debug("destroyed UDP sockets connected to removed endpoints", "endpoints", removed, "namespaces", n)
-		}
-	}
+	flows, sockets := p.syncer.TakeMovedUDP()
+	p.expireFlows(removed, flows)
+	p.terminate(removed, sockets)
 	if err == nil && (full || p.noneAttached()) {
 		// The uplink may be unknown and the bridge missing until the node
 		// and its first pod exist: retried on every full sync, never
@@ -130,6 +125,24 @@ func (p *Proxier) expireFlows(removed []netip.AddrPort, moved []FlowTarget) {
 		p.cfg.Logger.Warn("expire flows to moved UDP endpoints", "targets", len(targets), "err", err)
 	}
 	p.cfg.Logger.Debug("expired flows to moved UDP endpoints", "targets", len(targets), "flows", flows, "affinity", aff)
+}
+
+// terminate destroys the connected UDP sockets socket LB pinned to an
+// endpoint no Service uses any more (removed), or that their frontend no
+// longer sends to (moved): their owners hear of it and dial again.
+func (p *Proxier) terminate(removed []netip.AddrPort, moved []FlowTarget) {
+	targets := moved
+	for _, ap := range removed {
+		targets = append(targets, FlowTarget{Backend: ap})
+	}
+	if len(targets) == 0 {
+		return
+	}
+	if n, err := p.dp.Terminate(targets, p.cfg.Cgroup); err != nil {
+		p.cfg.Logger.Warn("destroy UDP sockets connected to destinations that left", "targets", targets, "namespaces", n, "err", err)
+	} else {
+		p.cfg.Logger.Debug("destroyed UDP sockets connected to destinations that left", "targets", targets, "namespaces", n)
+	}
 }
 
 // attachTC puts the tc programs on the uplinks, the bridge and the

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -63,7 +64,9 @@ func clientMain(nsPath, ops string) int {
 		case "lat":
 			fmt.Println(connectLatency(nsPath, addr, n))
 		case "hold":
-			holdUDP(nsPath, addr)
+			holdUDP(nsPath, "udp4", addr)
+		case "hold6":
+			holdUDP(nsPath, "udp6", addr)
 		default:
 			for range n {
 				fmt.Println(clientAttempt(nsPath, kind, addr))
@@ -124,10 +127,11 @@ func dialMapped(addr string) (string, error) {
 	return strings.TrimSpace(string(buf[:n])) + " " + netip.AddrPortFrom(netip.AddrFrom16(p6.Addr).Unmap(), uint16(p6.Port)).String(), nil
 }
 
-// holdUDP asks addr over a connected and over an unconnected UDP socket,
-// says "ready", waits for a line on stdin, and asks over both again: one
-// line per exchange.
-func holdUDP(nsPath, addr string) {
+// holdUDP asks addr over a connected and over an unconnected UDP socket
+// of network (udp4, or udp6: dual-stack sockets sending to the v4-mapped
+// address, through the IPv6 hooks), says "ready", waits for a line on
+// stdin, and asks over both again: one line per exchange.
+func holdUDP(nsPath, network, addr string) {
 	// This thread stays in the namespace for good, as a pod's would: the
 	// terminator finds namespaces through their processes' threads.
 	runtime.LockOSThread()
@@ -138,16 +142,17 @@ func holdUDP(nsPath, addr string) {
 	var conn net.Conn
 	var pc net.PacketConn
 	if err == nil {
-		conn, err = net.Dial("udp4", addr)
-	}
-	if err == nil {
-		pc, err = net.ListenPacket("udp4", ":0")
+		conn, pc, err = udpPair(network, addr)
 	}
 	if err != nil {
 		fmt.Println("err", err)
 		return
 	}
-	ua, _ := net.ResolveUDPAddr("udp4", addr)
+	ap := netip.MustParseAddrPort(addr)
+	ua := &net.UDPAddr{IP: net.IP(ap.Addr().AsSlice()), Port: int(ap.Port())}
+	if network == "udp6" {
+		ua.IP = net.IP(netip.AddrFrom16(ap.Addr().As16()).AsSlice())
+	}
 	ask := func() {
 		buf := make([]byte, 512)
 		conn.SetDeadline(time.Now().Add(time.Second))
@@ -169,6 +174,51 @@ func holdUDP(nsPath, addr string) {
 	fmt.Println("ready")
 	bufio.NewReader(os.Stdin).ReadString('\n')
 	ask()
+}
+
+// udpPair is a UDP socket of network connected to addr and an unconnected
+// one. Go's dialer makes IPv4 sockets for a v4-mapped address, so udp6
+// sockets are made by hand.
+func udpPair(network, addr string) (net.Conn, net.PacketConn, error) {
+	if network != "udp6" {
+		conn, err := net.Dial(network, addr)
+		if err != nil {
+			return nil, nil, err
+		}
+		pc, err := net.ListenPacket(network, ":0")
+		return conn, pc, err
+	}
+	ap := netip.MustParseAddrPort(addr)
+	sock := func(connect bool) (*os.File, error) {
+		fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return nil, err
+		}
+		if connect {
+			err = unix.Connect(fd, &unix.SockaddrInet6{Addr: ap.Addr().As16(), Port: int(ap.Port())})
+		}
+		if err != nil {
+			unix.Close(fd)
+			return nil, err
+		}
+		return os.NewFile(uintptr(fd), "udp6"), nil
+	}
+	cf, err := sock(true)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer cf.Close()
+	uf, err := sock(false)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer uf.Close()
+	conn, err := net.FileConn(cf)
+	if err != nil {
+		return nil, nil, err
+	}
+	pc, err := net.FilePacketConn(uf)
+	return conn, pc, err
 }
 
 func result(answer []byte, err error) string {
@@ -582,36 +632,7 @@ func TestSocketLB(t *testing.T) {
 			t.Fatal(err)
 		}
 		sy.TakeRemovedUDP()
-		cg, err := os.Open(e.cgroup)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cg.Close()
-		cmd := exec.Command(os.Args[0], "-test.run=^$", "hold 10.96.0.16:53 1")
-		cmd.Env = append(os.Environ(), clientEnv+"="+e.nsPath)
-		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
-		stdin, _ := cmd.StdinPipe()
-		stdout, _ := cmd.StdoutPipe()
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer cmd.Wait()
-		defer stdin.Close()
-		lines := bufio.NewScanner(stdout)
-		next := func() string {
-			if !lines.Scan() {
-				t.Fatalf("client ended early: %v", lines.Err())
-			}
-			return lines.Text()
-		}
-		for i, l := range []string{next(), next()} {
-			if !strings.HasPrefix(l, "ok 10.244.1.2:8080") {
-				t.Fatalf("exchange %d before the change: %q", i, l)
-			}
-		}
-		if l := next(); l != "ready" {
-			t.Fatalf("client: %q", l)
-		}
+		h := e.hold(t, "hold", "10.96.0.16:53", "10.244.1.2:8080")
 		udp2 := *udp
 		udp2.ClusterEndpoints = both[1:]
 		ports[key("udp2")] = []*proxy.ServicePort{&udp2}
@@ -622,19 +643,48 @@ func TestSocketLB(t *testing.T) {
 		if len(removed) != 1 || removed[0] != netip.MustParseAddrPort("10.244.1.2:8080") {
 			t.Fatalf("removed UDP endpoints %v, want 10.244.1.2:8080", removed)
 		}
-		n, err := dp.Terminate(removed, e.cgroup)
+		n, err := dp.Terminate([]FlowTarget{{Backend: removed[0]}}, e.cgroup)
 		if err != nil || n == 0 {
 			t.Fatalf("terminate: %d namespaces, %v", n, err)
 		}
-		stdin.Write([]byte("go\n"))
-		// Destroyed, the socket is disconnected with ECONNABORTED pending:
-		// a read reports that, a send without an address EDESTADDRREQ.
-		// Either way the application hears of it, not silence.
-		if l := next(); l != "err EDESTADDRREQ" && l != "err ECONNABORTED" {
-			t.Errorf("connected socket after its endpoint went: %q, want ECONNABORTED or EDESTADDRREQ", l)
+		h.checkDestroyed(t, "10.244.1.3:8080")
+	})
+	t.Run("a connected UDP socket whose frontend moved off its endpoint is destroyed, one through a frontend still sending there is not", func(t *testing.T) {
+		// Two Services share the endpoint; one moves away from it (as a
+		// targetPort change does), so the endpoint is not removed.
+		a := clusterIPPort("udpa", "10.96.0.19", 53, cluster.UDP, both[:1]...)
+		b := clusterIPPort("udpb", "10.96.0.20", 53, cluster.UDP, both[:1]...)
+		ports[key("udpa")], ports[key("udpb")] = []*proxy.ServicePort{a}, []*proxy.ServicePort{b}
+		if _, err := sy.Sync(ports, map[cluster.Key]bool{key("udpa"): true, key("udpb"): true}, false); err != nil {
+			t.Fatal(err)
 		}
-		if l := next(); !strings.HasPrefix(l, "ok 10.244.1.3:8080") {
-			t.Errorf("unconnected socket after the change: %q, want an answer from the new endpoint", l)
+		sy.TakeRemovedUDP()
+		sy.TakeMovedUDP()
+		ha := e.hold(t, "hold", "10.96.0.19:53", "10.244.1.2:8080")
+		ha6 := e.hold(t, "hold6", "10.96.0.19:53", "10.244.1.2:8080")
+		hb := e.hold(t, "hold", "10.96.0.20:53", "10.244.1.2:8080")
+		a2 := *a
+		a2.ClusterEndpoints = both[1:]
+		ports[key("udpa")] = []*proxy.ServicePort{&a2}
+		if _, err := sy.Sync(ports, map[cluster.Key]bool{key("udpa"): true}, false); err != nil {
+			t.Fatal(err)
+		}
+		if removed := sy.TakeRemovedUDP(); len(removed) != 0 {
+			t.Fatalf("removed %v; want none, udpb still uses the endpoint", removed)
+		}
+		_, sockets := sy.TakeMovedUDP()
+		want := FlowTarget{Frontend: netip.MustParseAddrPort("10.96.0.19:53"), Backend: netip.MustParseAddrPort("10.244.1.2:8080")}
+		if len(sockets) != 1 || sockets[0] != want {
+			t.Fatalf("moved socket pairs %v, want [%v]", sockets, want)
+		}
+		if n, err := dp.Terminate(sockets, e.cgroup); err != nil || n == 0 {
+			t.Fatalf("terminate: %d namespaces, %v", n, err)
+		}
+		ha.checkDestroyed(t, "10.244.1.3:8080")
+		ha6.checkDestroyed(t, "10.244.1.3:8080")
+		hb.stdin.Write([]byte("go\n"))
+		if l := hb.next(); !strings.HasPrefix(l, "ok 10.244.1.2:8080") {
+			t.Errorf("connected socket of the Service that kept its endpoint: %q, want an answer from it", l)
 		}
 	})
 
@@ -686,6 +736,69 @@ func TestSocketLB(t *testing.T) {
 			t.Errorf("%d tc programs left on the uplink", n)
 		}
 	})
+}
+
+// held is a client process in e's cgroup holding a connected and an
+// unconnected UDP socket to a Service (holdUDP).
+type held struct {
+	stdin io.WriteCloser
+	lines *bufio.Scanner
+	t     *testing.T
+}
+
+// hold starts a held client of addr ("hold" IPv4 sockets, "hold6" IPv6
+// ones) and waits until both its sockets had an answer from backend.
+func (e *sockEnv) hold(t *testing.T, op, addr, backend string) *held {
+	t.Helper()
+	cg, err := os.Open(e.cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Close()
+	cmd := exec.Command(os.Args[0], "-test.run=^$", op+" "+addr+" 1")
+	cmd.Env = append(os.Environ(), clientEnv+"="+e.nsPath)
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); cmd.Wait() })
+	h := &held{stdin: stdin, lines: bufio.NewScanner(stdout), t: t}
+	for i := range 2 {
+		if l := h.next(); !strings.HasPrefix(l, "ok "+backend) {
+			t.Fatalf("%s %s: exchange %d before the change: %q, want ok %s", op, addr, i, l, backend)
+		}
+	}
+	if l := h.next(); l != "ready" {
+		t.Fatalf("client: %q", l)
+	}
+	return h
+}
+
+// next is the client's next line; "go" lets it try both sockets again.
+func (h *held) next() string {
+	h.t.Helper()
+	if !h.lines.Scan() {
+		h.t.Fatalf("client ended early: %v", h.lines.Err())
+	}
+	return h.lines.Text()
+}
+
+// checkDestroyed lets the client go on and checks that its connected
+// socket was destroyed and its unconnected one reaches moved.
+func (h *held) checkDestroyed(t *testing.T, moved string) {
+	t.Helper()
+	h.stdin.Write([]byte("go\n"))
+	// Destroyed, the socket is disconnected with ECONNABORTED pending:
+	// a read reports that, a send without an address EDESTADDRREQ.
+	// Either way the application hears of it, not silence.
+	if l := h.next(); l != "err EDESTADDRREQ" && l != "err ECONNABORTED" {
+		t.Errorf("connected socket after its destination went: %q, want ECONNABORTED or EDESTADDRREQ", l)
+	}
+	if l := h.next(); !strings.HasPrefix(l, "ok "+moved) {
+		t.Errorf("unconnected socket after the change: %q, want an answer from %s", l, moved)
+	}
 }
 
 // attachTC attaches the uplink program to up0 in the test namespace.

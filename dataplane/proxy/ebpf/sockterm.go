@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -20,18 +19,22 @@ import (
 	"github.com/podnet/podnet/bpf"
 )
 
-// Terminate destroys the connected UDP sockets that socket LB translated to
-// one of removed, in every network namespace of cgroup's processes (pods
-// and the node), and returns how many namespaces it went through. Each
-// owner gets an error on its next receive or send and can dial again.
-func (d *Datapath) Terminate(removed []netip.AddrPort, cgroup string) (int, error) {
-	if len(removed) == 0 {
+// Terminate destroys the connected UDP sockets that socket LB translated
+// to a destination that left, in every network namespace of cgroup's
+// processes (pods and the node), and returns how many namespaces it went
+// through. A target names the backend and the frontend no longer sending
+// to it, as Expire reads them: a zero frontend port is any frontend (the
+// backend is gone), an invalid frontend address with a port a NodePort at
+// any node address. Each owner gets an error on its next receive or send
+// and can dial again.
+func (d *Datapath) Terminate(targets []FlowTarget, cgroup string) (int, error) {
+	if len(targets) == 0 {
 		return 0, nil
 	}
-	term := d.term.Maps[bpf.SocktermMapTermV1]
-	keys := make([]bpf.SocktermTermKey, 0, len(removed))
-	for _, ap := range removed {
-		k := bpf.SocktermTermKey{Addr: addr16(ap.Addr()), Port: be16(ap.Port())}
+	term := d.term.Maps[bpf.SocktermMapTermV2]
+	keys := make([]bpf.SocktermTermKey, 0, len(targets))
+	for _, ft := range targets {
+		k := termKey(ft)
 		if !slices.Contains(keys, k) {
 			keys = append(keys, k)
 		}
@@ -70,6 +73,16 @@ func (d *Datapath) Terminate(removed []netip.AddrPort, cgroup string) (int, erro
 		}
 	}
 	return len(nets), errors.Join(errs...)
+}
+
+// termKey is ft as sockterm.c looks it up: the frontend in the form socket
+// LB recorded it, or zeroed where ft holds any address or any frontend.
+func termKey(ft FlowTarget) bpf.SocktermTermKey {
+	k := bpf.SocktermTermKey{Backend: addr16(ft.Backend.Addr()), Bport: be16(ft.Backend.Port())}
+	if ft.Frontend.Port() != 0 {
+		k.Frontend, k.Fport = addr16(ft.Frontend.Addr()), be16(ft.Frontend.Port())
+	}
+	return k
 }
 
 // cgroupNetns lists one /proc/PID/task/TID/ns/net path per network

@@ -39,10 +39,20 @@ type Syncer struct {
 	// TakeRemovedUDP.
 	udpRefs    map[netip.AddrPort]int
 	removedUDP []netip.AddrPort
-	// movedUDP are the external frontends' UDP backends a partial sync
-	// took away (the endpoint may still serve elsewhere), for
-	// TakeMovedUDP.
-	movedUDP []FlowTarget
+	// movedUDP are the UDP backends a partial sync took away from a
+	// frontend (the endpoint may still serve elsewhere), for TakeMovedUDP:
+	// the tc programs' frontends (flows) and socket LB's (sockets).
+	movedUDP moved
+}
+
+// moved are the (frontend, backend) pairs of UDP that left, by who pinned
+// clients to them.
+type moved struct {
+	// Flows are the external frontends' pairs, whose flows from outside
+	// the tc programs pinned.
+	Flows []FlowTarget
+	// Sockets are socket LB's pairs, whose connected sockets it pinned.
+	Sockets []FlowTarget
 }
 
 // NewSyncer returns a Syncer writing to maps.
@@ -58,22 +68,23 @@ func (s *Syncer) TakeRemovedUDP() []netip.AddrPort {
 	return out
 }
 
-// TakeMovedUDP returns, since the last call, the UDP backends external
-// frontends no longer send to, each with its frontend: flows from outside
-// pinned to them are to be expired. Endpoints no Service uses any more
+// TakeMovedUDP returns, since the last call, the UDP backends frontends
+// no longer send to, each with its frontend: flows from outside (tc
+// programs' frontends) pinned to them are to be expired, and connected
+// sockets (socket LB's) destroyed. Endpoints no Service uses any more
 // (TakeRemovedUDP) are not repeated here.
-func (s *Syncer) TakeMovedUDP() []FlowTarget {
+func (s *Syncer) TakeMovedUDP() (flows, sockets []FlowTarget) {
 	out := s.movedUDP
-	s.movedUDP = nil
-	return out
+	s.movedUDP = moved{}
+	return out.Flows, out.Sockets
 }
 
-// externalUDP lists the (frontend, backend) pairs of e's external UDP
-// frontends.
-func externalUDP(e entries) map[FlowTarget]bool {
+// udpPairs lists the (frontend, backend) pairs of e's UDP frontends in
+// scope.
+func udpPairs(e entries, scope uint8) map[FlowTarget]bool {
 	out := make(map[FlowTarget]bool)
 	for k, v := range e.services {
-		if k.Slot == 0 || k.Scope != scopeExt || k.Proto != protoNum(cluster.UDP) {
+		if k.Slot == 0 || k.Scope != scope || k.Proto != protoNum(cluster.UDP) {
 			continue
 		}
 		if b, ok := e.backends[v.Id]; ok {
@@ -84,14 +95,22 @@ func externalUDP(e entries) map[FlowTarget]bool {
 	return out
 }
 
-// moveUDP notes the external UDP pairs old had and new has not.
+// moveUDP notes the UDP pairs old had and new has not, in both scopes,
+// leaving out endpoints no Service uses any more (removedUDP holds them
+// whole).
 func (s *Syncer) moveUDP(old, new entries) {
-	now := externalUDP(new)
-	for ft := range externalUDP(old) {
-		if !now[ft] {
-			s.movedUDP = append(s.movedUDP, ft)
+	gone := func(scope uint8) []FlowTarget {
+		now := udpPairs(new, scope)
+		var out []FlowTarget
+		for ft := range udpPairs(old, scope) {
+			if !now[ft] && s.udpRefs[ft.Backend] > 0 {
+				out = append(out, ft)
+			}
 		}
+		return out
 	}
+	s.movedUDP.Flows = append(s.movedUDP.Flows, gone(scopeExt)...)
+	s.movedUDP.Sockets = append(s.movedUDP.Sockets, gone(scopeSock)...)
 }
 
 func backendAddr(b backend) netip.AddrPort {
