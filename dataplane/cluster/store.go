@@ -291,6 +291,11 @@ func (s *Store) unindexSlice(e *EndpointSlice) {
 // Pods returns every Pod.
 func (s *Store) Pods() []*Pod { return listAs[*Pod](s, KindPod) }
 
+// NetworkPolicies returns every NetworkPolicy.
+func (s *Store) NetworkPolicies() []*NetworkPolicy {
+	return listAs[*NetworkPolicy](s, KindNetworkPolicy)
+}
+
 // EndpointSlicesFor returns the slices labelled with the Service's name.
 func (s *Store) EndpointSlicesFor(svc Key) []*EndpointSlice {
 	s.mu.RLock()

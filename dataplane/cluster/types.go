@@ -25,6 +25,7 @@ const (
 	KindEndpointSlice
 	KindNamespace
 	KindPod
+	KindNetworkPolicy
 	numKinds
 )
 
@@ -40,6 +41,8 @@ func (k Kind) String() string {
 		return "Namespace"
 	case KindPod:
 		return "Pod"
+	case KindNetworkPolicy:
+		return "NetworkPolicy"
 	}
 	return "Unknown"
 }
@@ -235,15 +238,18 @@ func (e *EndpointSlice) Key() Key   { return Key{Namespace: e.Namespace, Name: e
 // ServiceKey is the key of the Service this slice belongs to.
 func (e *EndpointSlice) ServiceKey() Key { return Key{Namespace: e.Namespace, Name: e.ServiceName} }
 
-// Namespace is a v1.Namespace; only its existence matters.
+// Namespace is a v1.Namespace: its existence (DNS) and its labels
+// (NetworkPolicy namespaceSelectors).
 type Namespace struct {
-	Name string
+	Name   string
+	Labels map[string]string
 }
 
 func (n *Namespace) Kind() Kind { return KindNamespace }
 func (n *Namespace) Key() Key   { return Key{Name: n.Name} }
 
-// Pod is the part of a v1.Pod DNS needs for verified pod records.
+// Pod is the part of a v1.Pod DNS needs for verified pod records and
+// NetworkPolicy needs for selectors and named ports.
 type Pod struct {
 	Namespace string
 	Name      string
@@ -251,6 +257,20 @@ type Pod struct {
 	Hostname  string
 	Subdomain string
 	NodeName  string
+	Labels    map[string]string
+	// HostNetwork pods share their node's addresses; NetworkPolicy does
+	// not apply to them.
+	HostNetwork bool
+	// Ports are the containers' named ports (spec.containers[].ports with
+	// a name), which NetworkPolicy ports may name.
+	Ports []NamedPort
+}
+
+// NamedPort is a container port with a name.
+type NamedPort struct {
+	Name     string
+	Protocol Protocol
+	Port     uint16
 }
 
 func (p *Pod) Kind() Kind { return KindPod }

@@ -286,7 +286,7 @@ func endpointDetails(c *cluster.Endpoint, ep discoveryv1.Endpoint) {
 
 // FromV1Namespace reduces a v1.Namespace.
 func FromV1Namespace(n *v1.Namespace) (*cluster.Namespace, error) {
-	return &cluster.Namespace{Name: n.Name}, nil
+	return &cluster.Namespace{Name: n.Name, Labels: n.Labels}, nil
 }
 
 // FromV1Pod reduces a v1.Pod.
@@ -297,6 +297,10 @@ func FromV1Pod(p *v1.Pod) (*cluster.Pod, error) {
 		Hostname:  p.Spec.Hostname,
 		Subdomain: p.Spec.Subdomain,
 		NodeName:  intern(p.Spec.NodeName),
+		Labels:    p.Labels,
+
+		HostNetwork: p.Spec.HostNetwork,
+		Ports:       namedPorts(p.Spec.Containers),
 	}
 	var ips []string
 	for _, ip := range p.Status.PodIPs {
@@ -310,6 +314,20 @@ func FromV1Pod(p *v1.Pod) (*cluster.Pod, error) {
 		return nil, fmt.Errorf("pod %s: %w", out.Key(), err)
 	}
 	return out, nil
+}
+
+// namedPorts are the containers' ports that NetworkPolicy can name.
+func namedPorts(cs []v1.Container) []cluster.NamedPort {
+	var out []cluster.NamedPort
+	for _, c := range cs {
+		for _, p := range c.Ports {
+			if p.Name == "" || p.ContainerPort < 1 || p.ContainerPort > 65535 {
+				continue
+			}
+			out = append(out, cluster.NamedPort{Name: p.Name, Protocol: protocol(p.Protocol), Port: uint16(p.ContainerPort)})
+		}
+	}
+	return out
 }
 
 func deref(s *string) string {
