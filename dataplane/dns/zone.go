@@ -126,6 +126,10 @@ type Zone struct {
 	// EndpointSlice changes made after start.
 	metrics atomic.Pointer[Metrics]
 	start   time.Time
+
+	// loaded is closed by the first snapshot that is synced (Loaded).
+	loaded     chan struct{}
+	loadedOnce sync.Once
 }
 
 type pending struct {
@@ -147,7 +151,7 @@ type trigger struct {
 // nothing; Run keeps the index current (tests may call Flush instead).
 func NewZone(store *cluster.Store, opts ZoneOptions) *Zone {
 	opts.setDefaults()
-	z := &Zone{opts: opts, store: store, start: time.Now()}
+	z := &Zone{opts: opts, store: store, start: time.Now(), loaded: make(chan struct{})}
 	// A burst of changes (a Deployment rolling) is applied in one Flush
 	// per rebuildInterval rather than one per change.
 	z.rebuild = runner.New(func() error { z.Flush(); return nil }, runner.Options{MinInterval: rebuildInterval})
@@ -160,6 +164,9 @@ func NewZone(store *cluster.Store, opts ZoneOptions) *Zone {
 // Synced reports whether the index holds a complete cluster state: the
 // Store has synced and the index has caught up with it.
 func (z *Zone) Synced() bool { return z.snap.Load().synced }
+
+// Loaded is closed once Synced holds.
+func (z *Zone) Loaded() <-chan struct{} { return z.loaded }
 
 // Options returns the zone's options with defaults filled in.
 func (z *Zone) Options() ZoneOptions { return z.opts }
@@ -258,6 +265,9 @@ func (z *Zone) Flush() {
 		s.serial = uint32(time.Now().Unix())
 	}
 	z.snap.Store(&s)
+	if synced {
+		z.loadedOnce.Do(func() { close(z.loaded) })
+	}
 	if m := z.metrics.Load(); m != nil {
 		// As CoreDNS: only changes of a Service the index knows, of the
 		// kinds whose slices the endpoint slice controller writes.

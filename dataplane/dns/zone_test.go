@@ -682,3 +682,28 @@ func TestIncrementalMatchesRebuildRandom(t *testing.T) {
 		}
 	}
 }
+
+// TestZoneLoadedClosesWithTheFirstSyncedIndex: Loaded stays open while the
+// Store is not synced, however often the index is flushed, and closes with
+// the first flush after it is.
+func TestZoneLoadedClosesWithTheFirstSyncedIndex(t *testing.T) {
+	st := cluster.NewStore()
+	z := NewZone(st, ZoneOptions{Domain: "cluster.local"})
+	st.Upsert(&cluster.Namespace{Name: "default"})
+	z.Flush()
+	select {
+	case <-z.Loaded():
+		t.Fatal("Loaded closed before the Store synced")
+	default:
+	}
+	st.MarkSynced()
+	z.Flush()
+	select {
+	case <-z.Loaded():
+	default:
+		t.Fatal("Loaded still open after a flush of the synced Store")
+	}
+	if !z.Synced() {
+		t.Error("Loaded closed but Synced is false")
+	}
+}

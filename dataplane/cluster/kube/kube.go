@@ -37,6 +37,7 @@ import (
 
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/cluster/convert"
+	"github.com/podnet/podnet/dataplane/runner"
 )
 
 // DefaultKinds are the kinds both daemons need; Pods only when asked for.
@@ -54,11 +55,17 @@ type Options struct {
 	Kinds []cluster.Kind
 	// Backoff of the reflectors' retries; nil: PromptBackoff.
 	Backoff *wait.Backoff
+	// Clock times the probes of the API server while the state is stale;
+	// nil: the system's. Tests drive a runner.FakeClock.
+	Clock runner.Clock
 }
 
 // Source feeds a Store from the API server.
 type Source struct {
 	o Options
+	// probe asks the API server whether it is back, while the state is
+	// stale (stale triggers it).
+	probe *runner.Runner
 
 	mu       sync.Mutex
 	watchErr error
@@ -90,7 +97,28 @@ func New(o Options) *Source {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Source{o: o}
+	s := &Source{o: o}
+	// A probe every probeInterval from the first failure on, until one
+	// gets through or a list or watch does.
+	s.probe = runner.New(s.probeOnce, runner.Options{Delay: probeInterval, RetryInterval: probeInterval, Clock: o.Clock})
+	return s
+}
+
+// probeInterval is how often the API server is probed while the state is
+// stale.
+const probeInterval = 2 * time.Second
+
+// probeOnce asks the API server for its version while the state is stale;
+// an answer ends the stale period. The error makes the runner try again.
+func (s *Source) probeOnce() error {
+	if s.Err() == nil || s.o.Client == nil {
+		return nil
+	}
+	if _, err := s.o.Client.Discovery().ServerVersion(); err != nil {
+		return err
+	}
+	s.seen()
+	return nil
 }
 
 // Err reports why the state may be stale: the last watch error, for as long
@@ -151,21 +179,8 @@ func (s *Source) Run(ctx context.Context) error {
 	s.o.Store.MarkSynced()
 	// A watch error is cleared by the next event, but a quiet cluster may send
 	// none after the API server returns: probe it while stale.
-	tick := time.NewTicker(2 * time.Second)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-			if s.Err() == nil {
-				continue
-			}
-			if _, err := s.o.Client.Discovery().ServerVersion(); err == nil {
-				s.seen()
-			}
-		}
-	}
+	s.probe.Run(ctx)
+	return nil
 }
 
 // PromptBackoff is how the reflectors retry a refused watch or a failed
@@ -406,6 +421,7 @@ func (s *Source) stale(err error) {
 	s.mu.Unlock()
 	if first {
 		s.o.Logger.Warn("API server unreachable; serving the last known state", "err", err)
+		s.probe.Trigger()
 	}
 }
 

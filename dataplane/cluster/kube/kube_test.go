@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/ipfamily"
+	"github.com/podnet/podnet/dataplane/runner"
 )
 
 func eventually(t *testing.T, what string, cond func() bool) {
@@ -274,5 +276,77 @@ func TestPromptBackoffBound(t *testing.T) {
 	}
 	if longest > 1200*time.Millisecond || longest < PromptBackoff.Cap {
 		t.Errorf("longest of 200 retries %v, want between the cap %v and 1.2 s", longest, PromptBackoff.Cap)
+	}
+}
+
+// TestStaleStateProbedUntilTheAPIServerAnswers: in a quiet cluster no
+// watch event clears a stale state once the API server is back, so the
+// Source probes the server's version every probeInterval while stale, on
+// its clock, and only then: nothing is armed while the state is current.
+func TestStaleStateProbedUntilTheAPIServerAnswers(t *testing.T) {
+	client := fake.NewClientset()
+	var down atomic.Bool
+	down.Store(true)
+	probes := make(chan bool, 16)
+	client.PrependReactor("get", "version", func(k8stesting.Action) (bool, runtime.Object, error) {
+		wasDown := down.Load()
+		probes <- wasDown
+		if wasDown {
+			return true, nil, errors.New("connection refused")
+		}
+		return false, nil, nil
+	})
+	clock := runner.NewFakeClock()
+	store := cluster.NewStore()
+	src := New(Options{Client: client, Store: store, Clock: clock})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = src.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-store.Synced():
+	case <-time.After(10 * time.Second):
+		t.Fatal("store never synced")
+	}
+	if n := clock.Advance(10 * probeInterval); n != 0 {
+		t.Fatalf("%d timers fired while the state was current, want none armed", n)
+	}
+
+	src.stale(errors.New("watch services: connection refused"))
+	timeout := time.After(10 * time.Second)
+	probe := func() bool {
+		t.Helper()
+		for len(clock.Pending()) == 0 {
+			select {
+			case <-clock.Asked():
+			case <-timeout:
+				t.Fatal("no probe armed while the state is stale")
+			}
+		}
+		clock.Advance(probeInterval)
+		select {
+		case wasDown := <-probes:
+			return wasDown
+		case <-timeout:
+			t.Fatal("no probe a probeInterval after it was armed")
+		}
+		return false
+	}
+	if !probe() {
+		t.Fatal("first probe found the API server up")
+	}
+	if src.Err() == nil {
+		t.Fatal("a failed probe cleared the stale state")
+	}
+	down.Store(false)
+	if probe() {
+		t.Fatal("second probe found the API server down")
+	}
+	eventually(t, "staleness cleared by the probe", func() bool { return src.Err() == nil })
+	if n := clock.Advance(10 * probeInterval); n != 0 {
+		t.Errorf("%d timers fired after the state was current again, want none armed", n)
+	}
+	if len(probes) != 0 {
+		t.Errorf("%d probes after the state was current again", len(probes))
 	}
 }

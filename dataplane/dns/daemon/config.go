@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/podnet/podnet/dataplane/dns"
+	"github.com/podnet/podnet/dataplane/runner"
 )
 
 // readConfigFile reads and checks the config file; "" is no file, and so
@@ -113,62 +114,81 @@ const configPoll = 2 * time.Second
 // takes the queries that arrive from then on, the old one finishes those
 // it has (it stops one forward deadline later), and the cache of forwarded
 // answers starts afresh. A file that does not parse, or whose upstreams
-// are all refused, is reported and the running configuration kept.
+// are all refused, is reported and the running configuration kept. The
+// file is read every configPoll, on a runner on cfg.Clock.
 func forwarding(ctx context.Context, cfg Config, fwd *dns.Forwarder, applied []byte, srv *dns.Server, m *dns.Metrics, cache *dns.Cache, log *slog.Logger) error {
-	run := func(f *dns.Forwarder) context.CancelFunc {
-		fctx, cancel := context.WithCancel(ctx)
-		go f.Run(fctx)
-		return cancel
-	}
-	stop := run(fwd)
-	defer func() { stop() }()
+	r := &reloader{ctx: ctx, cfg: cfg, applied: applied, srv: srv, m: m, cache: cache, log: log}
+	r.stop = r.run(fwd)
+	defer func() { r.stop() }()
 	if cfg.ConfigFile == "" {
 		<-ctx.Done()
 		return nil
 	}
-	grace := cfg.Forward.Deadline
-	if grace <= 0 {
-		grace = 5 * time.Second
+	r.grace = cfg.Forward.Deadline
+	if r.grace <= 0 {
+		r.grace = 5 * time.Second
 	}
-	var rejected []byte
-	t := time.NewTicker(configPoll)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
+	runner.New(func() error { r.check(); return nil }, runner.Options{MaxInterval: configPoll, Clock: cfg.Clock}).Run(ctx)
+	return nil
+}
+
+// reloader is forwarding's state between two reads of the config file.
+type reloader struct {
+	ctx   context.Context
+	cfg   Config
+	srv   *dns.Server
+	m     *dns.Metrics
+	cache *dns.Cache
+	log   *slog.Logger
+	grace time.Duration
+	// applied is the file's content in use, rejected the last content
+	// refused (empty: unreadable), so each is reported once.
+	applied, rejected []byte
+	// stop ends the forwarder in use.
+	stop context.CancelFunc
+}
+
+// run runs f until the reloader's context ends or the returned function
+// is called.
+func (r *reloader) run(f *dns.Forwarder) context.CancelFunc {
+	fctx, cancel := context.WithCancel(r.ctx)
+	go f.Run(fctx)
+	return cancel
+}
+
+// check reads the config file and, when it changed and is good, puts its
+// forwarder in place.
+func (r *reloader) check() {
+	cfg, log := r.cfg, r.log
+	data, err := readIfExists(cfg.ConfigFile)
+	if err != nil || bytes.Equal(data, r.applied) || bytes.Equal(data, r.rejected) {
+		if err != nil && r.rejected == nil {
+			log.Error("config file unreadable; keeping the running configuration", "err", err)
+			r.rejected = []byte{}
 		}
-		data, err := readIfExists(cfg.ConfigFile)
-		if err != nil || bytes.Equal(data, applied) || bytes.Equal(data, rejected) {
-			if err != nil && rejected == nil {
-				log.Error("config file unreadable; keeping the running configuration", "err", err)
-				rejected = []byte{}
-			}
-			continue
-		}
-		file, _, err := readConfigFile(cfg.ConfigFile)
-		var nf *dns.Forwarder
-		if err == nil {
-			nf, err = newForwarder(cfg, file, log)
-		}
-		if err != nil {
-			log.Error("config file rejected; keeping the running configuration", "err", err)
-			rejected = data
-			continue
-		}
-		if m != nil {
-			m.Use(nf)
-		}
-		old := stop
-		stop = run(nf)
-		srv.SetForwarder(nf)
-		srv.SetLog(logOptions(cfg, file, log))
-		if cache != nil {
-			cache.Flush()
-		}
-		time.AfterFunc(grace+time.Second, old)
-		applied, rejected = data, nil
-		log.Info("config file applied", "path", cfg.ConfigFile)
+		return
 	}
+	file, _, err := readConfigFile(cfg.ConfigFile)
+	var nf *dns.Forwarder
+	if err == nil {
+		nf, err = newForwarder(cfg, file, log)
+	}
+	if err != nil {
+		log.Error("config file rejected; keeping the running configuration", "err", err)
+		r.rejected = data
+		return
+	}
+	if r.m != nil {
+		r.m.Use(nf)
+	}
+	old := r.stop
+	r.stop = r.run(nf)
+	r.srv.SetForwarder(nf)
+	r.srv.SetLog(logOptions(cfg, file, log))
+	if r.cache != nil {
+		r.cache.Flush()
+	}
+	time.AfterFunc(r.grace+time.Second, old)
+	r.applied, r.rejected = data, nil
+	log.Info("config file applied", "path", cfg.ConfigFile)
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/podnet/podnet/dataplane/cluster/kube"
 	"github.com/podnet/podnet/dataplane/cluster/statedir"
 	"github.com/podnet/podnet/dataplane/dns"
+	"github.com/podnet/podnet/dataplane/runner"
 	"github.com/podnet/podnet/dataplane/status"
 )
 
@@ -69,6 +70,10 @@ type Config struct {
 	ConfigFile string
 
 	MetricsAddress, HealthAddress, ReadyAddress string
+
+	// Clock times the config file's reads; nil: the system's (tests
+	// drive a runner.FakeClock).
+	Clock runner.Clock
 }
 
 // Validate checks the configuration, naming the field and value at fault.
@@ -300,14 +305,10 @@ func (r *readiness) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 // freeLoadGarbage gives the memory the state's parsing left behind back
 // once the index is built, rather than carry it in RSS.
 func freeLoadGarbage(ctx context.Context, zone *dns.Zone) {
-	t := time.NewTicker(50 * time.Millisecond)
-	defer t.Stop()
-	for !zone.Synced() {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	select {
+	case <-zone.Loaded():
+	case <-ctx.Done():
+		return
 	}
 	runtime.GC()
 	debug.FreeOSMemory()

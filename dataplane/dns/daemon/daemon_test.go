@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -122,5 +124,89 @@ func TestRunDrainsOnStop(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run still running 10s after a quiet interval without queries")
+	}
+}
+
+// logRecords is a slog handler that hands every record's message to a
+// channel (without blocking), so a test waits for what the daemon logs.
+type logRecords chan string
+
+func (l logRecords) Enabled(context.Context, slog.Level) bool { return true }
+func (l logRecords) Handle(_ context.Context, r slog.Record) error {
+	select {
+	case l <- r.Message:
+	default:
+	}
+	return nil
+}
+func (l logRecords) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l logRecords) WithGroup(string) slog.Handler      { return l }
+
+// TestConfigFileReadOnTheClock: the config file is read every configPoll
+// of dnsd's clock, not of the wall's: a file written while the clock
+// stands is not applied, and is once the clock has moved a configPoll on.
+func TestConfigFileReadOnTheClock(t *testing.T) {
+	dnsPort := testport.Free(t)
+	clock := runner.NewFakeClock()
+	logs := make(logRecords, 1024)
+	cfg := Config{
+		Listen:     []string{fmt.Sprintf("127.0.0.1:%d", dnsPort)},
+		Zone:       dns.ZoneOptions{Domain: "cluster.local", TTL: 5},
+		Upstreams:  []string{fmt.Sprintf("127.0.0.1:%d", testport.Free(t))}, // nothing there
+		StateDir:   t.TempDir(),
+		ConfigFile: filepath.Join(t.TempDir(), "dnsd.yaml"),
+		Forward:    dns.ForwardOptions{TryTimeout: 200 * time.Millisecond, Deadline: 500 * time.Millisecond},
+		Clock:      clock,
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg, slog.New(logs)) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	ask := func() (*mdns.Msg, error) {
+		q := new(mdns.Msg)
+		q.SetQuestion("registry.internal.", mdns.TypeA)
+		m, _, err := (&mdns.Client{Net: "udp", Timeout: 3 * time.Second}).Exchange(q, cfg.Listen[0])
+		return m, err
+	}
+	answered := func(m *mdns.Msg) bool {
+		return m != nil && len(m.Answer) == 1 && strings.Contains(m.Answer[0].String(), "192.0.2.10")
+	}
+	// Serving once a query gets any answer.
+	deadline := time.Now().Add(20 * time.Second)
+	for _, err := ask(); err != nil; _, err = ask() {
+		if time.Now().After(deadline) {
+			t.Fatalf("dnsd not answering after 20 s: %v", err)
+		}
+	}
+	if err := os.WriteFile(cfg.ConfigFile, []byte("hosts:\n  registry.internal: [\"192.0.2.10\"]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if m, _ := ask(); answered(m) {
+		t.Fatal("the config file was applied while the clock stood still")
+	}
+	timeout := time.After(10 * time.Second)
+	for len(clock.Pending()) == 0 {
+		select {
+		case <-clock.Asked():
+		case <-timeout:
+			t.Fatal("no read of the config file armed on dnsd's clock")
+		}
+	}
+	clock.Advance(configPoll)
+	for applied := false; !applied; {
+		select {
+		case msg := <-logs:
+			applied = msg == "config file applied"
+		case <-timeout:
+			t.Fatal("config file not applied a configPoll after it was written")
+		}
+	}
+	if m, err := ask(); !answered(m) {
+		t.Fatalf("after a configPoll, registry.internal: %v %v; want the file's 192.0.2.10", m, err)
 	}
 }
