@@ -413,14 +413,15 @@ func checkDnsdDrain(t *testing.T, docs []map[string]any) {
 	t.Helper()
 	for _, d := range docs {
 		md, _ := d["metadata"].(map[string]any)
-		if d["kind"] != "Deployment" || md["name"] != "podnet-dns" {
+		if (d["kind"] != "Deployment" && d["kind"] != "DaemonSet") || md["name"] != "podnet-dns" {
 			continue
 		}
-		var dep appsv1.Deployment
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(d, &dep); err != nil {
+		raw, _ := d["spec"].(map[string]any)
+		var tmpl corev1.PodTemplateSpec
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(raw["template"].(map[string]any), &tmpl); err != nil {
 			t.Fatal(err)
 		}
-		spec := dep.Spec.Template.Spec
+		spec := tmpl.Spec
 		maxDrain := 20 * time.Second // dnsd's default
 		for _, a := range spec.Containers[0].Command {
 			if v, ok := strings.CutPrefix(a, "--drain-max="); ok {
@@ -443,5 +444,5 @@ func checkDnsdDrain(t *testing.T, docs []map[string]any) {
 		}
 		return
 	}
-	t.Error("deploy/ has no podnet-dns Deployment")
+	t.Error("deploy/ has no podnet-dns Deployment or DaemonSet")
 }

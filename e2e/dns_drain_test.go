@@ -18,31 +18,6 @@ import (
 	"github.com/podnet/podnet/e2e/lab"
 )
 
-// kubeDNSSlice is the kube-dns EndpointSlice with one endpoint per line of
-// eps ("IP ready serving terminating").
-func kubeDNSSlice(eps ...string) string {
-	var b strings.Builder
-	b.WriteString(`apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: kube-dns-abcde
-  namespace: kube-system
-  labels: {kubernetes.io/service-name: kube-dns}
-addressType: IPv4
-ports:
-- {name: dns, port: 53, protocol: UDP}
-- {name: dns-tcp, port: 53, protocol: TCP}
-endpoints:
-`)
-	for _, e := range eps {
-		var ip string
-		var ready, serving, terminating bool
-		fmt.Sscan(e, &ip, &ready, &serving, &terminating)
-		fmt.Fprintf(&b, "- addresses: [%s]\n  conditions: {ready: %v, serving: %v, terminating: %v}\n", ip, ready, serving, terminating)
-	}
-	return b.String()
-}
-
 // lookups resolves kubernetes.default through 10.96.0.10 from a pod, over
 // UDP and TCP in turn, each on a new socket as glibc does, one attempt with
 // a 2 s timeout (a lost UDP query costs glibc 5 s), until stop is closed.
@@ -75,9 +50,12 @@ func (lk *lookups) run(ctx context.Context, wg *sync.WaitGroup, nsPath, proto st
 }
 
 // askVIPIn makes the socket inside the pod's namespace (it stays there for
-// its life) and asks once.
-func askVIPIn(nsPath, proto string) error {
-	c := &mdns.Client{Net: proto, Timeout: 2 * time.Second}
+// its life) and asks once, waiting 2 s for the answer.
+func askVIPIn(nsPath, proto string) error { return askVIPWithin(nsPath, proto, 2*time.Second) }
+
+// askVIPWithin is askVIPIn waiting timeout for the answer.
+func askVIPWithin(nsPath, proto string, timeout time.Duration) error {
+	c := &mdns.Client{Net: proto, Timeout: timeout}
 	var conn *mdns.Conn
 	err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
 		var err error

@@ -78,6 +78,34 @@ items:
     conditions: {ready: true}
 `
 
+// kubeDNSSlice is the kube-dns EndpointSlice with one endpoint per line of
+// eps ("IP ready serving terminating [node]").
+func kubeDNSSlice(eps ...string) string {
+	var b strings.Builder
+	b.WriteString(`apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: kube-dns-abcde
+  namespace: kube-system
+  labels: {kubernetes.io/service-name: kube-dns}
+addressType: IPv4
+ports:
+- {name: dns, port: 53, protocol: UDP}
+- {name: dns-tcp, port: 53, protocol: TCP}
+endpoints:
+`)
+	for _, e := range eps {
+		var ip, node string
+		var ready, serving, terminating bool
+		fmt.Sscan(e, &ip, &ready, &serving, &terminating, &node)
+		fmt.Fprintf(&b, "- addresses: [%s]\n  conditions: {ready: %v, serving: %v, terminating: %v}\n", ip, ready, serving, terminating)
+		if node != "" {
+			fmt.Fprintf(&b, "  nodeName: %s\n", node)
+		}
+	}
+	return b.String()
+}
+
 // TestDnsdProcess runs the dnsd binary on loopback ports (no root needed)
 // with a state directory and dnsmasq as its upstream: readiness, cluster
 // and forwarded answers over UDP and TCP, a state change picked up while
@@ -415,21 +443,10 @@ func TestDnsdInLab(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	state := dnsTestState + fmt.Sprintf(`- apiVersion: discovery.k8s.io/v1
-  kind: EndpointSlice
-  metadata:
-    name: kube-dns-abcde
-    namespace: kube-system
-    labels: {kubernetes.io/service-name: kube-dns}
-  addressType: IPv4
-  ports:
-  - {name: dns, port: 53, protocol: UDP}
-  - {name: dns-tcp, port: 53, protocol: TCP}
-  endpoints:
-  - addresses: [%s]
-    conditions: {ready: true}
-`, dnsPod.IP)
-	if err := l.WriteState("dns.yaml", state); err != nil {
+	if err := l.WriteState("dns.yaml", dnsTestState); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.WriteState("kube-dns-slice.yaml", kubeDNSSlice(dnsPod.IP.String()+" true true false")); err != nil {
 		t.Fatal(err)
 	}
 	dnsd, err := dnsPod.Start("dnsd", filepath.Join(l.BinDir, "dnsd"), "--state-dir", l.StateDir(),
