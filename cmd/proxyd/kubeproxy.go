@@ -150,8 +150,6 @@ func (c *kubeProxyConfiguration) applyTo(fs *pflag.FlagSet) (warnings []string, 
 	if !slices.Contains(modes.Names(), mode) {
 		return nil, fmt.Errorf("--config: mode %q: proxyd's modes are %s", c.Mode, strings.Join(modes.Names(), ", "))
 	}
-	clusterCIDR, w := firstIPv4CIDR(c.ClusterCIDR)
-	warnings = append(warnings, w...)
 	errs := []error{
 		set("kubeconfig", c.ClientConnection.Kubeconfig),
 		set("hostname-override", c.HostnameOverride),
@@ -159,7 +157,7 @@ func (c *kubeProxyConfiguration) applyTo(fs *pflag.FlagSet) (warnings []string, 
 		set("healthz-bind-address", c.HealthzBindAddress),
 		set("metrics-bind-address", c.MetricsBindAddress),
 		set("proxy-mode", mode),
-		set("cluster-cidr", clusterCIDR),
+		set("cluster-cidr", c.ClusterCIDR),
 		set("nodeport-addresses", strings.Join(c.NodePortAddresses, ",")),
 		set("conntrack-max-per-core", ptr(c.Conntrack.MaxPerCore)),
 		set("conntrack-min", ptr(c.Conntrack.Min)),
@@ -237,21 +235,6 @@ func nonZero(m map[string]any) []string {
 		}
 	}
 	return out
-}
-
-// firstIPv4CIDR is the IPv4 entry of kube-proxy's cluster CIDR list (a
-// dual-stack pair is "v4,v6"); proxyd's pod network is IPv4 so far.
-func firstIPv4CIDR(s string) (string, []string) {
-	parts := strings.Split(s, ",")
-	if len(parts) < 2 {
-		return s, nil
-	}
-	for _, p := range parts {
-		if pr, err := netip.ParsePrefix(strings.TrimSpace(p)); err == nil && pr.Addr().Is4() {
-			return pr.String(), []string{fmt.Sprintf("clusterCIDR %s: proxyd's pod network is IPv4 (%s); the rest is ignored", s, pr)}
-		}
-	}
-	return s, nil
 }
 
 // bindAddress is an HTTP listen address given as kube-proxy takes it: IP

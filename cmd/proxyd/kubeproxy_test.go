@@ -215,7 +215,7 @@ func TestKubeProxyCommandLines(t *testing.T) {
 			if o.Kube != nil && o.Kube.BearerTokenFile != filepath.Join(dir, "token") {
 				t.Errorf("token file %q", o.Kube.BearerTokenFile)
 			}
-			got := want{o.ClusterCIDR.String(), o.HealthzAddr, o.MetricsAddr, o.ServiceProxy.Mode.Name, f.conntrack}
+			got := want{o.ClusterCIDRs[0].String(), o.HealthzAddr, o.MetricsAddr, o.ServiceProxy.Mode.Name, f.conntrack}
 			if got != c.want {
 				t.Errorf("got %+v\nwant %+v", got, c.want)
 			}
@@ -255,21 +255,27 @@ featureGates: {SomeGate: true}
 		t.Fatal(err)
 	}
 	if o.NodeName != "node-7" || o.HealthzAddr != "127.0.0.2:10256" || o.MetricsAddr != "127.0.0.1:10249" ||
-		o.ClusterCIDR != netip.MustParsePrefix("10.100.0.0/16") || o.SyncPeriod != 45*time.Second || o.MinSyncPeriod != 2*time.Second ||
+		!slices.Equal(o.ClusterCIDRs, []netip.Prefix{netip.MustParsePrefix("10.100.0.0/16"), netip.MustParsePrefix("fd00:10::/56")}) || o.SyncPeriod != 45*time.Second || o.MinSyncPeriod != 2*time.Second ||
 		!f.masqueradeAll || !slices.Equal(f.nodePortAddresses, []string{"primary"}) {
 		t.Errorf("options %+v, masquerade-all %v, nodeport-addresses %q", o, f.masqueradeAll, f.nodePortAddresses)
 	}
 	if want := (hostnet.Conntrack{MaxPerCore: 65536, Min: 100000, TCPEstablishedTimeout: 24 * time.Hour, TCPCloseWaitTimeout: time.Hour}); f.conntrack != want {
 		t.Errorf("conntrack %+v, want %+v", f.conntrack, want)
 	}
-	for _, field := range []string{"iptables.masqueradeBit", "ipvs.scheduler", "enableProfiling", "featureGates.SomeGate", "clusterCIDR 10.100.0.0/16,fd00:10::/56"} {
+	for _, field := range []string{"iptables.masqueradeBit", "ipvs.scheduler", "enableProfiling", "featureGates.SomeGate"} {
 		if !strings.Contains(logs, field) {
 			t.Errorf("no warning names %s:\n%s", field, logs)
 		}
 	}
 
+	// A dual-stack clusterCIDR is the cluster's two families, no warning.
+	if strings.Contains(logs, "clusterCIDR") {
+		t.Errorf("a warning names the dual-stack clusterCIDR:\n%s", logs)
+	}
+
 	for _, c := range []struct{ body, want string }{
 		{"bogusField: 1\n", `unknown field "bogusField"`},
+		{"clusterCIDR: 10.100.0.0/16,10.101.0.0/16\n", "--cluster-cidr: \"10.100.0.0/16,10.101.0.0/16\": 10.100.0.0/16 and 10.101.0.0/16 are both IPv4"},
 		{"iptables: {masqueradeBits: 14}\n", `unknown field "masqueradeBits"`},
 		{"mode: ipvs\n", `mode "ipvs": proxyd's modes are`},
 		{"healthzBindAddress: localhost:10256\n", `--healthz-bind-address "localhost:10256"`},

@@ -20,6 +20,7 @@ import (
 	"github.com/podnet/podnet/dataplane/cluster/kube"
 	"github.com/podnet/podnet/dataplane/cluster/statedir"
 	"github.com/podnet/podnet/dataplane/hostnet"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/ipt"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
 	"github.com/podnet/podnet/dataplane/nodenet"
@@ -76,9 +77,9 @@ func (f *flags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&o.NodeName, "node-name", hostname, "this node's name in the cluster state")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the API server to read the cluster from (default: in-cluster config, unless --state-dir is set)")
 	fs.StringVar(&o.StateDir, "state-dir", "", "directory of Kubernetes objects (YAML/JSON) to read the cluster state from instead of the API server")
-	fs.BoolVar(&o.AllocateNodeCIDRs, "allocate-node-cidrs", false, "claim a free /24 of --cluster-cidr for a node without spec.podCIDR (when kube-controller-manager does not allocate them)")
+	fs.BoolVar(&o.AllocateNodeCIDRs, "allocate-node-cidrs", false, "claim a free subnet of each --cluster-cidr (/24 for IPv4, /64 for IPv6) for a node without spec.podCIDRs (when kube-controller-manager does not allocate them)")
 	fs.StringVar(&o.ClaimNamespace, "claim-namespace", claimNamespace(), "namespace of the Leases that claim podCIDRs with --allocate-node-cidrs (default: $POD_NAMESPACE, else "+podcidr.DefaultNamespace+")")
-	fs.StringVar(&f.clusterCIDR, "cluster-cidr", "10.244.0.0/16", "the pod network of the whole cluster")
+	fs.StringVar(&f.clusterCIDR, "cluster-cidr", "10.244.0.0/16", "the pod network of the whole cluster: one prefix, or one per family for dual-stack (10.244.0.0/16,fd00:10:244::/56); the node serves the families given")
 	fs.StringVar(&f.backend, "backend", string(routing.BackendAuto), "how to reach other nodes' pods: auto (host-gw on this node's subnet, VXLAN beyond), host-gw or vxlan")
 	fs.IntVar(&o.VXLANVNI, "vxlan-vni", routing.DefaultVNI, "VXLAN network identifier")
 	fs.IntVar(&o.VXLANPort, "vxlan-port", routing.DefaultPort, "VXLAN UDP port")
@@ -182,10 +183,9 @@ func (f *flags) kubeProxyFlags(o *agent.Options, logger *slog.Logger) error {
 func (f *flags) options(logger *slog.Logger) (agent.Options, error) {
 	o := f.o
 	var err error
-	if o.ClusterCIDR, err = netip.ParsePrefix(f.clusterCIDR); err != nil {
+	if o.ClusterCIDRs, err = ipfamily.ParsePrefixes(f.clusterCIDR); err != nil {
 		return o, fmt.Errorf("--cluster-cidr: %w", err)
 	}
-	o.ClusterCIDR = o.ClusterCIDR.Masked()
 	o.Backend = routing.Backend(f.backend)
 	if err := f.kubeProxyFlags(&o, logger); err != nil {
 		return o, err
@@ -218,7 +218,7 @@ func (f *flags) options(logger *slog.Logger) (agent.Options, error) {
 	// One nft/legacy detection for the node's chains and the proxy's.
 	o.IPTables = ipt.Runner{Backend: ipt.NodeBackend()}
 	sp := proxy.ServiceOptions{Modes: modes, Conntrack: conntrackNetlink{}, Config: proxy.Config{
-		NodeName: o.NodeName, ClusterCIDR: o.ClusterCIDR, NodePortAddresses: npa,
+		NodeName: o.NodeName, ClusterCIDR: o.ClusterCIDRs[0], ClusterCIDRs: o.ClusterCIDRs, NodePortAddresses: npa,
 		MasqueradeAll: f.masqueradeAll, Settings: f.modeSettings,
 	}}
 	if o.Iface != "" {

@@ -77,8 +77,15 @@ func printStatus(out io.Writer, r statusReport, now time.Time) {
 		fmt.Fprintf(w, "  %s:\t%s\n", n, r.Health.Components[n])
 	}
 	fmt.Fprintf(w, "Node:\t%s\n", r.Node.Name)
-	fmt.Fprintf(w, "  podCIDR:\t%s\n", orNone(r.Node.PodCIDR))
-	fmt.Fprintf(w, "  cluster CIDR:\t%s\n", r.Node.ClusterCIDR)
+	podCIDRs, clusterCIDRs := r.Node.PodCIDR, r.Node.ClusterCIDR
+	if len(r.Node.PodCIDRs) > 1 {
+		podCIDRs = strings.Join(r.Node.PodCIDRs, ", ")
+	}
+	if len(r.Node.ClusterCIDRs) > 1 {
+		clusterCIDRs = strings.Join(r.Node.ClusterCIDRs, ", ")
+	}
+	fmt.Fprintf(w, "  podCIDR:\t%s\n", orNone(podCIDRs))
+	fmt.Fprintf(w, "  cluster CIDR:\t%s\n", clusterCIDRs)
 	fmt.Fprintf(w, "  backend:\t%s\n", r.Node.Backend)
 	fmt.Fprintf(w, "  cluster state:\t%s\n", r.Node.ClusterState)
 	if r.Node.StateDir != nil {

@@ -47,7 +47,10 @@ type Options struct {
 	// ClaimNamespace holds the podCIDR claims' Leases; "":
 	// podcidr.DefaultNamespace.
 	ClaimNamespace string
-	ClusterCIDR    netip.Prefix
+	// ClusterCIDRs holds one cluster CIDR per family the cluster's pods
+	// have (--cluster-cidr v4,v6 for dual-stack); the node serves those
+	// families.
+	ClusterCIDRs   []netip.Prefix
 	Backend        routing.Backend
 	VXLANVNI       int
 	VXLANPort      int
@@ -73,6 +76,19 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// validClusterCIDRs checks --cluster-cidr: one prefix per family.
+func validClusterCIDRs(ps []netip.Prefix) error {
+	switch {
+	case len(ps) == 0:
+		return errors.New("--cluster-cidr: empty; want one prefix per family, as 10.244.0.0/16,fd00:10:244::/56")
+	case len(ps) > 2:
+		return fmt.Errorf("--cluster-cidr: %v holds %d prefixes; want one per family (two at most)", ps, len(ps))
+	case len(ps) == 2 && ipfamily.OfPrefix(ps[0]) == ipfamily.OfPrefix(ps[1]):
+		return fmt.Errorf("--cluster-cidr: %v holds two %v prefixes; want one per family", ps, ipfamily.OfPrefix(ps[0]))
+	}
+	return nil
+}
+
 // Validate names the first option that is wrong.
 func (o Options) Validate() error {
 	switch {
@@ -84,14 +100,15 @@ func (o Options) Validate() error {
 		return errors.New("--state-dir and --kubeconfig: choose one cluster state source")
 	case o.AllocateNodeCIDRs && o.Kube == nil:
 		return errors.New("--allocate-node-cidrs: needs the API server (--kubeconfig or in-cluster)")
-	case !o.ClusterCIDR.IsValid() || !o.ClusterCIDR.Addr().Is4():
-		return fmt.Errorf("--cluster-cidr: %v is not an IPv4 prefix", o.ClusterCIDR)
 	case o.NodeConfigPath == "":
 		return errors.New("--node-config: empty")
 	case o.SyncPeriod <= 0:
 		return fmt.Errorf("--sync-period: %v must be positive", o.SyncPeriod)
 	case o.MinSyncPeriod < 0 || o.MinSyncPeriod > o.SyncPeriod:
 		return fmt.Errorf("--min-sync-period: %v must be between 0 and --sync-period", o.MinSyncPeriod)
+	}
+	if err := validClusterCIDRs(o.ClusterCIDRs); err != nil {
+		return err
 	}
 	switch o.Backend {
 	case routing.BackendAuto, routing.BackendHostGW, routing.BackendVXLAN:
@@ -183,7 +200,7 @@ func Run(ctx context.Context, o Options) error {
 // nodeNetConfig is the node network's part of o.
 func (o Options) nodeNetConfig() nodenet.Config {
 	return nodenet.Config{
-		NodeName: o.NodeName, ClusterCIDR: o.ClusterCIDR, Backend: o.Backend, VXLANVNI: o.VXLANVNI, VXLANPort: o.VXLANPort,
+		NodeName: o.NodeName, ClusterCIDRs: o.ClusterCIDRs, Backend: o.Backend, VXLANVNI: o.VXLANVNI, VXLANPort: o.VXLANPort,
 		Iface: o.Iface, NodeConfigPath: o.NodeConfigPath, Masquerade: o.Masquerade,
 		SyncPeriod: o.SyncPeriod, MinSyncPeriod: o.MinSyncPeriod, ServiceHooks: serviceHooks(o.ServiceProxy), Clock: o.Clock,
 	}
@@ -196,7 +213,16 @@ func (o Options) kernel() (nodenet.Kernel, func(), error) {
 	if o.Kernel != nil {
 		k = *o.Kernel
 	}
-	return k.WithReal(ipfamily.OfPrefix(o.ClusterCIDR), o.IPTables)
+	return k.WithReal(o.families(), o.IPTables)
+}
+
+// families are the families of the cluster CIDRs, in their order.
+func (o Options) families() []ipfamily.Family {
+	out := make([]ipfamily.Family, len(o.ClusterCIDRs))
+	for i, p := range o.ClusterCIDRs {
+		out[i] = ipfamily.OfPrefix(p)
+	}
+	return out
 }
 
 // serviceHooks are the hooks of every mode the daemon offers (sp.Modes):
@@ -221,9 +247,13 @@ func goKube(g *app.Group, o Options, client kubernetes.Interface, routed <-chan 
 	if o.AllocateNodeCIDRs {
 		g.Go("podCIDR allocation", func(ctx context.Context) error {
 			return retry(ctx, log, "claim a podCIDR", func() error {
-				p, err := podcidr.Ensure(ctx, podcidr.Options{Client: client, NodeName: o.NodeName, ClusterCIDR: o.ClusterCIDR, Namespace: o.ClaimNamespace})
+				var opts []podcidr.Options
+				for _, c := range o.ClusterCIDRs {
+					opts = append(opts, podcidr.Options{Client: client, NodeName: o.NodeName, ClusterCIDR: c, Namespace: o.ClaimNamespace})
+				}
+				ps, err := podcidr.EnsureAll(ctx, opts)
 				if err == nil {
-					log.Info("node podCIDR", "podCIDR", p)
+					log.Info("node podCIDRs", "podCIDRs", ps)
 				}
 				return err
 			})

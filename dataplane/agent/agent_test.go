@@ -13,7 +13,7 @@ import (
 
 func TestOptionsValidate(t *testing.T) {
 	good := Options{
-		NodeName: "node1", StateDir: "/state", ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"),
+		NodeName: "node1", StateDir: "/state", ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
 		Backend: routing.BackendAuto, VXLANVNI: 1, VXLANPort: 8472, NodeConfigPath: "/run/podnet/node.json",
 		SyncPeriod: 30 * time.Second, MinSyncPeriod: time.Second,
 	}
@@ -28,7 +28,10 @@ func TestOptionsValidate(t *testing.T) {
 		{"--state-dir", func(o *Options) { o.StateDir = "" }},
 		{"--kubeconfig", func(o *Options) { o.Kube = &rest.Config{Host: "https://127.0.0.1:6443"} }},
 		{"--allocate-node-cidrs", func(o *Options) { o.AllocateNodeCIDRs = true }},
-		{"--cluster-cidr", func(o *Options) { o.ClusterCIDR = netip.MustParsePrefix("fd00::/64") }},
+		{"--cluster-cidr", func(o *Options) { o.ClusterCIDRs = nil }},
+		{"--cluster-cidr", func(o *Options) {
+			o.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("10.245.0.0/16")}
+		}},
 		{"--node-config", func(o *Options) { o.NodeConfigPath = "" }},
 		{"--sync-period", func(o *Options) { o.SyncPeriod = 0 }},
 		{"--min-sync-period", func(o *Options) { o.MinSyncPeriod = time.Minute }},

@@ -14,6 +14,7 @@ import (
 
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/hostnet"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/link"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
 	"github.com/podnet/podnet/dataplane/nodenet"
@@ -82,8 +83,8 @@ func fakeKernel() (*nodenet.Kernel, *routing.FakeKernel, *hostnet.FakeIPTables) 
 	k := routing.NewFakeKernel(map[string]netip.Prefix{"eth0": netip.MustParsePrefix("192.168.10.0/24")})
 	ipt := hostnet.NewFakeIPTables()
 	return &nodenet.Kernel{
-		Routes:   k,
-		IPTables: ipt,
+		Routes:   map[ipfamily.Family]routing.Kernel{ipfamily.IPv4: k},
+		IPTables: map[ipfamily.Family]hostnet.IPTables{ipfamily.IPv4: ipt},
 		Sysctl:   fakeSysctl{"net/ipv4/ip_forward": "0", "net/bridge/bridge-nf-call-iptables": "0"},
 		Modprobe: func(string) error { return nil },
 		Links: func() ([]link.Interface, error) {
@@ -100,7 +101,7 @@ func runOptions(t *testing.T, kernel *nodenet.Kernel) Options {
 		t.Fatal(err)
 	}
 	return Options{
-		NodeName: "node1", StateDir: dir, ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"),
+		NodeName: "node1", StateDir: dir, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
 		Backend: routing.BackendHostGW, VXLANVNI: 1, VXLANPort: 8472,
 		NodeConfigPath: filepath.Join(t.TempDir(), "node.json"), Masquerade: true,
 		SyncPeriod: time.Minute, MinSyncPeriod: 10 * time.Millisecond, Kernel: kernel,

@@ -10,6 +10,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -178,4 +179,31 @@ func Subnet(p netip.Prefix, bits int, i uint64) (netip.Prefix, bool) {
 	}
 	a, _ := netip.AddrFromSlice(b)
 	return netip.PrefixFrom(a, bits), true
+}
+
+// ParsePrefixes reads a comma-separated list of prefixes with at most one
+// per family, as Kubernetes' dual-stack flags (--cluster-cidr,
+// --service-cluster-ip-range) take them: "10.244.0.0/16",
+// "fd00:10:244::/56" or "10.244.0.0/16,fd00:10:244::/56". Host bits are
+// masked off. The error names the part that is wrong.
+func ParsePrefixes(s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			return nil, fmt.Errorf("%q: an empty entry; want one prefix per family, separated by a comma", s)
+		}
+		p, err := netip.ParsePrefix(part)
+		if err != nil {
+			return nil, fmt.Errorf("%q: %q is not a prefix like 10.244.0.0/16 or fd00:10:244::/56", s, part)
+		}
+		p = p.Masked()
+		for _, q := range out {
+			if OfPrefix(q) == OfPrefix(p) {
+				return nil, fmt.Errorf("%q: %s and %s are both %v; want at most one prefix per family", s, q, p, OfPrefix(p))
+			}
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }

@@ -1,7 +1,9 @@
 package ipfamily
 
 import (
+	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -82,5 +84,28 @@ func TestBitsAtAndSubnet(t *testing.T) {
 	}
 	if _, ok := Subnet(netip.MustParsePrefix("10.244.0.0/16"), 8, 0); ok {
 		t.Error("Subnet larger than the prefix: ok")
+	}
+}
+
+func TestParsePrefixes(t *testing.T) {
+	for _, c := range []struct{ in, want, err string }{
+		{"10.244.0.0/16", "[10.244.0.0/16]", ""},
+		{"fd00:10:244::/56", "[fd00:10:244::/56]", ""},
+		{"10.244.0.0/16, fd00:10:244::/56", "[10.244.0.0/16 fd00:10:244::/56]", ""},
+		{"fd00:10:244::/56,10.244.0.0/16", "[fd00:10:244::/56 10.244.0.0/16]", ""},
+		{"10.244.1.7/16", "[10.244.0.0/16]", ""},
+		{"", "", "an empty entry"},
+		{"10.244.0.0/16,", "", "an empty entry"},
+		{"10.244.0.0/16,10.245.0.0/16", "", "10.244.0.0/16 and 10.245.0.0/16 are both IPv4"},
+		{"10.244.0.0/16,fd00::/56,fd01::/56", "", "fd00::/56 and fd01::/56 are both IPv6"},
+		{"10.244.0.0", "", `"10.244.0.0" is not a prefix`},
+	} {
+		got, err := ParsePrefixes(c.in)
+		switch {
+		case c.err == "" && (err != nil || fmt.Sprint(got) != c.want):
+			t.Errorf("ParsePrefixes(%q) = %v, %v; want %s", c.in, got, err, c.want)
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("ParsePrefixes(%q) = %v, %v; want an error containing %q", c.in, got, err, c.err)
+		}
 	}
 }

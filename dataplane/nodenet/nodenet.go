@@ -1,5 +1,5 @@
 // Package nodenet converges the node's own network: the node config the
-// CNI plugin reads (podCIDR, cluster CIDR, MTU), routes, neighbours and FDB
+// CNI plugin reads (podCIDRs, cluster CIDRs, MTU), routes, neighbours and FDB
 // entries to every other node's pods (host-gw or VXLAN), the sysctls and
 // br_netfilter, and the node firewall's masquerade and forward rules,
 // ordered behind the Service proxy's hooks. proxyd's agent runs it beside
@@ -10,6 +10,12 @@
 // full sync compares the whole plan with the kernel, at start, after a
 // failure, on netlink events that are not the echo of podnet's own changes
 // (someone removed a route) and at every periodic resync.
+//
+// Each family of the cluster CIDRs (IPv4, IPv6 or both) has its own
+// routing table, reconciler and firewall (iptables, ip6tables); VXLAN runs
+// over the family of the node's first InternalIP, one device for both pod
+// families, whose FDB entries each family's reconciler leaves to the
+// other when it wants them too.
 package nodenet
 
 import (
@@ -17,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -41,8 +48,9 @@ import (
 // Config configures the node network. The agent's Options carry the same
 // fields under the same names (its flags).
 type Config struct {
-	NodeName       string
-	ClusterCIDR    netip.Prefix
+	NodeName string
+	// ClusterCIDRs holds one cluster CIDR per family the node serves.
+	ClusterCIDRs   []netip.Prefix
 	Backend        routing.Backend
 	VXLANVNI       int
 	VXLANPort      int
@@ -66,8 +74,9 @@ const Component = "node-network"
 // WithReal fills every field left nil with the real thing; tests pass
 // fakes.
 type Kernel struct {
-	Routes   routing.Kernel
-	IPTables hostnet.IPTables
+	// Routes and IPTables hold one kernel per family.
+	Routes   map[ipfamily.Family]routing.Kernel
+	IPTables map[ipfamily.Family]hostnet.IPTables
 	Sysctl   hostnet.Sysctl
 	Modprobe hostnet.Modprobe
 	// Links lists the node's interfaces with their addresses (where the
@@ -78,9 +87,10 @@ type Kernel struct {
 	Watch func(ctx context.Context, onEvent func(routing.Event)) error
 }
 
-// WithReal fills k's nil fields with the real kernel: routes of family f,
-// iptables through iptables; close releases what it opened.
-func (k Kernel) WithReal(f ipfamily.Family, iptables ipt.Runner) (_ Kernel, close func(), err error) {
+// WithReal fills k's missing parts with the real kernel: routes of each
+// of families, iptables (or ip6tables) through iptables; close releases
+// what it opened.
+func (k Kernel) WithReal(families []ipfamily.Family, iptables ipt.Runner) (_ Kernel, close func(), err error) {
 	var closers []func()
 	close = func() {
 		for _, c := range closers {
@@ -90,23 +100,35 @@ func (k Kernel) WithReal(f ipfamily.Family, iptables ipt.Runner) (_ Kernel, clos
 	if k.Links == nil {
 		k.Links = link.Interfaces
 	}
-	if k.Routes == nil {
-		nk, err := routing.NewNetlinkKernel(netns.None(), f)
-		if err != nil {
-			close()
-			return k, func() {}, err
-		}
-		closers = append(closers, nk.Close)
-		k.Routes = nk
+	routes, chains := maps.Clone(k.Routes), maps.Clone(k.IPTables)
+	if routes == nil {
+		routes = make(map[ipfamily.Family]routing.Kernel)
 	}
-	if k.IPTables == nil {
-		chains, err := iptables.Chains()
-		if err != nil {
-			close()
-			return k, func() {}, fmt.Errorf("iptables: %w", err)
-		}
-		k.IPTables = chains
+	if chains == nil {
+		chains = make(map[ipfamily.Family]hostnet.IPTables)
 	}
+	for _, f := range families {
+		if routes[f] == nil {
+			nk, err := routing.NewNetlinkKernel(netns.None(), f)
+			if err != nil {
+				close()
+				return k, func() {}, err
+			}
+			closers = append(closers, nk.Close)
+			routes[f] = nk
+		}
+		if chains[f] == nil {
+			r := iptables
+			r.Family = f
+			c, err := r.Chains()
+			if err != nil {
+				close()
+				return k, func() {}, fmt.Errorf("%v iptables: %w", f, err)
+			}
+			chains[f] = c
+		}
+	}
+	k.Routes, k.IPTables = routes, chains
 	if k.Sysctl == nil {
 		k.Sysctl = hostnet.ProcSysctl{}
 	}
@@ -129,7 +151,14 @@ func New(c Config, k Kernel, store *cluster.Store, checker *health.Checker, reg 
 	if c.Clock == nil {
 		c.Clock = runner.SystemClock
 	}
+	var fams []*family
+	for _, cidr := range c.ClusterCIDRs {
+		f := ipfamily.OfPrefix(cidr)
+		fams = append(fams, newFamily(cidr, k.Routes[f], k.IPTables[f]))
+	}
+	linkFamilies(fams)
 	return &Network{
+		fams:   fams,
 		o:      c,
 		clock:  c.Clock,
 		log:    log.With("component", "node-network"),
@@ -142,8 +171,6 @@ func New(c Config, k Kernel, store *cluster.Store, checker *health.Checker, reg 
 			}
 			return findUnderlay(links, c.Iface, ip)
 		},
-		rec:       &routing.Reconciler{Kernel: k.Routes, Device: routing.DefaultDevice},
-		firewall:  hostnet.IPTablesFirewall{IPT: k.IPTables},
 		hooks:     c.ServiceHooks,
 		sysctl:    k.Sysctl,
 		mod:       k.Modprobe,
@@ -151,6 +178,48 @@ func New(c Config, k Kernel, store *cluster.Store, checker *health.Checker, reg 
 		metrics:   newMetrics(reg),
 		routed:    make(chan struct{}),
 		firstDone: make(chan struct{}),
+	}
+}
+
+// family is one address family's part of the node network: its cluster
+// CIDR, routing table, reconciler and firewall.
+type family struct {
+	f        ipfamily.Family
+	cluster  netip.Prefix
+	rec      *routing.Reconciler
+	firewall hostnet.NodeFirewall
+	// table is the routing plan in place, or being put in place (the
+	// netlink watch compares the kernel's events with it); nil until the
+	// first full sync. Its Config is the last full sync's (the underlay
+	// found then).
+	table  atomic.Pointer[routing.Table]
+	status netStatus
+}
+
+func newFamily(cluster netip.Prefix, routes routing.Kernel, chains hostnet.IPTables) *family {
+	return &family{
+		f: ipfamily.OfPrefix(cluster), cluster: cluster,
+		rec:      &routing.Reconciler{Kernel: routes, Device: routing.DefaultDevice},
+		firewall: hostnet.IPTablesFirewall{IPT: chains},
+	}
+}
+
+// linkFamilies lets each family's reconciler leave the FDB entries the
+// other families' tables want: they share the one VXLAN device.
+func linkFamilies(fams []*family) {
+	for _, fm := range fams {
+		others := slices.DeleteFunc(slices.Clone(fams), func(o *family) bool { return o == fm })
+		if len(others) == 0 {
+			continue
+		}
+		fm.rec.SharedFDB = func(e routing.FDB) bool {
+			for _, o := range others {
+				if t := o.table.Load(); t != nil && t.HasFDB(e) {
+					return true
+				}
+			}
+			return false
+		}
 	}
 }
 
@@ -163,8 +232,8 @@ type Network struct {
 	health *health.Checker
 	// underlay finds the interface holding the node's IP.
 	underlay func(netip.Addr) (underlay, error)
-	rec      *routing.Reconciler
-	firewall hostnet.NodeFirewall
+	// fams are the families served, in the order of ClusterCIDRs.
+	fams []*family
 	// hooks are the Service proxy's, which the firewall stays behind.
 	hooks  []hostnet.Hook
 	sysctl hostnet.Sysctl
@@ -173,7 +242,7 @@ type Network struct {
 	watch   func(ctx context.Context, onEvent func(routing.Event)) error
 	metrics *metrics
 
-	lastSkipped []string
+	lastSkipped map[ipfamily.Family][]string
 	lastProblem string
 	// needFull asks the next sync to compare everything with the kernel:
 	// netlink reported a change that was not podnet's own. A Node change
@@ -181,11 +250,6 @@ type Network struct {
 	// differs, so one Node among 5,000 costs its own few entries, not a
 	// walk over every peer nor a dump of their entries.
 	needFull atomic.Bool
-	// table is the routing plan in place, or being put in place (the
-	// netlink watch compares the kernel's events with it); nil until the
-	// first full sync. Its Config is the last full sync's (the underlay
-	// found then).
-	table atomic.Pointer[routing.Table]
 	// dirty names the Nodes changed since the sync goroutine last looked.
 	dirtyMu sync.Mutex
 	dirty   map[string]struct{}
@@ -198,7 +262,6 @@ type Network struct {
 	routesTook time.Duration
 	// wentFull says the current sync is a full one (syncOnce sets it).
 	wentFull bool
-	status   netStatus
 	// routed is closed after the first sync that put every route in
 	// place (Routed).
 	routed     chan struct{}
@@ -269,10 +332,43 @@ func (n *Network) followNodes(trigger func()) {
 // echo of a change of podnet's own: only changes made by someone else, or
 // events lost, need the kernel compared with the plan.
 func (n *Network) kernelChanged(e routing.Event, trigger func()) {
-	if t := n.table.Load(); t == nil || !t.Matches(e) {
+	if !n.matches(e) {
 		n.needFull.Store(true)
 		trigger()
 	}
+}
+
+// matches reports whether every family's table takes e for the echo of
+// podnet's own change: a route or neighbour is its family's alone; an FDB
+// entry (shared by the families on the one device) is wanted when any
+// table wants it; a link event must suit every table.
+func (n *Network) matches(e routing.Event) bool {
+	var tables []*routing.Table
+	for _, fm := range n.fams {
+		t := fm.table.Load()
+		if t == nil {
+			return false
+		}
+		tables = append(tables, t)
+	}
+	switch e.Kind {
+	case routing.EventRoute, routing.EventNeigh:
+		for i, fm := range n.fams {
+			if fm.f.Has(e.Route.Dst.Addr()) || fm.f.Has(e.Neigh.IP) {
+				return tables[i].Matches(e)
+			}
+		}
+		return false
+	case routing.EventFDB:
+		wanted := slices.ContainsFunc(tables, func(t *routing.Table) bool { return t.HasFDB(e.FDB) })
+		return wanted != e.Deleted
+	}
+	for _, t := range tables {
+		if !t.Matches(e) {
+			return false
+		}
+	}
+	return len(tables) > 0
 }
 
 func (n *Network) markDirty(name string) {
@@ -359,37 +455,24 @@ func findUnderlay(links []link.Interface, iface string, ip netip.Addr) (underlay
 
 // syncOnce reconciles the node network once and returns how many kernel
 // objects it changed. A full sync finds the underlay, makes sure of the
-// sysctls and iptables chains, builds the routing table from every Node
-// and compares the routes, neighbours and FDB entries with the kernel's;
-// otherwise only the Nodes changed since the last sync update the table,
-// and what that changes is written (unless this node itself changed,
-// which asks for a full sync).
+// sysctls and iptables chains, builds each family's routing table from
+// every Node and compares the routes, neighbours and FDB entries with the
+// kernel's; otherwise only the Nodes changed since the last sync update
+// the tables, and what that changes is written (unless this node itself
+// changed, which asks for a full sync).
 func (n *Network) syncOnce(full bool) (int, error) {
 	dirty := n.takeDirty()
-	t := n.table.Load()
-	if _, self := dirty[n.o.NodeName]; !full && !self && t != nil {
-		return n.updateRoutes(t, dirty)
+	if _, self := dirty[n.o.NodeName]; !full && !self && n.fams[0].table.Load() != nil {
+		return n.updateRoutes(dirty)
 	}
 	self := n.store.Node(n.o.NodeName)
 	if self == nil {
 		return 0, fmt.Errorf("node %q is not in the cluster state", n.o.NodeName)
 	}
-	fam := ipfamily.OfPrefix(n.o.ClusterCIDR)
-	ip, ok := self.InternalIP(fam)
-	if !ok {
-		return 0, fmt.Errorf("node %q has no %v InternalIP", n.o.NodeName, fam)
-	}
 	n.lastFull = n.clock.Now()
 	n.wentFull = true
-	u, err := n.underlay(ip)
+	cfgs, err := n.configs(self)
 	if err != nil {
-		return 0, err
-	}
-	cfg := routing.Config{
-		NodeName: n.o.NodeName, Backend: n.o.Backend, Family: fam, NodeIP: ip, NodeSubnet: u.subnet,
-		Iface: u.iface, UnderlayMTU: u.mtu, Device: routing.DefaultDevice, VNI: n.o.VXLANVNI, Port: n.o.VXLANPort,
-	}
-	if err := cfg.Validate(); err != nil {
 		return 0, err
 	}
 	// The sysctls and chains beside the routes: neither needs the other,
@@ -398,79 +481,161 @@ func (n *Network) syncOnce(full bool) (int, error) {
 	host := make(chan error, 1)
 	go func() { host <- n.ensureHost() }()
 	start := time.Now()
-	changes, err := n.applyRoutes(routing.NewTable(cfg, n.store.Nodes()))
+	nodes := n.store.Nodes()
+	tables := make([]*routing.Table, len(n.fams))
+	for i, cfg := range cfgs {
+		tables[i] = routing.NewTable(cfg, nodes)
+	}
+	changes, err := n.applyRoutes(tables)
 	n.routesTook = time.Since(start)
 	return changes, errors.Join(<-host, err)
 }
 
-// ensureHost makes sure of the sysctls and podnet's iptables chains.
+// configs are the routing configs of each family for the node self. VXLAN
+// runs over the family of the node's first InternalIP (kubelet lists the
+// --node-ip it was given first); host-gw for a family needs an address of
+// it.
+func (n *Network) configs(self *cluster.Node) ([]routing.Config, error) {
+	if len(self.InternalIPs) == 0 {
+		return nil, fmt.Errorf("node %q has no InternalIP", n.o.NodeName)
+	}
+	uip := self.InternalIPs[0]
+	uu, err := n.underlay(uip)
+	if err != nil {
+		return nil, err
+	}
+	var cfgs []routing.Config
+	for _, fm := range n.fams {
+		cfg := routing.Config{
+			NodeName: n.o.NodeName, Backend: n.o.Backend, Family: fm.f, Underlay: uip, UnderlayIface: uu.iface,
+			UnderlayMTU: uu.mtu, Device: routing.DefaultDevice, VNI: n.o.VXLANVNI, Port: n.o.VXLANPort,
+		}
+		if ip, ok := self.InternalIP(fm.f); ok {
+			u, err := n.underlay(ip)
+			if err != nil {
+				return nil, err
+			}
+			cfg.NodeIP, cfg.NodeSubnet, cfg.Iface = ip, u.subnet, u.iface
+		}
+		if err := cfg.Validate(); err != nil {
+			return nil, fmt.Errorf("%v: %w", fm.f, err)
+		}
+		cfgs = append(cfgs, cfg)
+	}
+	return cfgs, nil
+}
+
+// families lists the families served.
+func (n *Network) families() []ipfamily.Family {
+	out := make([]ipfamily.Family, len(n.fams))
+	for i, fm := range n.fams {
+		out[i] = fm.f
+	}
+	return out
+}
+
+// ensureHost makes sure of the sysctls and podnet's iptables chains of
+// each family.
 func (n *Network) ensureHost() error {
 	var errs []error
-	if err := hostnet.EnsureSysctls(n.sysctl, n.mod); err != nil {
+	if err := hostnet.EnsureSysctls(n.sysctl, n.mod, n.families()...); err != nil {
 		errs = append(errs, err)
 	}
-	if changed, err := n.firewall.Ensure(hostnet.Rules{ClusterCIDR: n.o.ClusterCIDR, Masquerade: n.o.Masquerade, ServiceHooks: n.hooks}); err != nil {
-		errs = append(errs, fmt.Errorf("iptables: %w", err))
-	} else if changed {
-		n.log.Info("iptables chains written", "chains", []string{hostnet.ChainPostrouting, hostnet.ChainForward})
+	for _, fm := range n.fams {
+		if changed, err := fm.firewall.Ensure(hostnet.Rules{ClusterCIDR: fm.cluster, Masquerade: n.o.Masquerade, ServiceHooks: n.hooks}); err != nil {
+			errs = append(errs, fmt.Errorf("%v iptables: %w", fm.f, err))
+		} else if changed {
+			n.log.Info("iptables chains written", "family", fm.f, "chains", []string{hostnet.ChainPostrouting, hostnet.ChainForward})
+		}
 	}
 	return errors.Join(errs...)
 }
 
-// applyRoutes puts table's plan in place, compared with the kernel, and
-// writes the node config.
-func (n *Network) applyRoutes(t *routing.Table) (int, error) {
-	plan := t.Plan()
-	n.logSkipped(plan.Skipped)
-	// In place before the first change, so that the netlink watch
-	// recognises the changes' echoes as podnet's own.
-	n.table.Store(t)
-	changes, err := n.rec.Apply(plan)
-	errs := []error{n.recordRoutes(t, changes, err)}
-	cfg := t.Config()
-	if !plan.PodCIDR.IsValid() {
-		errs = append(errs, fmt.Errorf("node %q has no spec.podCIDR yet (pods cannot start until it has one)", n.o.NodeName))
-	} else if err := n.writeNodeConfig(nodeconfig.Config{PodCIDR: plan.PodCIDR, ClusterCIDR: n.o.ClusterCIDR, MTU: cfg.PodMTU()}); err != nil {
-		errs = append(errs, err)
+// applyRoutes puts each family's table in place, compared with the
+// kernel, and writes the node config: every family's podCIDR, and the
+// smallest of their pod MTUs (one underlay, one device: they agree).
+func (n *Network) applyRoutes(tables []*routing.Table) (int, error) {
+	var errs []error
+	var pods []netip.Prefix
+	changed, mtu := 0, 0
+	// Every table in place before the first change, so that the netlink
+	// watch recognises the changes' echoes as podnet's own and neither
+	// family's reconciler removes an FDB entry only the other wants.
+	for i, fm := range n.fams {
+		fm.table.Store(tables[i])
 	}
-	return len(changes), errors.Join(errs...)
+	for i, fm := range n.fams {
+		t := tables[i]
+		plan := t.Plan()
+		n.logSkipped(fm.f, plan.Skipped)
+		changes, err := fm.rec.Apply(plan)
+		changed += len(changes)
+		errs = append(errs, n.recordRoutes(fm, t, changes, err))
+		if !plan.PodCIDR.IsValid() {
+			errs = append(errs, fmt.Errorf("node %q has no %v podCIDR in spec.podCIDRs yet (pods cannot start until it has one)", n.o.NodeName, fm.f))
+		}
+		pods = append(pods, plan.PodCIDR)
+		if m := t.Config().PodMTU(); mtu == 0 || m < mtu {
+			mtu = m
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return changed, err
+	}
+	return changed, n.writeNodeConfig(nodeconfig.New(pods, n.o.ClusterCIDRs, mtu))
 }
 
-// updateRoutes updates the table by the Nodes in dirty and writes what
-// that changes. The node config depends on this node alone, which is not
-// among them.
-func (n *Network) updateRoutes(t *routing.Table, dirty map[string]struct{}) (int, error) {
+// updateRoutes updates each family's table by the Nodes in dirty and
+// writes what that changes, one family after the other (so an FDB entry
+// one family drops is removed only once no other table wants it). The
+// node config depends on this node alone, which is not among them.
+func (n *Network) updateRoutes(dirty map[string]struct{}) (int, error) {
 	nodes := make(map[string]*cluster.Node, len(dirty))
 	for name := range dirty {
 		nodes[name] = n.store.Node(name) // nil: deleted
 	}
-	changes, err := n.rec.Patch(t.Update(nodes))
-	n.logSkipped(t.Skipped())
-	return len(changes), n.recordRoutes(t, changes, err)
+	changed := 0
+	var errs []error
+	for _, fm := range n.fams {
+		t := fm.table.Load()
+		changes, err := fm.rec.Patch(t.Update(nodes))
+		n.logSkipped(fm.f, t.Skipped())
+		changed += len(changes)
+		errs = append(errs, n.recordRoutes(fm, t, changes, err))
+	}
+	return changed, errors.Join(errs...)
 }
 
-// logSkipped says which Nodes cannot be routed to, when that changed.
-func (n *Network) logSkipped(skipped []string) {
-	if slices.Equal(skipped, n.lastSkipped) {
+// logSkipped says which Nodes cannot be routed to by family f, when that
+// changed.
+func (n *Network) logSkipped(f ipfamily.Family, skipped []string) {
+	if n.lastSkipped == nil {
+		n.lastSkipped = make(map[ipfamily.Family][]string)
+	}
+	if slices.Equal(skipped, n.lastSkipped[f]) {
 		return
 	}
-	n.lastSkipped = skipped
+	n.lastSkipped[f] = skipped
 	for _, sk := range skipped {
-		n.log.Warn("peer not routed", "reason", sk)
+		n.log.Warn("peer not routed", "family", f, "reason", sk)
 	}
 }
 
 // recordRoutes logs a reconciliation's changes and records its outcome
 // in status and metrics.
-func (n *Network) recordRoutes(t *routing.Table, changes []string, err error) error {
-	n.status.record(t, err)
+func (n *Network) recordRoutes(fm *family, t *routing.Table, changes []string, err error) error {
+	fm.status.record(t, err)
 	logChanges(n.log, changes)
 	n.metrics.changes.Add(float64(len(changes)))
-	vx, gw := t.Peers()
-	n.metrics.peers.WithLabelValues("vxlan").Set(float64(vx))
-	n.metrics.peers.WithLabelValues("host-gw").Set(float64(gw))
+	if fm == n.fams[0] {
+		// The peers of the first family: a peer is one node whichever
+		// families reach it.
+		vx, gw := t.Peers()
+		n.metrics.peers.WithLabelValues("vxlan").Set(float64(vx))
+		n.metrics.peers.WithLabelValues("host-gw").Set(float64(gw))
+	}
 	if err != nil {
-		return fmt.Errorf("routes: %w", err)
+		return fmt.Errorf("%v routes: %w", fm.f, err)
 	}
 	return nil
 }
@@ -500,7 +665,7 @@ func (n *Network) writeNodeConfig(c nodeconfig.Config) error {
 	if err := nodeconfig.Write(n.o.NodeConfigPath, c); err != nil {
 		return err
 	}
-	n.log.Info("node config written", "path", n.o.NodeConfigPath, "podCIDR", c.PodCIDR, "clusterCIDR", c.ClusterCIDR, "mtu", c.MTU)
+	n.log.Info("node config written", "path", n.o.NodeConfigPath, "podCIDRs", c.Pods(), "clusterCIDRs", c.Clusters(), "mtu", c.MTU)
 	return nil
 }
 
@@ -510,31 +675,35 @@ func (n *Network) writeNodeConfig(c nodeconfig.Config) error {
 func Cleanup(logger *slog.Logger) error {
 	var errs []error
 	for _, b := range ipt.Backends {
-		r := ipt.Runner{Backend: b}
-		if !r.Contains(hostnet.ChainPrefix) {
+		for _, f := range ipfamily.All {
+			r := ipt.Runner{Backend: b, Family: f}
+			if !r.Contains(hostnet.ChainPrefix) {
+				continue
+			}
+			if chains, err := r.Chains(); err != nil {
+				errs = append(errs, err)
+			} else if err := hostnet.RemoveChains(chains); err != nil {
+				errs = append(errs, fmt.Errorf("%v iptables-%s: %w", f, b, err))
+			}
+		}
+	}
+	for _, f := range ipfamily.All {
+		k, err := routing.NewNetlinkKernel(netns.None(), f)
+		if err != nil {
+			errs = append(errs, err)
 			continue
 		}
-		if chains, err := r.Chains(); err != nil {
-			errs = append(errs, err)
-		} else if err := hostnet.RemoveChains(chains); err != nil {
-			errs = append(errs, fmt.Errorf("iptables-%s: %w", b, err))
+		rec := &routing.Reconciler{Kernel: k, Device: routing.DefaultDevice}
+		// An empty plan without a device: the reconciler removes
+		// everything of the family tagged as podnet's.
+		changes, err := rec.Apply(routing.Plan{})
+		k.Close()
+		for _, c := range changes {
+			logger.Info("cleanup", "change", c)
 		}
-	}
-	// proxyd routes IPv4 only until dual-stack is wired (issue 22).
-	k, err := routing.NewNetlinkKernel(netns.None(), ipfamily.IPv4)
-	if err != nil {
-		return errors.Join(append(errs, err)...)
-	}
-	defer k.Close()
-	rec := &routing.Reconciler{Kernel: k, Device: routing.DefaultDevice}
-	// An empty plan without a device: the reconciler removes everything
-	// tagged as podnet's.
-	changes, err := rec.Apply(routing.Plan{})
-	for _, c := range changes {
-		logger.Info("cleanup", "change", c)
-	}
-	if err != nil {
-		errs = append(errs, err)
+		if err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

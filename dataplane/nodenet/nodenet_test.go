@@ -16,6 +16,7 @@ import (
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/health"
 	"github.com/podnet/podnet/dataplane/hostnet"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/link"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
 	"github.com/podnet/podnet/dataplane/routing"
@@ -33,7 +34,7 @@ func newTestNodeNet(t *testing.T, backend routing.Backend, k *routing.FakeKernel
 	t.Helper()
 	store := cluster.NewStore()
 	o := Config{
-		NodeName: "node1", ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"),
+		NodeName: "node1", ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
 		Backend: backend, VXLANVNI: 1, VXLANPort: 8472, NodeConfigPath: filepath.Join(t.TempDir(), "node.json"),
 		Masquerade: true, SyncPeriod: 30 * time.Second, MinSyncPeriod: time.Second,
 	}
@@ -49,11 +50,10 @@ func newTestNodeNet(t *testing.T, backend routing.Backend, k *routing.FakeKernel
 			}
 			return underlay{iface: "eth0", subnet: netip.MustParsePrefix("192.168.10.0/24"), mtu: 1500}, nil
 		},
-		rec:      &routing.Reconciler{Kernel: k, Device: routing.DefaultDevice},
-		firewall: hostnet.IPTablesFirewall{IPT: ipt},
-		sysctl:   fakeSysctl{"net/ipv4/ip_forward": "0", "net/bridge/bridge-nf-call-iptables": "0"},
-		mod:      func(string) error { return nil },
-		metrics:  newMetrics(prometheus.NewRegistry()),
+		fams:    []*family{newFamily(o.ClusterCIDRs[0], k, ipt)},
+		sysctl:  fakeSysctl{"net/ipv4/ip_forward": "0", "net/bridge/bridge-nf-call-iptables": "0"},
+		mod:     func(string) error { return nil },
+		metrics: newMetrics(prometheus.NewRegistry()),
 	}
 	n.followNodes(func() {})
 	return n, store
@@ -82,7 +82,7 @@ func TestSyncOnce(t *testing.T) {
 	store.Upsert(testNode("node2", "192.168.10.12", "10.244.2.0/24"))
 	store.Upsert(testNode("node4", "192.168.20.11", "10.244.4.0/24"))
 	_, err := n.syncOnce(true)
-	if err == nil || !strings.Contains(err.Error(), `"node1" has no spec.podCIDR yet`) {
+	if err == nil || !strings.Contains(err.Error(), `"node1" has no IPv4 podCIDR in spec.podCIDRs yet`) {
 		t.Fatalf("err = %v", err)
 	}
 	if _, err := nodeconfig.Read(n.o.NodeConfigPath); !errors.Is(err, nodeconfig.ErrNotFound) {
@@ -99,7 +99,7 @@ func TestSyncOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (nodeconfig.Config{PodCIDR: netip.MustParsePrefix("10.244.1.0/24"), ClusterCIDR: n.o.ClusterCIDR, MTU: 1450}); !reflect.DeepEqual(cfg, want) {
+	if want := (nodeconfig.Config{PodCIDR: netip.MustParsePrefix("10.244.1.0/24"), ClusterCIDR: n.o.ClusterCIDRs[0], MTU: 1450}); !reflect.DeepEqual(cfg, want) {
 		t.Errorf("node config = %+v, want %+v", cfg, want)
 	}
 	if s := n.sysctl.(fakeSysctl); s["net/ipv4/ip_forward"] != "1" || s["net/bridge/bridge-nf-call-iptables"] != "1" {
@@ -211,5 +211,89 @@ func TestFindUnderlay(t *testing.T) {
 	}
 	if _, err := findUnderlay(links, "", netip.MustParseAddr("192.168.10.99")); err == nil || !strings.Contains(err.Error(), "set --iface") {
 		t.Errorf("no interface: err = %v", err)
+	}
+}
+
+// TestSyncOnceDualStack: a dual-stack node whose underlay is IPv4 alone:
+// node.json holds both podCIDRs (podCIDR the IPv4 one) and the MTU of an
+// IPv4 underlay's VXLAN; IPv6 pods reach every peer over the one VXLAN
+// device; ip6tables masquerades the IPv6 cluster CIDR; IPv6 forwarding
+// and br_netfilter's IPv6 hook are on. A restart changes nothing; a peer
+// leaving incrementally takes both families' entries and its one FDB
+// entry.
+func TestSyncOnceDualStack(t *testing.T) {
+	k := routing.NewFakeKernel(map[string]netip.Prefix{"eth0": netip.MustParsePrefix("192.168.10.0/24")})
+	ipt4, ipt6 := hostnet.NewFakeIPTables(), hostnet.NewFakeIPTables()
+	c4, c6 := netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/56")
+	newNet := func() (*Network, *cluster.Store) {
+		n, store := newTestNodeNet(t, routing.BackendAuto, k, ipt4)
+		n.o.ClusterCIDRs = []netip.Prefix{c4, c6}
+		n.fams = []*family{newFamily(c4, k.Family(ipfamily.IPv4), ipt4), newFamily(c6, k.Family(ipfamily.IPv6), ipt6)}
+		linkFamilies(n.fams)
+		n.sysctl = fakeSysctl{"net/ipv4/ip_forward": "0", "net/bridge/bridge-nf-call-iptables": "0",
+			"net/ipv6/conf/all/forwarding": "0", "net/bridge/bridge-nf-call-ip6tables": "0"}
+		return n, store
+	}
+	n, store := newNet()
+	dual := func(name, ip, i string) *cluster.Node {
+		nd := testNode(name, ip, "10.244."+i+".0/24")
+		nd.PodCIDRs = append(nd.PodCIDRs, netip.MustParsePrefix("fd00:10:244:"+i+"::/64"))
+		return nd
+	}
+	for _, nd := range []*cluster.Node{dual("node1", "192.168.10.11", "1"), dual("node2", "192.168.10.12", "2"), dual("node4", "192.168.20.11", "4")} {
+		store.Upsert(nd)
+	}
+	if _, err := n.syncOnce(true); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := nodeconfig.Read(n.o.NodeConfigPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.PodCIDR != netip.MustParsePrefix("10.244.1.0/24") || fmt.Sprint(cfg.Pods()) != "[10.244.1.0/24 fd00:10:244:1::/64]" ||
+		fmt.Sprint(cfg.Clusters()) != "[10.244.0.0/16 fd00:10:244::/56]" || cfg.MTU != 1450 {
+		t.Errorf("node config = %+v", cfg)
+	}
+	if s := n.sysctl.(fakeSysctl); s["net/ipv6/conf/all/forwarding"] != "1" || s["net/bridge/bridge-nf-call-ip6tables"] != "1" || s["net/ipv4/ip_forward"] != "1" {
+		t.Errorf("sysctls = %v", s)
+	}
+	mac2 := routing.VTEPMAC(netip.MustParseAddr("192.168.10.12")).String()
+	for _, want := range []string{
+		"route 10.244.2.0/24 via 192.168.10.12 dev eth0",
+		"route fd00:10:244:2::/64 via fd00:10:244:2:: dev podnet.1 onlink",
+		"route fd00:10:244:4::/64 via fd00:10:244:4:: dev podnet.1 onlink",
+		"fdb " + mac2 + " dev podnet.1 dst 192.168.10.12",
+		"addr fd00:10:244:1::/128 dev podnet.1",
+	} {
+		if !strings.Contains(k.Dump(), want) {
+			t.Errorf("kernel lacks %q:\n%s", want, k.Dump())
+		}
+	}
+	if d := ipt6.Dump(); !strings.Contains(d, "-s fd00:10:244::/56 ! -d ff00::/8") || strings.Contains(d, "10.244.") {
+		t.Errorf("ip6tables:\n%s", d)
+	}
+	if st := n.Report(); fmt.Sprint(st.PodCIDRs) != "[10.244.1.0/24 fd00:10:244:1::/64]" || len(st.Peers) != 4 {
+		t.Errorf("status: podCIDRs %v, %d peers (want two per family)", st.PodCIDRs, len(st.Peers))
+	}
+
+	mutations := k.Mutations
+	n2, store2 := newNet()
+	n2.o.NodeConfigPath = n.o.NodeConfigPath
+	for _, node := range store.Nodes() {
+		store2.Upsert(node)
+	}
+	if _, err := n2.syncOnce(true); err != nil {
+		t.Fatal(err)
+	}
+	if k.Mutations != mutations {
+		t.Errorf("restart changed the kernel %d times:\n%s", k.Mutations-mutations, k.Dump())
+	}
+
+	store.Delete(cluster.KindNode, cluster.Key{Name: "node2"})
+	if changes, err := n.syncOnce(false); err != nil || changes != 4 {
+		t.Errorf("node2 leaving: %d changes (%v), want 4: its IPv4 route (host-gw), its IPv6 route and neighbour, its FDB entry", changes, err)
+	}
+	if d := k.Dump(); strings.Contains(d, "192.168.10.12") || strings.Contains(d, "244:2") || strings.Contains(d, "10.244.2.") {
+		t.Errorf("node2's entries left:\n%s", d)
 	}
 }

@@ -55,7 +55,7 @@ func TestOwnWritesDoNotTriggerAFullSync(t *testing.T) {
 	t.Cleanup(k.Close)
 
 	n, store := newTestNodeNet(t, routing.BackendAuto, nil, hostnet.NewFakeIPTables())
-	n.rec = &routing.Reconciler{Kernel: k, Device: routing.DefaultDevice}
+	n.fams[0].rec.Kernel = k
 	w := &markedWatch{markers: make(chan routing.Event, 16), link: "eth0-peer"}
 	n.watch = func(ctx context.Context, onEvent func(routing.Event)) error {
 		return routing.Watch(ctx, nsh, routing.DefaultDevice, func(e routing.Event) { w.onEvent(n, e, onEvent) }, nil)
@@ -150,7 +150,7 @@ func (w *markedWatch) onEvent(n *Network, e routing.Event, agent func(routing.Ev
 		return
 	}
 	w.mu.Lock()
-	if t := n.table.Load(); t != nil && t.Matches(e) {
+	if n.matches(e) {
 		w.own++
 	} else {
 		w.foreign = append(w.foreign, e)

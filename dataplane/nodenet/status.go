@@ -2,6 +2,7 @@ package nodenet
 
 import (
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -11,11 +12,15 @@ import (
 // Status is what the node network reports: this node's pod network and
 // its routes to every other node's pods, as last reconciled.
 type Status struct {
-	Name        string       `json:"name"`
-	PodCIDR     string       `json:"podCIDR,omitempty"`
-	ClusterCIDR string       `json:"clusterCIDR"`
-	Backend     string       `json:"backend"`
-	Peers       []PeerStatus `json:"peers"`
+	Name        string `json:"name"`
+	PodCIDR     string `json:"podCIDR,omitempty"`
+	ClusterCIDR string `json:"clusterCIDR"`
+	// PodCIDRs and ClusterCIDRs hold every family's, in the order of
+	// --cluster-cidr; Peers and Skipped list every family's.
+	PodCIDRs     []string     `json:"podCIDRs,omitempty"`
+	ClusterCIDRs []string     `json:"clusterCIDRs,omitempty"`
+	Backend      string       `json:"backend"`
+	Peers        []PeerStatus `json:"peers"`
 	// Skipped names the nodes that cannot be routed to, and why.
 	Skipped   []string  `json:"skipped,omitempty"`
 	LastSync  time.Time `json:"lastSync"`
@@ -46,23 +51,42 @@ func (s *netStatus) record(t *routing.Table, err error) {
 	s.table, s.lastSync, s.lastErr = t, time.Now(), err
 }
 
-// Report describes the last reconciliation.
+// Report describes the last reconciliation: every family's podCIDR and
+// peers, the first family's in PodCIDR and ClusterCIDR.
 func (n *Network) Report() Status {
-	s := &n.status
-	s.mu.Lock()
-	t, last, lastErr := s.table, s.lastSync, s.lastErr
-	s.mu.Unlock()
-	var plan routing.Plan
-	if t != nil {
-		plan = t.Plan()
+	ns := Status{Name: n.o.NodeName, Backend: string(n.o.Backend)}
+	var errs []string
+	for _, fm := range n.fams {
+		s := &fm.status
+		s.mu.Lock()
+		t, last, lastErr := s.table, s.lastSync, s.lastErr
+		s.mu.Unlock()
+		ns.ClusterCIDRs = append(ns.ClusterCIDRs, fm.cluster.String())
+		if last.After(ns.LastSync) {
+			ns.LastSync = last
+		}
+		if lastErr != nil {
+			errs = append(errs, lastErr.Error())
+		}
+		if t != nil {
+			reportPlan(&ns, t.Plan())
+		}
 	}
-	ns := Status{Name: n.o.NodeName, ClusterCIDR: n.o.ClusterCIDR.String(), Backend: string(n.o.Backend),
-		LastSync: last, Skipped: plan.Skipped}
+	if len(ns.ClusterCIDRs) > 0 {
+		ns.ClusterCIDR = ns.ClusterCIDRs[0]
+	}
+	if len(ns.PodCIDRs) > 0 {
+		ns.PodCIDR = ns.PodCIDRs[0]
+	}
+	ns.LastError = strings.Join(errs, "; ")
+	return ns
+}
+
+// reportPlan adds one family's plan to ns.
+func reportPlan(ns *Status, plan routing.Plan) {
+	ns.Skipped = append(ns.Skipped, plan.Skipped...)
 	if plan.PodCIDR.IsValid() {
-		ns.PodCIDR = plan.PodCIDR.String()
-	}
-	if lastErr != nil {
-		ns.LastError = lastErr.Error()
+		ns.PodCIDRs = append(ns.PodCIDRs, plan.PodCIDR.String())
 	}
 	routes := make(map[netip.Prefix]routing.Route, len(plan.Routes))
 	for _, r := range plan.Routes {
@@ -78,5 +102,4 @@ func (n *Network) Report() Status {
 		}
 		ns.Peers = append(ns.Peers, ps)
 	}
-	return ns
 }

@@ -86,48 +86,101 @@ func (o *Options) Validate() error {
 	return nil
 }
 
-// Ensure returns the node's podCIDR: the one in its Node if there is one,
-// else a subnet it claims now and writes into Node.spec.podCIDR(s). It is
-// safe to call again after a crash at any point: a claim the node already
-// holds is found and reused.
+// Ensure returns the node's podCIDR of o's family: the one in its Node if
+// there is one, else a subnet it claims now and writes into
+// Node.spec.podCIDR(s). It is safe to call again after a crash at any
+// point: a claim the node already holds is found and reused.
 func Ensure(ctx context.Context, o Options) (netip.Prefix, error) {
-	if err := o.Validate(); err != nil {
+	ps, err := EnsureAll(ctx, []Options{o})
+	if err != nil {
 		return netip.Prefix{}, err
 	}
-	nodes := o.Client.CoreV1().Nodes()
-	node, err := nodes.Get(ctx, o.NodeName, metav1.GetOptions{})
-	if err != nil {
-		return netip.Prefix{}, fmt.Errorf("get node %s: %w", o.NodeName, err)
-	}
-	if node.Spec.PodCIDR != "" {
-		p, err := netip.ParsePrefix(node.Spec.PodCIDR)
-		if err != nil {
-			return netip.Prefix{}, fmt.Errorf("node %s: podCIDR %q: %w", o.NodeName, node.Spec.PodCIDR, err)
+	f := ipfamily.OfPrefix(o.ClusterCIDR)
+	for _, p := range ps {
+		if f.HasPrefix(p) {
+			return p, nil
 		}
-		return p, nil
 	}
+	return netip.Prefix{}, fmt.Errorf("node %s: podCIDRs %v hold none of %v", o.NodeName, ps, f)
+}
 
-	taken, mine, err := o.claims(ctx)
-	if err != nil {
-		return netip.Prefix{}, err
+// EnsureAll returns the node's podCIDRs, one per Options (one per family:
+// a dual-stack node's pair), claiming each family's subnet with its own
+// Lease and writing them into the Node in one patch: the API server lets
+// spec.podCIDRs be set once, so both families go together. A Node that
+// already has podCIDRs keeps them. Every Options names the same node.
+func EnsureAll(ctx context.Context, opts []Options) ([]netip.Prefix, error) {
+	if len(opts) == 0 {
+		return nil, errors.New("podcidr: no cluster CIDR")
 	}
-	if !mine.IsValid() {
-		mine, err = o.claimFree(ctx, node, taken)
-		if err != nil {
-			return netip.Prefix{}, err
+	seen := map[ipfamily.Family]bool{}
+	for i := range opts {
+		if err := opts[i].Validate(); err != nil {
+			return nil, err
 		}
+		f := ipfamily.OfPrefix(opts[i].ClusterCIDR)
+		if seen[f] {
+			return nil, fmt.Errorf("podcidr: two %v cluster CIDRs; want one per family", f)
+		}
+		seen[f] = true
 	}
-	if err := o.writeNode(ctx, mine); err != nil {
+	o0 := opts[0]
+	nodes := o0.Client.CoreV1().Nodes()
+	node, err := nodes.Get(ctx, o0.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("get node %s: %w", o0.NodeName, err)
+	}
+	if have, err := podCIDRs(node); err != nil || len(have) > 0 {
+		return have, err
+	}
+	var mine []netip.Prefix
+	for i := range opts {
+		p, err := opts[i].claim(ctx, node)
+		if err != nil {
+			return nil, err
+		}
+		mine = append(mine, p)
+	}
+	if err := o0.writeNode(ctx, mine); err != nil {
 		// Set by someone else (kube-controller-manager, say) meanwhile?
-		if n, gerr := nodes.Get(ctx, o.NodeName, metav1.GetOptions{}); gerr == nil && n.Spec.PodCIDR != "" {
-			if p, perr := netip.ParsePrefix(n.Spec.PodCIDR); perr == nil {
-				o.release(ctx, mine)
-				return p, nil
+		if n, gerr := nodes.Get(ctx, o0.NodeName, metav1.GetOptions{}); gerr == nil {
+			if have, perr := podCIDRs(n); perr == nil && len(have) > 0 {
+				for i, p := range mine {
+					opts[i].release(ctx, p)
+				}
+				return have, nil
 			}
 		}
-		return netip.Prefix{}, err
+		return nil, err
 	}
 	return mine, nil
+}
+
+// podCIDRs reads a Node's podCIDRs (spec.podCIDRs, else spec.podCIDR).
+func podCIDRs(node *corev1.Node) ([]netip.Prefix, error) {
+	list := node.Spec.PodCIDRs
+	if len(list) == 0 && node.Spec.PodCIDR != "" {
+		list = []string{node.Spec.PodCIDR}
+	}
+	var out []netip.Prefix
+	for _, s := range list {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("node %s: podCIDR %q: %w", node.Name, s, err)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// claim returns the subnet of o's cluster CIDR this node claims: the one
+// it already holds, else the first free one, claimed now.
+func (o *Options) claim(ctx context.Context, node *corev1.Node) (netip.Prefix, error) {
+	taken, mine, err := o.claims(ctx)
+	if err != nil || mine.IsValid() {
+		return mine, err
+	}
+	return o.claimFree(ctx, node, taken)
 }
 
 // release gives a claim back; one left behind only wastes a subnet until
@@ -214,20 +267,24 @@ func (o *Options) lease(node *corev1.Node, p netip.Prefix) *coordinationv1.Lease
 	}
 }
 
-// writeNode sets the node's podCIDR. The API server lets a podCIDR be set
-// only once, so if something else set one first this fails and Ensure
-// takes that one.
-func (o *Options) writeNode(ctx context.Context, p netip.Prefix) error {
+// writeNode sets the node's podCIDRs (podCIDR is the first, as the API
+// server requires). The API server lets them be set only once, so if
+// something else set them first this fails and EnsureAll takes those.
+func (o *Options) writeNode(ctx context.Context, ps []netip.Prefix) error {
+	list := make([]string, len(ps))
+	for i, p := range ps {
+		list[i] = p.String()
+	}
 	patch, err := json.Marshal(map[string]any{"spec": map[string]any{
-		"podCIDR":  p.String(),
-		"podCIDRs": []string{p.String()},
+		"podCIDR":  list[0],
+		"podCIDRs": list,
 	}})
 	if err != nil {
 		return err
 	}
 	_, err = o.Client.CoreV1().Nodes().Patch(ctx, o.NodeName, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
 	if err != nil {
-		return fmt.Errorf("set podCIDR %v on node %s: %w", p, o.NodeName, err)
+		return fmt.Errorf("set podCIDRs %v on node %s: %w", ps, o.NodeName, err)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 
@@ -197,5 +198,45 @@ func TestClaimsIPv6Subnet(t *testing.T) {
 	}
 	if _, err := c.CoordinationV1().Leases(DefaultNamespace).Get(context.Background(), LeaseName(got), metav1.GetOptions{}); err != nil {
 		t.Errorf("claim Lease: %v", err)
+	}
+}
+
+// TestClaimsOnePerFamily: a dual-stack node claims a subnet of each
+// cluster CIDR, each with its own Lease, and writes both into its Node in
+// one patch (podCIDR the first); a call after that (a restart) finds
+// them, and the next node gets the next subnet of each family.
+func TestClaimsOnePerFamily(t *testing.T) {
+	c := fake.NewClientset()
+	addNode(t, c, "n1", "")
+	addNode(t, c, "n2", "")
+	v4, v6 := netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/56")
+	opts := func(node string) []Options {
+		return []Options{{Client: c, NodeName: node, ClusterCIDR: v4}, {Client: c, NodeName: node, ClusterCIDR: v6}}
+	}
+	ctx := context.Background()
+	got, err := EnsureAll(ctx, opts("n1"))
+	if err != nil || fmt.Sprint(got) != "[10.244.0.0/24 fd00:10:244::/64]" {
+		t.Fatalf("EnsureAll = %v, %v; want [10.244.0.0/24 fd00:10:244::/64]", got, err)
+	}
+	n, err := c.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+	if err != nil || n.Spec.PodCIDR != "10.244.0.0/24" || fmt.Sprint(n.Spec.PodCIDRs) != "[10.244.0.0/24 fd00:10:244::/64]" {
+		t.Errorf("Node.spec: podCIDR %q podCIDRs %v (%v)", n.Spec.PodCIDR, n.Spec.PodCIDRs, err)
+	}
+	for _, p := range got {
+		if _, err := c.CoordinationV1().Leases(DefaultNamespace).Get(ctx, LeaseName(p), metav1.GetOptions{}); err != nil {
+			t.Errorf("claim Lease of %v: %v", p, err)
+		}
+	}
+	if again, err := EnsureAll(ctx, opts("n1")); err != nil || fmt.Sprint(again) != fmt.Sprint(got) {
+		t.Errorf("again: %v, %v", again, err)
+	}
+	if p6, err := Ensure(ctx, Options{Client: c, NodeName: "n1", ClusterCIDR: v6}); err != nil || p6 != got[1] {
+		t.Errorf("Ensure of the IPv6 family alone: %v, %v; want %v", p6, err, got[1])
+	}
+	if got2, err := EnsureAll(ctx, opts("n2")); err != nil || fmt.Sprint(got2) != "[10.244.1.0/24 fd00:10:244:1::/64]" {
+		t.Errorf("second node: %v, %v", got2, err)
+	}
+	if _, err := EnsureAll(ctx, []Options{{Client: c, NodeName: "n2", ClusterCIDR: v4}, {Client: c, NodeName: "n2", ClusterCIDR: netip.MustParsePrefix("10.245.0.0/16")}}); err == nil || !strings.Contains(err.Error(), "two IPv4 cluster CIDRs") {
+		t.Errorf("two IPv4 cluster CIDRs: %v", err)
 	}
 }

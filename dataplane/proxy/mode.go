@@ -69,8 +69,12 @@ type Config struct {
 	NodeName string
 	// Family is the address family the Backend serves: New is called once
 	// per family the daemon serves (see PerFamily).
-	Family            ipfamily.Family
+	Family ipfamily.Family
+	// ClusterCIDR is the pod network of Family; ClusterCIDRs holds one
+	// per family the daemon serves (the daemon's --cluster-cidr), from
+	// which each family's Backend gets its ClusterCIDR.
 	ClusterCIDR       netip.Prefix
+	ClusterCIDRs      []netip.Prefix
 	NodePortAddresses []netip.Prefix // empty: all of the node's addresses
 	MasqueradeAll     bool
 	// Uplinks are the interfaces traffic from outside the node arrives on
@@ -235,6 +239,13 @@ func (o ServiceOptions) families() []ipfamily.Family {
 	if len(o.Families) > 0 {
 		return o.Families
 	}
+	if len(o.Config.ClusterCIDRs) > 0 {
+		out := make([]ipfamily.Family, len(o.Config.ClusterCIDRs))
+		for i, p := range o.Config.ClusterCIDRs {
+			out[i] = ipfamily.OfPrefix(p)
+		}
+		return out
+	}
 	if f := ipfamily.OfPrefix(o.Config.ClusterCIDR); f != 0 {
 		return []ipfamily.Family{f}
 	}
@@ -252,6 +263,9 @@ func (o ServiceOptions) newBackend(cfg Config, families []ipfamily.Family) (Back
 	for _, f := range families {
 		c := cfg
 		c.Family = f
+		if ps := f.Prefixes(cfg.ClusterCIDRs); len(ps) > 0 {
+			c.ClusterCIDR = ps[0]
+		}
 		b, err := o.Mode.New(c)
 		if err != nil {
 			per.Close()
