@@ -68,7 +68,7 @@ func TestHelp(t *testing.T) {
 // TestUnknownProxyModeRefused: a mode proxyd does not offer is a usage
 // error at flag validation.
 func TestUnknownProxyModeRefused(t *testing.T) {
-	if code := run([]string{"--state-dir", t.TempDir(), "--proxy-mode", "nftables", "--healthz-bind-address", "", "--metrics-bind-address", ""}); code != 2 {
+	if code := run([]string{"--state-dir", t.TempDir(), "--proxy-mode", "ipvs", "--healthz-bind-address", "", "--metrics-bind-address", ""}); code != 2 {
 		t.Errorf("exit code %d, want 2", code)
 	}
 }

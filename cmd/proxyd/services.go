@@ -6,6 +6,7 @@ import (
 	// The Service proxy modes proxyd offers: each registers itself.
 	_ "github.com/podnet/podnet/dataplane/proxy/ebpf"
 	_ "github.com/podnet/podnet/dataplane/proxy/iptables"
+	_ "github.com/podnet/podnet/dataplane/proxy/nftables"
 )
 
 // modes are the Service proxy modes proxyd offers, the default first.

@@ -1,0 +1,531 @@
+package nftables_test
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/ipfamily"
+	"github.com/podnet/podnet/dataplane/proxy"
+	"github.com/podnet/podnet/dataplane/proxy/nftables"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+const nodeName = "node-a"
+
+var (
+	nodeIP      = netip.MustParseAddr("192.168.10.11")
+	clusterCIDR = netip.MustParsePrefix("10.244.0.0/16")
+	localAddrs  = []netip.Addr{nodeIP, netip.MustParseAddr("10.244.1.1"), netip.MustParseAddr("127.0.0.1")}
+	localPod    = netip.MustParseAddr("10.244.1.5")   // endpoint on this node
+	remotePod   = netip.MustParseAddr("10.244.2.7")   // endpoint on another node
+	clientPod   = netip.MustParseAddr("10.244.1.9")   // a pod that is no endpoint
+	outsider    = netip.MustParseAddr("192.168.20.5") // outside the cluster
+)
+
+func a(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+type svcOpt func(*cluster.Service)
+
+func svc(name, vip string, ports []cluster.ServicePort, opts ...svcOpt) *cluster.Service {
+	s := &cluster.Service{Namespace: "default", Name: name, Type: cluster.ServiceTypeClusterIP,
+		ClusterIPs: []netip.Addr{a(vip)}, Ports: ports}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+func tcp(port, nodePort uint16) cluster.ServicePort {
+	return cluster.ServicePort{Name: "p" + fmt.Sprint(port), Protocol: cluster.TCP, Port: port, NodePort: nodePort}
+}
+
+func port(name string, p cluster.Protocol, n uint16) cluster.ServicePort {
+	return cluster.ServicePort{Name: name, Protocol: p, Port: n}
+}
+
+type ep struct {
+	addr  netip.Addr
+	node  string
+	ready bool
+}
+
+func slice(s *cluster.Service, ports []cluster.EndpointPort, eps ...ep) *cluster.EndpointSlice {
+	fam := "IPv4"
+	if len(eps) > 0 && eps[0].addr.Is6() {
+		fam = "IPv6"
+	}
+	es := &cluster.EndpointSlice{Namespace: s.Namespace, Name: s.Name + "-abc", ServiceName: s.Name, AddressType: fam, Ports: ports}
+	for _, e := range eps {
+		es.Endpoints = append(es.Endpoints, cluster.Endpoint{Addresses: []netip.Addr{e.addr}, NodeName: e.node,
+			Ready: e.ready, Serving: e.ready})
+	}
+	return es
+}
+
+func epPort(name string, p cluster.Protocol, n uint16) cluster.EndpointPort {
+	return cluster.EndpointPort{Name: name, Protocol: p, Port: n}
+}
+
+// worldOf builds ServicePorts of family f for this node.
+func worldOf(f ipfamily.Family, objs ...cluster.Object) map[cluster.Key][]*proxy.ServicePort {
+	st := cluster.NewStore()
+	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, objs)
+	state := proxy.NewState(f)
+	state.Update(st, nodeName, nil, true)
+	return state.Ports
+}
+
+func world(objs ...cluster.Object) map[cluster.Key][]*proxy.ServicePort {
+	return worldOf(ipfamily.IPv4, objs...)
+}
+
+var defaultCfg = nftables.Config{Family: ipfamily.IPv4, ClusterCIDR: clusterCIDR}
+
+func apply(t *testing.T, f *nftables.Fake, cfg nftables.Config, ports map[cluster.Key][]*proxy.ServicePort) *nftables.Proxier {
+	t.Helper()
+	p := nftables.NewProxier(cfg, f)
+	if _, err := p.Sync(ports, nil, true); err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+	return p
+}
+
+// The scenario of the golden and tracer tests: every kind of Service
+// (the iptables mode's scenario).
+func scenario() map[cluster.Key][]*proxy.ServicePort {
+	web := svc("web", "10.96.0.20", []cluster.ServicePort{tcp(80, 0), tcp(443, 0)})
+	webEPs := slice(web, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080), epPort("p443", cluster.TCP, 8443)},
+		ep{localPod, nodeName, true}, ep{remotePod, "node-b", true})
+	dns := svc("dns", "10.96.0.10", []cluster.ServicePort{port("dns", cluster.UDP, 53), port("dns-tcp", cluster.TCP, 53)})
+	dnsEPs := slice(dns, []cluster.EndpointPort{epPort("dns", cluster.UDP, 5353), epPort("dns-tcp", cluster.TCP, 5354)},
+		ep{remotePod, "node-b", true})
+	empty := svc("empty", "10.96.0.30", []cluster.ServicePort{tcp(80, 0)})
+	sctp := svc("sctp", "10.96.0.40", []cluster.ServicePort{port("s", cluster.SCTP, 9000)})
+	sctpEPs := slice(sctp, []cluster.EndpointPort{epPort("s", cluster.SCTP, 9001)}, ep{remotePod, "node-b", true})
+	np := svc("np", "10.96.0.50", []cluster.ServicePort{tcp(80, 30080)}, func(s *cluster.Service) {
+		s.Type = cluster.ServiceTypeNodePort
+		s.ExternalIPs = []netip.Addr{a("192.168.10.200")}
+	})
+	npEPs := slice(np, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{localPod, nodeName, true}, ep{remotePod, "node-b", true})
+	local := svc("local", "10.96.0.60", []cluster.ServicePort{tcp(80, 30060)}, func(s *cluster.Service) {
+		s.Type = cluster.ServiceTypeLoadBalancer
+		s.ExternalTrafficPolicyLocal = true
+		s.HealthCheckNodePort = 32000
+		s.LoadBalancerIPs = []netip.Addr{a("192.168.30.1")}
+		s.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("192.168.20.0/24"), netip.MustParsePrefix("192.168.20.128/25")}
+	})
+	localEPs := slice(local, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{localPod, nodeName, true}, ep{remotePod, "node-b", true})
+	remoteOnly := svc("remote-only", "10.96.0.70", []cluster.ServicePort{tcp(80, 30070)}, func(s *cluster.Service) {
+		s.Type = cluster.ServiceTypeNodePort
+		s.ExternalTrafficPolicyLocal = true
+	})
+	remoteOnlyEPs := slice(remoteOnly, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{remotePod, "node-b", true})
+	emptyNP := svc("empty-np", "10.96.0.31", []cluster.ServicePort{tcp(80, 30031)}, func(s *cluster.Service) { s.Type = cluster.ServiceTypeNodePort })
+	itp := svc("itp", "10.96.0.80", []cluster.ServicePort{tcp(80, 0)}, func(s *cluster.Service) { s.InternalTrafficPolicyLocal = true })
+	itpEPs := slice(itp, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{localPod, nodeName, true}, ep{remotePod, "node-b", true})
+	itpNone := svc("itp-none", "10.96.0.81", []cluster.ServicePort{tcp(80, 0)}, func(s *cluster.Service) { s.InternalTrafficPolicyLocal = true })
+	itpNoneEPs := slice(itpNone, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{remotePod, "node-b", true})
+	sticky := svc("sticky", "10.96.0.90", []cluster.ServicePort{tcp(80, 0)}, func(s *cluster.Service) { s.SessionAffinityTimeout = 3 * time.Hour })
+	stickyEPs := slice(sticky, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{localPod, nodeName, true}, ep{remotePod, "node-b", true})
+	headless := &cluster.Service{Namespace: "default", Name: "headless", Headless: true, Ports: []cluster.ServicePort{tcp(80, 0)}}
+	other := svc("other-proxy", "10.96.0.99", []cluster.ServicePort{tcp(80, 0)}, func(s *cluster.Service) { s.ProxyName = "someone-else" })
+	otherEPs := slice(other, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{remotePod, "node-b", true})
+	return world(web, webEPs, dns, dnsEPs, empty, emptyNP, sctp, sctpEPs, np, npEPs, local, localEPs, remoteOnly, remoteOnlyEPs,
+		itp, itpEPs, itpNone, itpNoneEPs, sticky, stickyEPs, headless, other, otherEPs)
+}
+
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("read golden (run with -update to create): %v", err)
+	}
+	if string(want) != string(got) {
+		t.Errorf("%s differs from the golden file (-update to accept):\n%s", name, diff(string(want), string(got)))
+	}
+}
+
+func diff(want, got string) string {
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	var b strings.Builder
+	for i := 0; i < max(len(w), len(g)); i++ {
+		var wl, gl string
+		if i < len(w) {
+			wl = w[i]
+		}
+		if i < len(g) {
+			gl = g[i]
+		}
+		if wl != gl {
+			fmt.Fprintf(&b, "line %d:\n- %s\n+ %s\n", i+1, wl, gl)
+		}
+	}
+	return b.String()
+}
+
+// TestGoldenTable: the table the scenario writes, as the Fake holds it,
+// and the same as Generate's.
+func TestGoldenTable(t *testing.T) {
+	f := nftables.NewFake()
+	apply(t, f, defaultCfg, scenario())
+	got := f.Table(ipfamily.IPv4).String()
+	golden(t, "scenario.golden", []byte(got))
+	if want := defaultCfg.Generate(scenario()).String(); got != want {
+		t.Errorf("the Fake holds another table than Generate's:\n%s", diff(want, got))
+	}
+}
+
+func TestTrace(t *testing.T) {
+	f := nftables.NewFake()
+	apply(t, f, defaultCfg, scenario())
+	fromPod := func(dst string, proto string, port uint16) nftables.Packet {
+		return nftables.Packet{Src: clientPod, Dst: a(dst), Proto: proto, DPort: port}
+	}
+	local, remote := localPod.String(), remotePod.String()
+	tests := []struct {
+		name    string
+		p       nftables.Packet
+		eps     []string // want endpoints (ip:port), sorted
+		masq    []string // endpoints reached masqueraded
+		verdict string
+	}{
+		{"clusterIP from a pod, both endpoints, source kept", fromPod("10.96.0.20", "tcp", 80),
+			[]string{local + ":8080", remote + ":8080"}, nil, "accept"},
+		{"second port of a multi-port Service", fromPod("10.96.0.20", "tcp", 443),
+			[]string{local + ":8443", remote + ":8443"}, nil, "accept"},
+		{"port not in the Service", fromPod("10.96.0.20", "tcp", 81), nil, nil, "accept"},
+		{"UDP 53 and TCP 53 are two services: UDP", fromPod("10.96.0.10", "udp", 53), []string{remote + ":5353"}, nil, "accept"},
+		{"UDP 53 and TCP 53 are two services: TCP", fromPod("10.96.0.10", "tcp", 53), []string{remote + ":5354"}, nil, "accept"},
+		{"SCTP", fromPod("10.96.0.40", "sctp", 9000), []string{remote + ":9001"}, nil, "accept"},
+		{"no endpoints: rejected", fromPod("10.96.0.30", "tcp", 80), nil, nil, "reject"},
+		{"no endpoints, from the node: rejected",
+			nftables.Packet{Src: nodeIP, Dst: a("10.96.0.30"), Proto: "tcp", DPort: 80, FromHost: true}, nil, nil, "reject"},
+		{"NodePort without endpoints: rejected",
+			nftables.Packet{Src: outsider, Dst: nodeIP, Proto: "tcp", DPort: 30031}, nil, nil, "reject"},
+		{"clusterIP from the node itself is masqueraded",
+			nftables.Packet{Src: nodeIP, Dst: a("10.96.0.20"), Proto: "tcp", DPort: 80, FromHost: true},
+			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080", remote + ":8080"}, "accept"},
+		{"hairpin: an endpoint reaching itself is masqueraded, not when it lands elsewhere",
+			nftables.Packet{Src: localPod, Dst: a("10.96.0.20"), Proto: "tcp", DPort: 80},
+			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080"}, "accept"},
+		{"NodePort from outside, policy Cluster: any endpoint, masqueraded",
+			nftables.Packet{Src: outsider, Dst: nodeIP, Proto: "tcp", DPort: 30080},
+			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080", remote + ":8080"}, "accept"},
+		{"externalIP from outside",
+			nftables.Packet{Src: outsider, Dst: a("192.168.10.200"), Proto: "tcp", DPort: 80},
+			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080", remote + ":8080"}, "accept"},
+		{"NodePort policy Local from outside: local endpoint only, source kept",
+			nftables.Packet{Src: outsider, Dst: nodeIP, Proto: "tcp", DPort: 30060},
+			[]string{local + ":8080"}, nil, "accept"},
+		{"NodePort policy Local from a pod: any endpoint",
+			nftables.Packet{Src: clientPod, Dst: nodeIP, Proto: "tcp", DPort: 30060},
+			[]string{local + ":8080", remote + ":8080"}, nil, "accept"},
+		{"NodePort policy Local from the node: any endpoint, masqueraded",
+			nftables.Packet{Src: nodeIP, Dst: nodeIP, Proto: "tcp", DPort: 30060, FromHost: true},
+			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080", remote + ":8080"}, "accept"},
+		{"NodePort policy Local without a local endpoint: dropped",
+			nftables.Packet{Src: outsider, Dst: nodeIP, Proto: "tcp", DPort: 30070}, nil, nil, "drop"},
+		{"load balancer IP from an allowed source range",
+			nftables.Packet{Src: outsider, Dst: a("192.168.30.1"), Proto: "tcp", DPort: 80},
+			[]string{local + ":8080"}, nil, "accept"},
+		{"load balancer IP from outside the source ranges: dropped",
+			nftables.Packet{Src: a("192.168.40.1"), Dst: a("192.168.30.1"), Proto: "tcp", DPort: 80}, nil, nil, "drop"},
+		{"NodePort on loopback is not a NodePort (it would need route_localnet)",
+			nftables.Packet{Src: a("127.0.0.1"), Dst: a("127.0.0.1"), Proto: "tcp", DPort: 30080, FromHost: true}, nil, nil, "accept"},
+		{"NodePort on a non-local address is not a NodePort",
+			nftables.Packet{Src: outsider, Dst: a("192.168.10.99"), Proto: "tcp", DPort: 30080}, nil, nil, "accept"},
+		{"internalTrafficPolicy Local: local endpoint only", fromPod("10.96.0.80", "tcp", 80), []string{local + ":8080"}, nil, "accept"},
+		{"internalTrafficPolicy Local without a local endpoint: dropped", fromPod("10.96.0.81", "tcp", 80), nil, nil, "drop"},
+		{"Service of another proxy is left alone", fromPod("10.96.0.99", "tcp", 80), nil, nil, "accept"},
+		{"session affinity keeps both endpoints reachable", fromPod("10.96.0.90", "tcp", 80),
+			[]string{local + ":8080", remote + ":8080"}, nil, "accept"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			checkTrace(t, f.Trace(tt.p, localAddrs), tt.eps, tt.masq, tt.verdict)
+		})
+	}
+}
+
+func checkTrace(t *testing.T, tr nftables.Trace, eps, masqWant []string, verdict string) {
+	t.Helper()
+	if !slices.Equal(tr.Endpoints, eps) {
+		t.Errorf("endpoints = %v, want %v", tr.Endpoints, eps)
+	}
+	if tr.Verdict != verdict {
+		t.Errorf("verdict = %s, want %s", tr.Verdict, verdict)
+	}
+	if tr.Verdict != "accept" {
+		return
+	}
+	var masq []string
+	for e, m := range tr.Masquerade {
+		if m && e != "" {
+			masq = append(masq, e)
+		}
+	}
+	slices.Sort(masq)
+	if !slices.Equal(masq, masqWant) {
+		t.Errorf("masqueraded to %v, want %v", masq, masqWant)
+	}
+}
+
+// TestAffinityFollowsTheClient: a client the affinity map holds goes back
+// to its endpoint.
+func TestAffinityFollowsTheClient(t *testing.T) {
+	f := nftables.NewFake()
+	apply(t, f, defaultCfg, scenario())
+	var aff string
+	for name, s := range f.Table(ipfamily.IPv4).Sets {
+		if strings.HasPrefix(name, "aff-") && s.Timeout == 3*time.Hour {
+			aff = name
+		}
+	}
+	if aff == "" {
+		t.Fatal("no affinity map of 3h for the sticky Service")
+	}
+	to := netip.AddrPortFrom(remotePod, 8080)
+	f.AddAffinity(aff, nftables.Elem{Key: []nftables.Value{{Addr: clientPod}}, To: to})
+	tr := f.Trace(nftables.Packet{Src: clientPod, Dst: a("10.96.0.90"), Proto: "tcp", DPort: 80}, localAddrs)
+	if !slices.Equal(tr.Endpoints, []string{to.String()}) {
+		t.Errorf("client with affinity reached %v, want only %v", tr.Endpoints, to)
+	}
+}
+
+func TestMasqueradeAllAndNodePortAddresses(t *testing.T) {
+	f := nftables.NewFake()
+	apply(t, f, nftables.Config{Family: ipfamily.IPv4, ClusterCIDR: clusterCIDR, MasqueradeAll: true,
+		NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.10.0/24")}}, scenario())
+	tr := f.Trace(nftables.Packet{Src: clientPod, Dst: a("10.96.0.20"), Proto: "tcp", DPort: 80}, localAddrs)
+	if len(tr.Endpoints) != 2 || !tr.Masquerade[tr.Endpoints[0]] || !tr.Masquerade[tr.Endpoints[1]] {
+		t.Errorf("masquerade-all: pod traffic not masqueraded: %+v", tr)
+	}
+	// 10.244.1.1 is local but outside --nodeport-addresses.
+	tr = f.Trace(nftables.Packet{Src: outsider, Dst: a("10.244.1.1"), Proto: "tcp", DPort: 30080}, localAddrs)
+	if len(tr.Endpoints) != 0 {
+		t.Errorf("NodePort answered on an address outside --nodeport-addresses: %v", tr.Endpoints)
+	}
+	tr = f.Trace(nftables.Packet{Src: outsider, Dst: nodeIP, Proto: "tcp", DPort: 30080}, localAddrs)
+	if len(tr.Endpoints) != 2 {
+		t.Errorf("NodePort on the node IP: endpoints %v, want 2", tr.Endpoints)
+	}
+}
+
+// TestIPv6 runs the same layout for IPv6 in the same table, beside IPv4.
+func TestIPv6(t *testing.T) {
+	pod6, remote6, client6 := a("fd00:10:244:1::5"), a("fd00:10:244:2::7"), a("fd00:10:244:1::9")
+	web := &cluster.Service{Namespace: "default", Name: "web", Type: cluster.ServiceTypeNodePort,
+		ClusterIPs: []netip.Addr{a("fd00:10:96::20")}, Ports: []cluster.ServicePort{tcp(80, 30080)}}
+	eps := slice(web, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{pod6, nodeName, true}, ep{remote6, "node-b", true})
+	empty := &cluster.Service{Namespace: "default", Name: "empty", Type: cluster.ServiceTypeClusterIP,
+		ClusterIPs: []netip.Addr{a("fd00:10:96::30")}, Ports: []cluster.ServicePort{tcp(80, 0)}}
+	f := nftables.NewFake()
+	apply(t, f, defaultCfg, scenario())
+	cfg6 := nftables.Config{Family: ipfamily.IPv6, ClusterCIDR: netip.MustParsePrefix("fd00:10:244::/56")}
+	apply(t, f, cfg6, worldOf(ipfamily.IPv6, web, eps, empty))
+	node6 := a("fd00:192:168:10::11")
+	local := append(slices.Clone(localAddrs), node6, a("::1"))
+	want := []string{"[fd00:10:244:1::5]:8080", "[fd00:10:244:2::7]:8080"}
+	checkTrace(t, f.Trace(nftables.Packet{Src: client6, Dst: a("fd00:10:96::20"), Proto: "tcp", DPort: 80}, local), want, nil, "accept")
+	checkTrace(t, f.Trace(nftables.Packet{Src: a("fd00:192:168:20::5"), Dst: node6, Proto: "tcp", DPort: 30080}, local), want, want, "accept")
+	checkTrace(t, f.Trace(nftables.Packet{Src: client6, Dst: a("fd00:10:96::30"), Proto: "tcp", DPort: 80}, local), nil, nil, "reject")
+	checkTrace(t, f.Trace(nftables.Packet{Src: a("::1"), Dst: a("::1"), Proto: "tcp", DPort: 30080, FromHost: true}, local), nil, nil, "accept")
+	// IPv4 is untouched by the IPv6 Proxier.
+	if got, want := f.Table(ipfamily.IPv4).String(), defaultCfg.Generate(scenario()).String(); got != want {
+		t.Errorf("IPv4 objects changed by the IPv6 sync:\n%s", diff(want, got))
+	}
+	golden(t, "ipv6.golden", []byte(f.Table(ipfamily.IPv6).String()))
+}
+
+// mutate changes one random Service of ports the way the cluster does:
+// endpoints come and go, a port changes, a Service leaves or arrives.
+func mutations() []func() map[cluster.Key][]*proxy.ServicePort {
+	base := func(eps ...ep) map[cluster.Key][]*proxy.ServicePort {
+		web := svc("web", "10.96.0.20", []cluster.ServicePort{tcp(80, 30020)}, func(s *cluster.Service) { s.Type = cluster.ServiceTypeNodePort })
+		sticky := svc("sticky", "10.96.0.90", []cluster.ServicePort{tcp(80, 0)}, func(s *cluster.Service) { s.SessionAffinityTimeout = time.Hour })
+		objs := []cluster.Object{web, sticky}
+		if len(eps) > 0 {
+			objs = append(objs, slice(web, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, eps...),
+				slice(sticky, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, eps...))
+		}
+		return world(objs...)
+	}
+	merge := func(ms ...map[cluster.Key][]*proxy.ServicePort) map[cluster.Key][]*proxy.ServicePort {
+		out := map[cluster.Key][]*proxy.ServicePort{}
+		for _, m := range ms {
+			for k, v := range m {
+				out[k] = v
+			}
+		}
+		return out
+	}
+	l, r, r2 := ep{localPod, nodeName, true}, ep{remotePod, "node-b", true}, ep{a("10.244.3.3"), "node-c", true}
+	return []func() map[cluster.Key][]*proxy.ServicePort{
+		func() map[cluster.Key][]*proxy.ServicePort { return scenario() },
+		func() map[cluster.Key][]*proxy.ServicePort { return base(l, r) },
+		func() map[cluster.Key][]*proxy.ServicePort { return base(r) },
+		func() map[cluster.Key][]*proxy.ServicePort { return base(r, r2) },
+		func() map[cluster.Key][]*proxy.ServicePort { return base() },
+		func() map[cluster.Key][]*proxy.ServicePort { return merge(scenario(), base(l, r2)) },
+		func() map[cluster.Key][]*proxy.ServicePort { return merge(scenario(), base(r)) },
+		func() map[cluster.Key][]*proxy.ServicePort { return map[cluster.Key][]*proxy.ServicePort{} },
+	}
+}
+
+// TestPartialSyncEqualsFull: after any sequence of states, partial syncs
+// leave the table a full sync would write; the Fake refuses any
+// transaction the kernel would.
+func TestPartialSyncEqualsFull(t *testing.T) {
+	states := mutations()
+	rng := rand.New(rand.NewPCG(1, 2))
+	f := nftables.NewFake()
+	p := apply(t, f, defaultCfg, states[0]())
+	for i := range 200 {
+		ports := states[rng.IntN(len(states))]()
+		if _, err := p.Sync(ports, nil, false); err != nil {
+			t.Fatalf("step %d: partial sync: %v", i, err)
+		}
+		got, want := f.Table(ipfamily.IPv4).String(), defaultCfg.Generate(ports).String()
+		if got != want {
+			t.Fatalf("step %d: partial sync left another table than a full one:\n%s", i, diff(want, got))
+		}
+	}
+}
+
+// TestEndpointChangeIsElementUpdates: endpoints replaced are element
+// updates in one transaction, no chain touched; one added rewrites the
+// port's DNAT rule (numgen's modulus) beside the elements.
+func TestEndpointChangeIsElementUpdates(t *testing.T) {
+	ms := mutations()
+	f := nftables.NewFake()
+	p := apply(t, f, defaultCfg, ms[1]()) // web and sticky: a local and a remote endpoint
+	before := f.Applied
+	if _, err := p.Sync(ms[3](), nil, false); err != nil { // two remote endpoints
+		t.Fatal(err)
+	}
+	if f.Applied != before+1 {
+		t.Errorf("%d transactions, want 1", f.Applied-before)
+	}
+	for _, op := range f.Last {
+		if op.Kind != nftables.OpAddElems && op.Kind != nftables.OpDelElems && op.Kind != nftables.OpFlushSet {
+			t.Errorf("endpoints replaced: step %d on %v%v, want element updates only", op.Kind, op.Chain, op.Set)
+		}
+	}
+	if f.Ops > 10 {
+		t.Errorf("endpoints of two Services replaced in %d steps, want a few", f.Ops)
+	}
+	before = f.Applied
+	if _, err := p.Sync(ms[3](), nil, false); err != nil {
+		t.Fatal(err)
+	}
+	if f.Applied != before {
+		t.Errorf("a sync without changes ran a transaction")
+	}
+}
+
+// TestFailedTransactionMakesTheNextFull: after a failure nothing is
+// assumed of the kernel.
+func TestFailedTransactionMakesTheNextFull(t *testing.T) {
+	ms := mutations()
+	f := nftables.NewFake()
+	p := apply(t, f, defaultCfg, ms[1]())
+	f.FailNext = syscall.ENOBUFS
+	if _, err := p.Sync(ms[2](), nil, false); !errors.Is(err, syscall.ENOBUFS) {
+		t.Fatalf("sync = %v, want the transaction's error", err)
+	}
+	if got, want := f.Table(ipfamily.IPv4).String(), defaultCfg.Generate(ms[1]()).String(); got != want {
+		t.Fatalf("a failed transaction changed the table:\n%s", diff(want, got))
+	}
+	if _, err := p.Sync(ms[2](), nil, false); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := f.Table(ipfamily.IPv4).String(), defaultCfg.Generate(ms[2]()).String(); got != want {
+		t.Fatalf("the sync after a failure:\n%s", diff(want, got))
+	}
+}
+
+// TestRestartKeepsAffinityAndDeletesLeftovers: a new Proxier (proxyd
+// restarted) finds the table, removes what is no longer wanted and keeps
+// the clients of the affinity maps.
+func TestRestartKeepsAffinityAndDeletesLeftovers(t *testing.T) {
+	ms := mutations()
+	f := nftables.NewFake()
+	apply(t, f, defaultCfg, ms[5]())
+	var aff string
+	for name, s := range f.Table(ipfamily.IPv4).Sets {
+		if strings.HasPrefix(name, "aff-") && s.Timeout == time.Hour {
+			aff = name
+		}
+	}
+	client := nftables.Elem{Key: []nftables.Value{{Addr: clientPod}}, To: netip.AddrPortFrom(localPod, 8080)}
+	f.AddAffinity(aff, client)
+	apply(t, f, defaultCfg, ms[1]())
+	got := f.Table(ipfamily.IPv4)
+	if s := got.Sets[aff]; s == nil || len(s.Elems) != 1 {
+		t.Errorf("affinity map after a restart: %+v, want the client kept", s)
+	}
+	got.Sets[aff].Elems = nil
+	if want := defaultCfg.Generate(ms[1]()).String(); got.String() != want {
+		t.Errorf("after a restart:\n%s", diff(want, got.String()))
+	}
+}
+
+// TestFakeFailsLikeTheKernel: the Fake refuses what the kernel refuses,
+// and a refused transaction changes nothing.
+func TestFakeFailsLikeTheKernel(t *testing.T) {
+	f := nftables.NewFake()
+	chain := &nftables.Chain{Name: "c-ip4"}
+	set := &nftables.Set{Name: "s-ip4", Key: []nftables.Type{nftables.TypeAddr}}
+	vmap := &nftables.Set{Name: "v-ip4", Key: []nftables.Type{nftables.TypeAddr}, Data: []nftables.Type{nftables.TypeVerdict}}
+	for _, tc := range []struct {
+		name string
+		ops  []nftables.Op
+		want error
+	}{
+		{"no table", []nftables.Op{{Kind: nftables.OpAddChain, Chain: chain}}, syscall.ENOENT},
+		{"rule in a missing chain", []nftables.Op{{Kind: nftables.OpAddTable}, {Kind: nftables.OpAddRule, Chain: chain}}, syscall.ENOENT},
+		{"jump to a missing chain", []nftables.Op{{Kind: nftables.OpAddTable}, {Kind: nftables.OpAddChain, Chain: chain},
+			{Kind: nftables.OpAddRule, Chain: chain, Rule: nftables.Rule{Do: []nftables.Stmt{{Kind: nftables.StmtJump, Chain: "x"}}}}}, syscall.ENOENT},
+		{"lookup of a set of another type", []nftables.Op{{Kind: nftables.OpAddTable}, {Kind: nftables.OpAddChain, Chain: chain}, {Kind: nftables.OpAddSet, Set: set},
+			{Kind: nftables.OpAddRule, Chain: chain, Rule: nftables.Rule{Do: []nftables.Stmt{{Kind: nftables.StmtVmap, Key: []nftables.Field{nftables.FieldDaddr}, Map: set.Name}}}}}, nil},
+		{"element pointing at a missing chain", []nftables.Op{{Kind: nftables.OpAddTable}, {Kind: nftables.OpAddSet, Set: vmap},
+			{Kind: nftables.OpAddElems, Set: vmap, Elems: []nftables.Elem{{Key: []nftables.Value{{Addr: clientPod}}, Goto: "x"}}}}, syscall.ENOENT},
+		{"chain deleted while an element points at it", []nftables.Op{{Kind: nftables.OpAddTable}, {Kind: nftables.OpAddChain, Chain: chain}, {Kind: nftables.OpAddSet, Set: vmap},
+			{Kind: nftables.OpAddElems, Set: vmap, Elems: []nftables.Elem{{Key: []nftables.Value{{Addr: clientPod}}, Goto: chain.Name}}},
+			{Kind: nftables.OpDelChain, Chain: chain}}, syscall.EBUSY},
+		{"an element twice with two values", []nftables.Op{{Kind: nftables.OpAddTable}, {Kind: nftables.OpAddChain, Chain: chain}, {Kind: nftables.OpAddChain, Chain: &nftables.Chain{Name: "d-ip4"}},
+			{Kind: nftables.OpAddSet, Set: vmap},
+			{Kind: nftables.OpAddElems, Set: vmap, Elems: []nftables.Elem{{Key: []nftables.Value{{Addr: clientPod}}, Goto: chain.Name}}},
+			{Kind: nftables.OpAddElems, Set: vmap, Elems: []nftables.Elem{{Key: []nftables.Value{{Addr: clientPod}}, Goto: "d-ip4"}}}}, syscall.EEXIST},
+		{"a missing element deleted", []nftables.Op{{Kind: nftables.OpAddTable}, {Kind: nftables.OpAddSet, Set: set},
+			{Kind: nftables.OpDelElems, Set: set, Elems: []nftables.Elem{{Key: []nftables.Value{{Addr: clientPod}}}}}}, syscall.ENOENT},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := f.Apply(tc.ops)
+			if err == nil || tc.want != nil && !errors.Is(err, tc.want) {
+				t.Errorf("Apply = %v, want %v", err, tc.want)
+			}
+			if f.Exists() {
+				t.Errorf("a refused transaction created the table")
+			}
+		})
+	}
+}
