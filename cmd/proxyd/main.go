@@ -67,6 +67,7 @@ type flags struct {
 	bindAddress      string
 	healthz, metrics string
 	conntrack        hostnet.Conntrack
+	migration        migration
 	fs               *pflag.FlagSet
 }
 
@@ -95,6 +96,7 @@ func (f *flags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.masqueradeAll, "masquerade-all", false, "masquerade all traffic sent to Service IPs")
 	f.modeSettings = modes.AddFlags(fs)
 	fs.BoolVar(&f.cleanup, "cleanup", false, "remove everything proxyd installed and exit")
+	f.migration.register(fs)
 	f.limits.Register(fs)
 	// kube-proxy's, so its command lines and config file run proxyd.
 	fs.StringVar(&f.config, "config", "", "kube-proxy's config file (KubeProxyConfiguration, "+kubeProxyAPIVersion+"): the fields proxyd honours become its flags (a flag given on the command line wins), the others are named in a warning")
@@ -232,6 +234,9 @@ func (f *flags) options(logger *slog.Logger) (agent.Options, error) {
 			return o, fmt.Errorf("--nodeport-addresses: primary and CIDRs %v: choose one", npa)
 		}
 		sp.Mode = nodePortsPrimary(sp.Mode)
+	}
+	if err := f.migration.apply(&o, &sp, logger); err != nil {
+		return o, err
 	}
 	o.ServiceProxy = &sp
 	return o, nil

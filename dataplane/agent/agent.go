@@ -57,10 +57,14 @@ type Options struct {
 	Iface          string // "" = the interface holding the node's InternalIP
 	NodeConfigPath string
 	Masquerade     bool
-	SyncPeriod     time.Duration
-	MinSyncPeriod  time.Duration
-	HealthzAddr    string // "" disables
-	MetricsAddr    string // "" disables
+	// NoPodNetwork leaves the pod network to another network (flannel,
+	// while a cluster migrates): proxyd programs the Services only, and
+	// never marks the Node's network available.
+	NoPodNetwork  bool
+	SyncPeriod    time.Duration
+	MinSyncPeriod time.Duration
+	HealthzAddr   string // "" disables
+	MetricsAddr   string // "" disables
 	// IPTables runs the iptables commands for the node's chains; zero:
 	// the backend the node uses (ipt.NodeBackend, the Service proxy's too).
 	IPTables ipt.Runner
@@ -201,7 +205,7 @@ func Run(ctx context.Context, o Options) error {
 func (o Options) nodeNetConfig() nodenet.Config {
 	return nodenet.Config{
 		NodeName: o.NodeName, ClusterCIDRs: o.ClusterCIDRs, Backend: o.Backend, VXLANVNI: o.VXLANVNI, VXLANPort: o.VXLANPort,
-		Iface: o.Iface, NodeConfigPath: o.NodeConfigPath, Masquerade: o.Masquerade,
+		Iface: o.Iface, NodeConfigPath: o.NodeConfigPath, Masquerade: o.Masquerade, NoPodNetwork: o.NoPodNetwork,
 		SyncPeriod: o.SyncPeriod, MinSyncPeriod: o.MinSyncPeriod, ServiceHooks: serviceHooks(o.ServiceProxy), Clock: o.Clock,
 	}
 }
@@ -258,6 +262,9 @@ func goKube(g *app.Group, o Options, client kubernetes.Interface, routed <-chan 
 				return err
 			})
 		})
+	}
+	if o.NoPodNetwork {
+		return
 	}
 	g.Go("node status", func(ctx context.Context) error {
 		select {

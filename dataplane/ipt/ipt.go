@@ -77,6 +77,16 @@ func (r Runner) Restore(data []byte) error {
 	return err
 }
 
+// Command is the iptables command this runner runs: iptables-nft,
+// ip6tables-legacy and the like.
+func (r Runner) Command() string { return r.cmd("") }
+
+// SaveAll returns iptables-save output for every table that exists;
+// unlike Save, it creates none.
+func (r Runner) SaveAll() ([]byte, error) {
+	return run(r.cmd("-save"), nil)
+}
+
 // Save returns iptables-save output for one table.
 func (r Runner) Save(table string) ([]byte, error) {
 	return run(r.cmd("-save"), nil, "-t", table)

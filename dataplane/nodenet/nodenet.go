@@ -59,6 +59,10 @@ type Config struct {
 	Masquerade     bool
 	SyncPeriod     time.Duration
 	MinSyncPeriod  time.Duration
+	// NoPodNetwork leaves the pod network to another (flannel while a
+	// cluster migrates): no routes, VXLAN device, node config or
+	// masquerade; only the sysctls and the Service proxy's hooks.
+	NoPodNetwork bool
 	// ServiceHooks are the Service proxy's jumps in built-in chains, which
 	// the node firewall orders its own rules behind.
 	ServiceHooks []hostnet.Hook
@@ -462,6 +466,10 @@ func findUnderlay(links []link.Interface, iface string, ip netip.Addr) (underlay
 // changed, which asks for a full sync).
 func (n *Network) syncOnce(full bool) (int, error) {
 	dirty := n.takeDirty()
+	if n.o.NoPodNetwork {
+		n.lastFull, n.wentFull = n.clock.Now(), true
+		return 0, n.ensureHost()
+	}
 	if _, self := dirty[n.o.NodeName]; !full && !self && n.fams[0].table.Load() != nil {
 		return n.updateRoutes(dirty)
 	}
@@ -542,7 +550,7 @@ func (n *Network) ensureHost() error {
 		errs = append(errs, err)
 	}
 	for _, fm := range n.fams {
-		if changed, err := fm.firewall.Ensure(hostnet.Rules{ClusterCIDR: fm.cluster, Masquerade: n.o.Masquerade, ServiceHooks: n.hooks}); err != nil {
+		if changed, err := fm.firewall.Ensure(hostnet.Rules{ClusterCIDR: fm.cluster, Masquerade: n.o.Masquerade && !n.o.NoPodNetwork, ServiceHooks: n.hooks}); err != nil {
 			errs = append(errs, fmt.Errorf("%v iptables: %w", fm.f, err))
 		} else if changed {
 			n.log.Info("iptables chains written", "family", fm.f, "chains", []string{hostnet.ChainPostrouting, hostnet.ChainForward})

@@ -169,6 +169,10 @@ type ServiceOptions struct {
 	Conntrack     Conntrack // nil: no conntrack cleanup
 	SyncPeriod    time.Duration
 	MinSyncPeriod time.Duration
+	// TakeOver, when set, removes another Service proxy's state (kube-proxy's)
+	// once this one's first sync has succeeded, with the other modes',
+	// so the node's Services are never without rules.
+	TakeOver func() error
 }
 
 // Env is what the daemon shares with its Service proxy.
@@ -220,7 +224,7 @@ func RunService(ctx context.Context, o ServiceOptions, env Env) error {
 		Store:           env.Store,
 		NodeName:        cfg.NodeName,
 		Families:        families,
-		Backend:         &cleanupOthers{Backend: backend, modes: o.Modes, cfg: cfg, keep: o.Mode.Name},
+		Backend:         &cleanupOthers{Backend: backend, modes: o.Modes, cfg: cfg, keep: o.Mode.Name, takeOver: o.TakeOver},
 		Conntrack:       o.Conntrack,
 		SyncPeriod:      o.SyncPeriod,
 		MinSyncPeriod:   o.MinSyncPeriod,
@@ -291,16 +295,21 @@ func (o ServiceOptions) newBackend(cfg Config, families []ipfamily.Family) (Back
 // moment without Services.
 type cleanupOthers struct {
 	Backend
-	modes Modes
-	cfg   Config
-	keep  string
-	done  bool
+	modes    Modes
+	cfg      Config
+	keep     string
+	takeOver func() error
+	done     bool
 }
 
 func (c *cleanupOthers) Sync(ports map[cluster.Key][]*ServicePort, changed map[cluster.Key]bool, full bool) (SyncResult, error) {
 	res, err := c.Backend.Sync(ports, changed, full)
 	if err == nil && !c.done {
-		if cerr := c.modes.Cleanup(c.cfg, c.keep); cerr != nil {
+		cerr := c.modes.Cleanup(c.cfg, c.keep)
+		if c.takeOver != nil {
+			cerr = errors.Join(cerr, c.takeOver())
+		}
+		if cerr != nil {
 			c.cfg.Logger.Warn("remove the other proxy modes' state; retrying after the next sync", "err", cerr)
 		} else {
 			c.done = true

@@ -133,3 +133,32 @@ func TestRunServiceNone(t *testing.T) {
 		t.Errorf("steps %q, want %q", got, want)
 	}
 }
+
+// TestRunServiceTakesOver: kube-proxy's state (TakeOver) is removed only
+// once this proxy's first sync has put its own rules in, with the other
+// modes' state, and once.
+func TestRunServiceTakesOver(t *testing.T) {
+	var log modeLog
+	fb := &fakeBackend{sig: make(chan struct{}, 1)}
+	a := fakeMode("a", &log, nil, fb)
+	ms := Modes{a, fakeMode("b", &log, nil, nil)}
+	st := cluster.NewStore()
+	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, svcObjs(0))
+	st.MarkSynced()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	takeOver := func() error { log.add("take over"); return nil }
+	go func() {
+		done <- RunService(ctx, ServiceOptions{Mode: a, Modes: ms, Config: Config{NodeName: "n1"}, SyncPeriod: time.Hour, MinSyncPeriod: time.Millisecond, TakeOver: takeOver}, Env{Store: st})
+	}()
+	fb.wait(t, 1)
+	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, svcObjs(1))
+	fb.wait(t, 2)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got, want := log.get(), []string{"new a", "cleanup b", "take over"}; !slices.Equal(got, want) {
+		t.Errorf("steps %q, want %q", got, want)
+	}
+}
