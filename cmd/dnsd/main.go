@@ -59,7 +59,7 @@ type flags struct {
 // register registers every flag into fs, with its default.
 func (f *flags) register(fs *pflag.FlagSet) {
 	cfg := &f.cfg
-	fs.StringArrayVar(&cfg.Listen, "listen", []string{"0.0.0.0:53"}, "address to serve DNS on, UDP and TCP (repeatable)")
+	fs.StringArrayVar(&cfg.Listen, "listen", []string{":53"}, "address to serve DNS on, UDP and TCP (repeatable); the default, :53, is every address of both families (IPv4 alone where the kernel has no IPv6)")
 	fs.IntVar(&cfg.TCPMaxConns, "tcp-max-connections", dns.DefaultTCPMaxConns, "concurrent TCP connections; more are closed at once")
 	fs.DurationVar(&cfg.TCPIdleTimeout, "tcp-idle-timeout", 10*time.Second, "close a TCP connection idle this long between queries")
 	fs.DurationVar(&cfg.Drain.Quiet, "drain-quiet", 2*time.Second, "on SIGTERM, answer until no query has come for this long (0: stop at once)")

@@ -21,7 +21,8 @@ import (
 
 // ServerOptions configures a Server.
 type ServerOptions struct {
-	// Listen addresses, "0.0.0.0:53" by default; each gets UDP and TCP.
+	// Listen addresses, ":53" (every address, both families) by default;
+	// each gets UDP and TCP.
 	Listen []string
 	Zone   *Zone
 	// Forwarder answers names outside the cluster; nil refuses them.
@@ -98,7 +99,7 @@ type scratch struct {
 // NewServer returns a Server; it listens once Run is called.
 func NewServer(opts ServerOptions) *Server {
 	if len(opts.Listen) == 0 {
-		opts.Listen = []string{"0.0.0.0:53"}
+		opts.Listen = []string{":53"}
 	}
 	if opts.Sockets <= 0 {
 		opts.Sockets = runtime.GOMAXPROCS(0)
