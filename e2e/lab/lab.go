@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/podnet/podnet/dataplane/atomicfile"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
 	"github.com/podnet/podnet/dataplane/roottest"
 )
@@ -43,9 +44,17 @@ import (
 // are recognised by it.
 const FamilyPrefix = "pn"
 
-// Fixed addresses of the lab.
+// Fixed addresses of the lab. The IPv6 ones (Options.Families) are unique
+// local addresses (fd00::/8), never global ones: segment 192.168.X.0/24
+// is fd00:10:X::/64 beside it, a node's address ends in its IPv4
+// address's last byte, the i-th node's pods are fd00:10:244:i::/64.
 var (
-	ClusterCIDR = netip.MustParsePrefix("10.244.0.0/16")
+	ClusterCIDR  = netip.MustParsePrefix("10.244.0.0/16")
+	ClusterCIDR6 = netip.MustParsePrefix("fd00:10:244::/56")
+	// OutsideNet6 links the router to the outside over IPv6.
+	OutsideNet6 = netip.MustParsePrefix("fd00:203::/64")
+	outsideGW6  = netip.MustParseAddr("fd00:203::1")
+	outsideIP6  = netip.MustParseAddr("fd00:203::10")
 	// OutsideNet links the router to the outside namespace.
 	OutsideNet = netip.MustParsePrefix("203.0.113.0/24")
 	outsideGW  = netip.MustParseAddr("203.0.113.1")
@@ -74,6 +83,11 @@ type Options struct {
 	// a lab that is kept up (Keep) after it exits. Otherwise they die with
 	// it. Close and Down end them either way, through the node cgroups.
 	Detached bool
+	// Families are the address families of the cluster: the pods'
+	// (podCIDRs) and the nodes' InternalIPs, in this order (the first is
+	// the family VXLAN runs over). Empty: IPv4. With IPv6 the underlay,
+	// the router and the outside get IPv6 addresses too.
+	Families []ipfamily.Family
 }
 
 // NodeSpec describes one node.
@@ -105,9 +119,13 @@ type Lab struct {
 	Underlay string // netns names
 	Router   string
 	Outside  string
-	// OutsideIP is the address of the outside namespace.
-	OutsideIP netip.Addr
-	Nodes     []*Node
+	// OutsideIP is the address of the outside namespace; OutsideIP6 its
+	// IPv6 one when the lab has IPv6.
+	OutsideIP  netip.Addr
+	OutsideIP6 netip.Addr
+	// Families are Options.Families (IPv4 when none were given).
+	Families []ipfamily.Family
+	Nodes    []*Node
 	// OutsideHost runs processes in the outside namespace (a client on the
 	// internet, an upstream DNS server). Only its Exec, Start, Ping, Probe
 	// and StartEcho are meaningful; it has no pods.
@@ -148,7 +166,13 @@ type Node struct {
 	Gateway netip.Addr
 	Iface   string // underlay interface inside the node: "eth0"
 	PodCIDR netip.Prefix
-	Zone    string
+	// IP6, Subnet6, Gateway6 and PodCIDR6 are the IPv6 ones, valid when
+	// the lab has IPv6.
+	IP6      netip.Addr
+	Subnet6  netip.Prefix
+	Gateway6 netip.Addr
+	PodCIDR6 netip.Prefix
+	Zone     string
 	// Dir holds the node's files: node.json, ipam, logs, the CNI cache.
 	Dir string
 	// Cgroup is the node's cgroup v2 directory; every process of the node
@@ -223,7 +247,13 @@ func Start(t testing.TB, o Options) *Lab {
 // newLab fills in the defaults and plans the lab; it creates nothing but
 // the work dir.
 func newLab(o Options, cgroupRoot string) (*Lab, error) {
-	l := &Lab{Prefix: o.Prefix, BinDir: o.BinDir, WorkDir: o.WorkDir, logf: o.Logf, detached: o.Detached, OutsideIP: outsideIP}
+	l := &Lab{Prefix: o.Prefix, BinDir: o.BinDir, WorkDir: o.WorkDir, logf: o.Logf, detached: o.Detached, OutsideIP: outsideIP, Families: o.Families}
+	if len(l.Families) == 0 {
+		l.Families = []ipfamily.Family{ipfamily.IPv4}
+	}
+	if l.Has(ipfamily.IPv6) {
+		l.OutsideIP6 = outsideIP6
+	}
 	if l.logf == nil {
 		l.logf = func(string, ...any) {}
 	}
@@ -315,12 +345,75 @@ func (l *Lab) planNode(i int, s NodeSpec) (*Node, error) {
 	if s.Zone != "" {
 		zone = s.Zone
 	}
-	return &Node{
+	n := &Node{
 		Name: s.Name, NS: l.Prefix + "-" + s.Name, IP: s.IP.Addr(), Subnet: s.IP.Masked(),
 		Gateway: seg.Gateway, Iface: "eth0", PodCIDR: pod, Zone: zone,
 		Cgroup: filepath.Join(l.cgroupRoot, "podnet-"+l.Prefix+"-"+s.Name),
 		lab:    l,
-	}, nil
+	}
+	if l.Has(ipfamily.IPv6) {
+		n.Subnet6 = ula6(n.Subnet)
+		n.IP6, n.Gateway6 = hostIn(n.Subnet6, n.IP.As4()[3]), hostIn(n.Subnet6, 1)
+		n.PodCIDR6, _ = ipfamily.Subnet(ClusterCIDR6, 64, uint64(i+1))
+	}
+	return n, nil
+}
+
+// Has reports whether the lab's cluster has family f.
+func (l *Lab) Has(f ipfamily.Family) bool { return slices.Contains(l.Families, f) }
+
+// ula6 is the IPv6 segment beside the IPv4 segment 192.168.X.0/24:
+// fd00:10:X::/64.
+func ula6(v4 netip.Prefix) netip.Prefix {
+	b := v4.Addr().As4()
+	return netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0, b[2]}), 64)
+}
+
+// hostIn is the address of subnet p ending in the byte last.
+func hostIn(p netip.Prefix, last byte) netip.Addr {
+	b := p.Addr().As16()
+	b[15] = last
+	return netip.AddrFrom16(b)
+}
+
+// PodCIDRs are the node's podCIDRs, in the lab's family order.
+func (n *Node) PodCIDRs() []netip.Prefix {
+	var out []netip.Prefix
+	for _, f := range n.lab.Families {
+		if f == ipfamily.IPv6 {
+			out = append(out, n.PodCIDR6)
+		} else {
+			out = append(out, n.PodCIDR)
+		}
+	}
+	return out
+}
+
+// InternalIPs are the node's InternalIPs, in the lab's family order.
+func (n *Node) InternalIPs() []netip.Addr {
+	var out []netip.Addr
+	for _, f := range n.lab.Families {
+		if f == ipfamily.IPv6 {
+			out = append(out, n.IP6)
+		} else {
+			out = append(out, n.IP)
+		}
+	}
+	return out
+}
+
+// ClusterCIDRs are the lab's cluster CIDRs, in its family order: what
+// proxyd's --cluster-cidr takes, comma-separated.
+func (l *Lab) ClusterCIDRs() []netip.Prefix {
+	var out []netip.Prefix
+	for _, f := range l.Families {
+		if f == ipfamily.IPv6 {
+			out = append(out, ClusterCIDR6)
+		} else {
+			out = append(out, ClusterCIDR)
+		}
+	}
+	return out
 }
 
 // makeWorkDir creates the work dir (a fresh temporary one unless the
@@ -531,7 +624,7 @@ func (n *Node) NodeConfigPath() string { return filepath.Join(n.Dir, "node.json"
 // plugin without proxyd. The MTU is the underlay's: without proxyd there is
 // no VXLAN overhead to subtract.
 func (n *Node) WriteNodeConfig() error {
-	return nodeconfig.Write(n.NodeConfigPath(), nodeconfig.Config{PodCIDR: n.PodCIDR, ClusterCIDR: ClusterCIDR, MTU: UnderlayMTU})
+	return nodeconfig.Write(n.NodeConfigPath(), nodeconfig.New(n.PodCIDRs(), n.lab.ClusterCIDRs(), UnderlayMTU))
 }
 
 // NSPath is the path of the node's network namespace.

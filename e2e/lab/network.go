@@ -11,6 +11,9 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
+
+	"github.com/podnet/podnet/dataplane/ipfamily"
 )
 
 // nsHandle is a netlink socket inside one namespace: links and addresses are
@@ -97,6 +100,12 @@ func (l *Lab) buildRouter(under, router, outside *nsHandle) error {
 		if err := router.addrUp(leg, netip.PrefixFrom(s.Gateway, s.Subnet.Bits())); err != nil {
 			return err
 		}
+		if l.Has(ipfamily.IPv6) {
+			sub6 := ula6(s.Subnet)
+			if err := router.addrUp(leg, netip.PrefixFrom(hostIn(sub6, 1), 64)); err != nil {
+				return err
+			}
+		}
 	}
 	if err := router.veth("out0", outside, "eth0"); err != nil {
 		return err
@@ -110,7 +119,27 @@ func (l *Lab) buildRouter(under, router, outside *nsHandle) error {
 	if err := outside.defaultRoute(outsideGW); err != nil {
 		return err
 	}
+	if l.Has(ipfamily.IPv6) {
+		if err := l.routeOutside6(router, outside); err != nil {
+			return err
+		}
+	}
 	return sysctlIn(l.Router, "net/ipv4/ip_forward", "1")
+}
+
+// routeOutside6 gives the router and the outside their IPv6 link and
+// turns on the router's IPv6 forwarding.
+func (l *Lab) routeOutside6(router, outside *nsHandle) error {
+	if err := router.addrUp("out0", netip.PrefixFrom(outsideGW6, OutsideNet6.Bits())); err != nil {
+		return err
+	}
+	if err := outside.addrUp("eth0", netip.PrefixFrom(outsideIP6, OutsideNet6.Bits())); err != nil {
+		return err
+	}
+	if err := outside.defaultRoute(outsideGW6); err != nil {
+		return err
+	}
+	return sysctlIn(l.Router, "net/ipv6/conf/all/forwarding", "1")
 }
 
 // plugNode puts node n on its segment's bridge, with its address and its
@@ -122,6 +151,14 @@ func (l *Lab) plugNode(under, node *nsHandle, n *Node) error {
 	}
 	if err := node.addrUp(n.Iface, netip.PrefixFrom(n.IP, n.Subnet.Bits())); err != nil {
 		return err
+	}
+	if n.IP6.IsValid() {
+		if err := node.addrUp(n.Iface, netip.PrefixFrom(n.IP6, n.Subnet6.Bits())); err != nil {
+			return err
+		}
+		if err := node.defaultRoute(n.Gateway6); err != nil {
+			return err
+		}
 	}
 	return node.defaultRoute(n.Gateway)
 }
@@ -176,6 +213,10 @@ func (h *nsHandle) addrUp(name string, addr netip.Prefix) error {
 		return fmt.Errorf("find %s in %s: %w", name, h.name, err)
 	}
 	a := &netlink.Addr{IPNet: &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), addr.Addr().BitLen())}}
+	if addr.Addr().Is6() {
+		// Usable at once: the lab's addresses are unique by construction.
+		a.Flags = unix.IFA_F_NODAD
+	}
 	if err := h.nl.AddrAdd(link, a); err != nil {
 		return fmt.Errorf("add %s to %s in %s: %w", addr, name, h.name, err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
 )
 
 // ErrUnreachable is returned by Ping when an ICMP "destination unreachable"
@@ -39,7 +40,11 @@ func Ping(ctx context.Context, nsPath string, dst netip.Addr) (time.Duration, er
 	// A socket stays in the namespace it was created in.
 	err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
 		var err error
-		conn, err = icmp.ListenPacket("ip4:icmp", "0.0.0.0")
+		if dst.Is6() {
+			conn, err = icmp.ListenPacket("ip6:ipv6-icmp", "::")
+		} else {
+			conn, err = icmp.ListenPacket("ip4:icmp", "0.0.0.0")
+		}
 		return err
 	})
 	if err != nil {
@@ -59,7 +64,11 @@ func Ping(ctx context.Context, nsPath string, dst netip.Addr) (time.Duration, er
 	tick := time.NewTicker(pingInterval)
 	defer tick.Stop()
 	for seq := 1; ; seq++ {
-		msg := icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: id, Seq: seq, Data: []byte("podnet-lab ping")}}
+		var typ icmp.Type = ipv4.ICMPTypeEcho
+		if dst.Is6() {
+			typ = ipv6.ICMPTypeEchoRequest
+		}
+		msg := icmp.Message{Type: typ, Body: &icmp.Echo{ID: id, Seq: seq, Data: []byte("podnet-lab ping")}}
 		wb, err := msg.Marshal(nil)
 		if err != nil {
 			return 0, err
@@ -100,7 +109,11 @@ func readReplies(conn *icmp.PacketConn, dst netip.Addr, id int, sent *sendTimes,
 			return
 		}
 		got := time.Now()
-		m, err := icmp.ParseMessage(1, buf[:n])
+		proto, reply := 1, icmp.Type(ipv4.ICMPTypeEchoReply)
+		if dst.Is6() {
+			proto, reply = 58, ipv6.ICMPTypeEchoReply
+		}
+		m, err := icmp.ParseMessage(proto, buf[:n])
 		if err != nil {
 			continue
 		}
@@ -108,7 +121,7 @@ func readReplies(conn *icmp.PacketConn, dst netip.Addr, id int, sent *sendTimes,
 		case *icmp.Echo:
 			// Raw sockets see every ICMP packet of the namespace: keep
 			// only replies to this Ping.
-			if m.Type != ipv4.ICMPTypeEchoReply || body.ID != id || from.String() != dst.String() {
+			if m.Type != reply || body.ID != id || from.String() != dst.String() {
 				continue
 			}
 			if t, ok := sent.get(body.Seq); ok {
@@ -149,7 +162,7 @@ func (s *sendTimes) get(seq int) (time.Time, bool) {
 // quotesEcho reports whether the packet quoted in an ICMP error (IPv4 header
 // plus the first 8 bytes of ICMP) is an echo request with the given id.
 func quotesEcho(data []byte, id int) bool {
-	if len(data) < 20 {
+	if len(data) < 20 || data[0]>>4 != 4 {
 		return false
 	}
 	ihl := int(data[0]&0x0f) * 4

@@ -19,6 +19,8 @@ import (
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/podnet/podnet/dataplane/ipfamily"
 )
 
 // PluginName is the CNI plugin's binary name in BinDir (the conflist's type).
@@ -30,8 +32,11 @@ type Pod struct {
 	NS          string // netns name: <prefix>-<node>-<pod>
 	ContainerID string
 	IfName      string
-	IP          netip.Addr
-	Node        *Node
+	// IP is the pod's first address (IPv4 first); IPs holds one per
+	// family.
+	IP   netip.Addr
+	IPs  []netip.Addr
+	Node *Node
 	// Result is what the plugin returned on ADD.
 	Result *types100.Result
 
@@ -141,15 +146,25 @@ func (n *Node) AddPod(ctx context.Context, name string, ports ...PortMapping) (*
 	}
 	p.Result = r
 	for _, ipc := range r.IPs {
-		if a, ok := netip.AddrFromSlice(ipc.Address.IP); ok && a.Unmap().Is4() {
-			p.IP = a.Unmap()
-			break
+		if a, ok := netip.AddrFromSlice(ipc.Address.IP); ok {
+			p.IPs = append(p.IPs, a.Unmap())
 		}
 	}
-	if !p.IP.IsValid() {
-		return nil, errors.Join(fmt.Errorf("add pod %s: CNI result has no IPv4 address: %s", name, resultJSON(r)), n.delPod(ctx, p))
+	if len(p.IPs) != len(n.lab.Families) {
+		return nil, errors.Join(fmt.Errorf("add pod %s: CNI result has %d addresses, want one per family %v: %s", name, len(p.IPs), n.lab.Families, resultJSON(r)), n.delPod(ctx, p))
 	}
+	p.IP = p.IPs[0]
 	return p, nil
+}
+
+// IPOf is the pod's address of family f (invalid if it has none).
+func (p *Pod) IPOf(f ipfamily.Family) netip.Addr {
+	for _, a := range p.IPs {
+		if f.Has(a) {
+			return a
+		}
+	}
+	return netip.Addr{}
 }
 
 // DeletePod calls the CNI plugin with DEL for the pod and removes its

@@ -15,6 +15,15 @@ func (l *Lab) writeClusterState() error {
 	now := time.Now().UTC().Format(time.RFC3339)
 	var nodes []any
 	for _, n := range l.Nodes {
+		var cidrs []string
+		for _, p := range n.PodCIDRs() {
+			cidrs = append(cidrs, p.String())
+		}
+		addrs := []any{}
+		for _, a := range n.InternalIPs() {
+			addrs = append(addrs, map[string]any{"type": "InternalIP", "address": a.String()})
+		}
+		addrs = append(addrs, map[string]any{"type": "Hostname", "address": n.Name})
 		nodes = append(nodes, map[string]any{
 			"apiVersion": "v1",
 			"kind":       "Node",
@@ -28,14 +37,11 @@ func (l *Lab) writeClusterState() error {
 				},
 			},
 			"spec": map[string]any{
-				"podCIDR":  n.PodCIDR.String(),
-				"podCIDRs": []string{n.PodCIDR.String()},
+				"podCIDR":  cidrs[0],
+				"podCIDRs": cidrs,
 			},
 			"status": map[string]any{
-				"addresses": []any{
-					map[string]any{"type": "InternalIP", "address": n.IP.String()},
-					map[string]any{"type": "Hostname", "address": n.Name},
-				},
+				"addresses": addrs,
 				"conditions": []any{
 					map[string]any{"type": "Ready", "status": "True", "reason": "KubeletReady", "lastTransitionTime": now},
 				},

@@ -1,0 +1,226 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"sigs.k8s.io/yaml"
+
+	"github.com/podnet/podnet/dataplane/ipfamily"
+	"github.com/podnet/podnet/dataplane/nodeconfig"
+	"github.com/podnet/podnet/e2e/lab"
+)
+
+// dsClusterIP and dsNodePort are the test Service's frontends per family.
+var dsClusterIP = map[ipfamily.Family]netip.Addr{
+	ipfamily.IPv4: netip.MustParseAddr("10.96.0.50"),
+	ipfamily.IPv6: netip.MustParseAddr("fd00:10:96::50"),
+}
+
+const dsNodePort = 30450
+
+// TestDualStack runs one lab cluster of each kind (IPv4-only, dual-stack,
+// IPv6-only: pods, nodes' InternalIPs and the underlay of those families;
+// IPv6 addresses all unique local) with proxyd in iptables mode on every
+// node, and checks per family: node.json (podCIDRs, the MTU of VXLAN over
+// the first family: 1450 over IPv4, 1430 over IPv6), a pod on every node
+// reaching the pods of the others (host-gw on segment A, VXLAN to node4 on
+// segment B), pods reaching the outside masqueraded to their node's
+// address, and a Service of the cluster's families (one cluster IP per
+// family, an EndpointSlice per address type) reached on each cluster IP
+// from pods of two nodes and on each family's NodePort from outside.
+func TestDualStack(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		fams []ipfamily.Family
+	}{
+		{"ipv4", []ipfamily.Family{ipfamily.IPv4}},
+		{"dual", []ipfamily.Family{ipfamily.IPv4, ipfamily.IPv6}},
+		{"ipv6", []ipfamily.Family{ipfamily.IPv6}},
+	} {
+		t.Run(c.name, func(t *testing.T) { testDualStack(t, c.fams) })
+	}
+}
+
+func testDualStack(t *testing.T, fams []ipfamily.Family) {
+	l := lab.Start(t, lab.Options{Families: fams})
+	ctx := t.Context()
+	var cidrs []string
+	for _, p := range l.ClusterCIDRs() {
+		cidrs = append(cidrs, p.String())
+	}
+	for _, n := range l.Nodes {
+		if _, err := n.StartProxyd(ctx, "--cluster-cidr", strings.Join(cidrs, ","), "--proxy-mode", "iptables",
+			"--service-cluster-ip-range", "10.96.0.0/12,fd00:10:96::/112",
+			"--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "127.0.0.1:10249",
+			"--sync-period", "2s", "--min-sync-period", "100ms"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantMTU := lab.UnderlayMTU - 50
+	if fams[0] == ipfamily.IPv6 {
+		wantMTU = lab.UnderlayMTU - 70
+	}
+	for _, n := range l.Nodes {
+		cfg, err := nodeconfig.Read(n.NodeConfigPath())
+		if err != nil || !slices.Equal(cfg.Pods(), n.PodCIDRs()) || cfg.MTU != wantMTU {
+			t.Fatalf("%s: node config %+v (%v), want podCIDRs %v and MTU %d", n.Name, cfg, err, n.PodCIDRs(), wantMTU)
+		}
+	}
+	pods := map[string]*lab.Pod{}
+	for _, n := range l.Nodes {
+		p, err := n.AddPod(ctx, "p"+strings.TrimPrefix(n.Name, "node"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.StartEcho(lab.EchoOptions{TCP: []string{":9090"}}); err != nil {
+			t.Fatal(err)
+		}
+		pods[n.Name] = p
+	}
+	for _, f := range fams {
+		dsPodToPod(t, l, pods, f)
+	}
+	dsOutside(t, l, pods["node4"], fams)
+	dsService(t, l, pods, fams)
+}
+
+// dsPodToPod pings from every pod every other pod's address of f.
+func dsPodToPod(t *testing.T, l *lab.Lab, pods map[string]*lab.Pod, f ipfamily.Family) {
+	t.Helper()
+	for _, from := range l.Nodes {
+		for _, to := range l.Nodes {
+			if from == to {
+				continue
+			}
+			dst := pods[to.Name].IPOf(f)
+			if _, err := lab.Ping(t.Context(), pods[from.Name].NSPath(), dst); err != nil {
+				t.Errorf("%v: pod on %s -> pod on %s (%s): %v", f, from.Name, to.Name, dst, err)
+			}
+		}
+	}
+}
+
+// dsOutside checks that pod p reaches the outside over each family,
+// masqueraded to its node's address of that family.
+func dsOutside(t *testing.T, l *lab.Lab, p *lab.Pod, fams []ipfamily.Family) {
+	t.Helper()
+	if _, err := l.OutsideHost.StartEcho(lab.EchoOptions{TCP: []string{":7070"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		dst, node := l.OutsideIP, p.Node.IP
+		if f == ipfamily.IPv6 {
+			dst, node = l.OutsideIP6, p.Node.IP6
+		}
+		out, err := dsProbe(p.NSPath(), netip.AddrPortFrom(dst, 7070))
+		if _, from := svcAnswer(out); err != nil || from != node {
+			t.Errorf("%v: pod on %s -> outside %s: %q (%v), want an answer seeing the node's %s", f, p.Node.Name, dst, out, err, node)
+		}
+	}
+}
+
+// dsService writes a Service of the cluster's families and checks it on
+// each cluster IP from the pods on node3 (segment A) and node4 (segment
+// B), and on each family's NodePort of node1 from outside.
+func dsService(t *testing.T, l *lab.Lab, pods map[string]*lab.Pod, fams []ipfamily.Family) {
+	t.Helper()
+	if err := l.WriteState("svc-ds.yaml", dsServiceYAML(t, fams, pods["node1"], pods["node2"])); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		vip := netip.AddrPortFrom(dsClusterIP[f], 80)
+		for _, client := range []*lab.Pod{pods["node3"], pods["node4"]} {
+			dsEventuallyServes(t, client.NSPath(), vip, "p1", "p2")
+		}
+		nodeIP := l.Node("node1").IP
+		if f == ipfamily.IPv6 {
+			nodeIP = l.Node("node1").IP6
+		}
+		dsEventuallyServes(t, l.OutsideHost.NSPath(), netip.AddrPortFrom(nodeIP, dsNodePort), "p1", "p2")
+	}
+}
+
+// dsServiceYAML is a NodePort Service "ds" with one cluster IP per family
+// of fams (RequireDualStack with two) and one EndpointSlice per address
+// type, web1 and web2 ready in each.
+func dsServiceYAML(t *testing.T, fams []ipfamily.Family, web ...*lab.Pod) string {
+	t.Helper()
+	var ips, names []string
+	for _, f := range fams {
+		ips, names = append(ips, dsClusterIP[f].String()), append(names, f.String())
+	}
+	policy := "SingleStack"
+	if len(fams) == 2 {
+		policy = "RequireDualStack"
+	}
+	objs := []any{map[string]any{
+		"apiVersion": "v1", "kind": "Service",
+		"metadata": map[string]any{"name": "ds", "namespace": "default"},
+		"spec": map[string]any{"type": "NodePort", "clusterIP": ips[0], "clusterIPs": ips, "ipFamilies": names, "ipFamilyPolicy": policy,
+			"ports": []any{map[string]any{"name": "tcp", "protocol": "TCP", "port": 80, "targetPort": 9090, "nodePort": dsNodePort}}},
+	}}
+	for _, f := range fams {
+		var eps []any
+		for _, w := range web {
+			eps = append(eps, map[string]any{"addresses": []string{w.IPOf(f).String()}, "conditions": map[string]any{"ready": true, "serving": true},
+				"nodeName": w.Node.Name, "targetRef": map[string]any{"kind": "Pod", "name": w.Name, "namespace": "default"}})
+		}
+		objs = append(objs, map[string]any{
+			"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": f.String(),
+			"metadata": map[string]any{"name": "ds-" + strings.ToLower(f.String()), "namespace": "default",
+				"labels": map[string]any{"kubernetes.io/service-name": "ds"}},
+			"ports": []any{map[string]any{"name": "tcp", "protocol": "TCP", "port": 9090}}, "endpoints": eps,
+		})
+	}
+	b, err := yaml.Marshal(map[string]any{"apiVersion": "v1", "kind": "List", "items": objs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// dsProbe makes one TCP probe of addr from the namespace at nsPath.
+func dsProbe(nsPath string, addr netip.AddrPort) (string, error) {
+	var out string
+	err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
+		var err error
+		out, err = lab.Probe(context.Background(), "tcp", addr.String(), 2*time.Second)
+		return err
+	})
+	return out, err
+}
+
+// dsEventuallyServes waits until 12 probes in a row of addr from nsPath
+// all answer, from exactly the servers in want.
+func dsEventuallyServes(t *testing.T, nsPath string, addr netip.AddrPort, want ...string) {
+	t.Helper()
+	var last map[string]int
+	var lastErr error
+	deadline := time.Now().Add(svcTimeout)
+	for time.Now().Before(deadline) {
+		seen := map[string]int{}
+		lastErr = nil
+		for range 12 {
+			out, err := dsProbe(nsPath, addr)
+			if err != nil {
+				lastErr = err
+				break
+			}
+			name, _ := svcAnswer(out)
+			seen[name]++
+		}
+		last = seen
+		if lastErr == nil && len(seen) == len(want) && seen[want[0]] > 0 && seen[want[len(want)-1]] > 0 {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s from %s: answered by %v (last error %v), want exactly %v", addr, nsPath, last, lastErr, fmt.Sprint(want))
+}
