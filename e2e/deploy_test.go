@@ -306,7 +306,7 @@ func TestDeployRBAC(t *testing.T) {
 	read := []string{"list", "watch"}
 	add(node, "", []string{"nodes"}, []string{"get", "list", "watch", "patch"})
 	add(node, "", []string{"nodes/status"}, []string{"patch"})
-	add(node, "", []string{"services", "namespaces", "discovery.k8s.io/endpointslices"}, read)
+	add(node, "", []string{"services", "namespaces", "pods", "discovery.k8s.io/endpointslices", "networking.k8s.io/networkpolicies"}, read)
 	add(node, "podnet-system", []string{"coordination.k8s.io/leases"}, []string{"get", "list", "create", "delete"})
 	add(dns, "", []string{"services", "namespaces", "pods", "discovery.k8s.io/endpointslices"}, read)
 	cmp := func(a, b grant) int {

@@ -25,6 +25,7 @@ import (
 	"github.com/podnet/podnet/dataplane/nodeconfig"
 	"github.com/podnet/podnet/dataplane/nodenet"
 	"github.com/podnet/podnet/dataplane/podcidr"
+	"github.com/podnet/podnet/dataplane/policy"
 	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/routing"
 )
@@ -95,6 +96,8 @@ func (f *flags) register(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&f.nodePortAddresses, "nodeport-addresses", nil, "CIDRs whose node addresses accept NodePorts, or \"primary\" for the Node's InternalIPs (default: all)")
 	fs.BoolVar(&f.masqueradeAll, "masquerade-all", false, "masquerade all traffic sent to Service IPs")
 	f.modeSettings = modes.AddFlags(fs)
+	fs.BoolVar(&o.NetworkPolicy, "network-policy", true, "enforce NetworkPolicy for this node's pods (nftables table inet "+policy.TableName+", every proxy mode); reads Pods and NetworkPolicies")
+	fs.Uint16Var(&o.PolicyLogGroup, "network-policy-log-group", 24, "nflog group that denied new connections are logged to (rate-limited)")
 	fs.BoolVar(&f.cleanup, "cleanup", false, "remove everything proxyd installed and exit")
 	f.migration.register(fs)
 	f.limits.Register(fs)
@@ -120,7 +123,7 @@ func registerConntrack(fs *pflag.FlagSet, c *hostnet.Conntrack) {
 func (f *flags) setup(logger *slog.Logger) (func(context.Context) error, error) {
 	if f.cleanup {
 		return func(context.Context) error {
-			return errors.Join(nodenet.Cleanup(logger), modes.Cleanup(proxy.Config{Logger: logger, Settings: f.modeSettings}, ""))
+			return errors.Join(nodenet.Cleanup(logger), modes.Cleanup(proxy.Config{Logger: logger, Settings: f.modeSettings}, ""), policy.Cleanup())
 		}, nil
 	}
 	o, err := f.agentOptions(logger)

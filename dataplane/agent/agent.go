@@ -12,13 +12,18 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"time"
 
+	"github.com/google/nftables"
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/podnet/podnet/dataplane/app"
+	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/cluster/convert"
+	"github.com/podnet/podnet/dataplane/cluster/kube"
 	"github.com/podnet/podnet/dataplane/cluster/statedir"
 	"github.com/podnet/podnet/dataplane/health"
 	"github.com/podnet/podnet/dataplane/hostnet"
@@ -27,6 +32,7 @@ import (
 	"github.com/podnet/podnet/dataplane/nodenet"
 	"github.com/podnet/podnet/dataplane/nodestatus"
 	"github.com/podnet/podnet/dataplane/podcidr"
+	"github.com/podnet/podnet/dataplane/policy"
 	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/routing"
 	"github.com/podnet/podnet/dataplane/runner"
@@ -73,6 +79,11 @@ type Options struct {
 	ServiceProxy *proxy.ServiceOptions
 	// Kernel replaces parts of the node's kernel (tests); nil: the real one.
 	Kernel *nodenet.Kernel
+	// NetworkPolicy enforces NetworkPolicy for this node's pods (the
+	// table inet podnet-policy); PolicyLogGroup is the nflog group its
+	// denied new connections are logged to.
+	NetworkPolicy  bool
+	PolicyLogGroup uint16
 	// Clock times the node network's syncs and how long the Service
 	// proxy's first sync waits for them; nil: the system's (tests drive a
 	// runner.FakeClock).
@@ -153,7 +164,7 @@ func Run(ctx context.Context, o Options) error {
 	board := &status.Board{}
 	board.Provide(StatusHealth, func() any { return healthStatus(progress, checker) })
 
-	src, err := app.NewSource(app.SourceOptions{StateDir: o.StateDir, StateLimits: o.StateLimits, Kube: o.Kube, Logger: log})
+	src, err := app.NewSource(app.SourceOptions{StateDir: o.StateDir, StateLimits: o.StateLimits, Kube: o.Kube, Kinds: o.kinds(), Logger: log})
 	if err != nil {
 		return err
 	}
@@ -188,6 +199,11 @@ func Run(ctx context.Context, o Options) error {
 		goKube(g, o, client, n.Routed())
 	}
 	g.Go("node network", n.Run)
+	if o.NetworkPolicy {
+		if err := goPolicy(g, o, src.Store, checker, board, reg); err != nil {
+			return err
+		}
+	}
 	if o.ServiceProxy != nil {
 		sp := *o.ServiceProxy
 		sp.SyncPeriod, sp.MinSyncPeriod = o.SyncPeriod, o.MinSyncPeriod
@@ -199,6 +215,38 @@ func Run(ctx context.Context, o Options) error {
 		})
 	}
 	return g.Wait()
+}
+
+// kinds are what the API server source watches: with NetworkPolicy, every
+// Pod (peers on other nodes match selectors too; each is reduced to its
+// labels, addresses and named ports as it arrives) and the policies.
+func (o Options) kinds() []cluster.Kind {
+	if !o.NetworkPolicy {
+		return nil
+	}
+	return append(slices.Clone(kube.DefaultKinds), cluster.KindPod, cluster.KindNetworkPolicy)
+}
+
+// StatusPolicy is the network policy's section of the status board.
+const StatusPolicy = "networkPolicy"
+
+// goPolicy runs the NetworkPolicy controller over the node's own nftables
+// table.
+func goPolicy(g *app.Group, o Options, store *cluster.Store, checker *health.Checker, board *status.Board, reg prometheus.Registerer) error {
+	conn, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("network policy: nftables: %w", err)
+	}
+	table := policy.NewTable(conn, policy.Options{Families: o.families(), LogGroup: o.PolicyLogGroup})
+	c := policy.NewController(policy.ControllerOptions{NodeName: o.NodeName, Store: store, Table: table,
+		MinInterval: o.MinSyncPeriod, MaxInterval: o.SyncPeriod, Clock: o.Clock, Logger: o.Logger.With("component", "network-policy")})
+	if err := reg.Register(c); err != nil {
+		return fmt.Errorf("network policy metrics: %w", err)
+	}
+	checker.Check("network-policy", c.Err)
+	board.Provide(StatusPolicy, func() any { return c.Status() })
+	g.Go("network policy", c.Run)
+	return nil
 }
 
 // nodeNetConfig is the node network's part of o.

@@ -240,3 +240,22 @@ spec: {podSelector: {matchLabels: {app: web}}, ingress: [{ports: [{port: 80}]}]}
 		t.Errorf("b/client -> web:80 = %+v, want allowed with no egress policy", v)
 	}
 }
+
+func TestPodStatusesSayWhatPoliciesAllow(t *testing.T) {
+	pods, nss := fixture()
+	pols := mustPolicies(t, `
+metadata: {namespace: a, name: web-in}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  ingress:
+  - from: [{namespaceSelector: {matchLabels: {team: b}}, podSelector: {matchLabels: {app: client}}}, {ipBlock: {cidr: 10.0.0.0/8, except: [10.1.0.0/16]}}]
+    ports: [{port: 80}, {protocol: UDP, port: dns}, {port: 8000, endPort: 8080}]
+  - {}`, `
+metadata: {namespace: a, name: deny-egress}
+spec: {podSelector: {}, policyTypes: [Egress]}`)
+	got := NewModel(pods, nss, pols).PodStatuses(onNode("node1"))
+	want := `[{a/db [] [{a/deny-egress []}]} {a/web [{a/web-in [from pods app=client of namespaces team=b; 10.0.0.0/8 except [10.1.0.0/16] on TCP/80, UDP/dns, TCP/8000-8080 from anyone on any port]}] [{a/deny-egress []}]}]`
+	if fmt.Sprint(got) != want {
+		t.Errorf("statuses\n%v\nwant\n%s", got, want)
+	}
+}

@@ -295,3 +295,22 @@ func (t *Table) Counters() (map[cluster.Key]Counts, error) {
 	}
 	return out, nil
 }
+
+// Cleanup removes the policy table from the current network namespace
+// (proxyd --cleanup).
+func Cleanup() error {
+	conn, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("remove table %s: %w", TableName, err)
+	}
+	tables, err := conn.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return fmt.Errorf("remove table %s: %w", TableName, err)
+	}
+	for _, t := range tables {
+		if t.Name == TableName {
+			return NewTable(conn, Options{}).Remove()
+		}
+	}
+	return nil
+}

@@ -25,6 +25,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -213,6 +214,9 @@ func (s *Source) listWatch(kind cluster.Kind) (cache.ListerWatcher, runtime.Obje
 		list, watchFn, example = listOf(c.CoreV1().Namespaces().List), c.CoreV1().Namespaces().Watch, &corev1.Namespace{}
 	case cluster.KindPod:
 		list, watchFn, example = listOf(c.CoreV1().Pods("").List), c.CoreV1().Pods("").Watch, &corev1.Pod{}
+	case cluster.KindNetworkPolicy:
+		np := c.NetworkingV1().NetworkPolicies("")
+		list, watchFn, example = listOf(np.List), np.Watch, &networkingv1.NetworkPolicy{}
 	default:
 		return nil, nil, fmt.Errorf("kube source: unknown kind %v", kind)
 	}
@@ -276,6 +280,8 @@ func (s *Source) transform(kind cluster.Kind) cache.TransformFunc {
 			out, err = convert.FromV1Namespace(o)
 		case *corev1.Pod:
 			out, err = convert.FromV1Pod(o)
+		case *networkingv1.NetworkPolicy:
+			out, err = convert.FromV1NetworkPolicy(o)
 		default:
 			// Tombstones and already-reduced objects pass through.
 			return obj, nil

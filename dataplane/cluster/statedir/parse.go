@@ -263,9 +263,10 @@ type decoder struct {
 
 // decoders are the kinds the dataplane uses, by apiVersion/kind.
 var decoders = map[string]decoder{
-	"v1/Node":      {cluster.KindNode, false, decodeAs(convert.FromV1Node, nil)},
-	"v1/Namespace": {cluster.KindNamespace, false, decodeAs(convert.FromV1Namespace, nil)},
-	"v1/Pod":       {cluster.KindPod, true, decodeAs(convert.FromV1Pod, nil)},
+	"v1/Node":                            {cluster.KindNode, false, decodeAs(convert.FromV1Node, nil)},
+	"v1/Namespace":                       {cluster.KindNamespace, false, decodeAs(convert.FromV1Namespace, nil)},
+	"v1/Pod":                             {cluster.KindPod, true, decodeAs(convert.FromV1Pod, nil)},
+	"networking.k8s.io/v1/NetworkPolicy": {cluster.KindNetworkPolicy, true, decodeAs(convert.FromV1NetworkPolicy, nil)},
 	"v1/Service": {cluster.KindService, true, decodeAs(convert.FromV1Service, func(s *v1.Service, l convert.Limits) error {
 		return convert.ValidateV1Service(s, l)
 	})},

@@ -160,7 +160,7 @@ func New(o Options) *Source {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	if len(o.Kinds) == 0 {
-		o.Kinds = []cluster.Kind{cluster.KindNode, cluster.KindService, cluster.KindEndpointSlice, cluster.KindNamespace, cluster.KindPod}
+		o.Kinds = []cluster.Kind{cluster.KindNode, cluster.KindService, cluster.KindEndpointSlice, cluster.KindNamespace, cluster.KindPod, cluster.KindNetworkPolicy}
 	}
 	if o.Debounce <= 0 {
 		o.Debounce = 100 * time.Millisecond

@@ -1,0 +1,106 @@
+package policy
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+)
+
+type fakeApplier struct {
+	applied chan *Program
+	counts  map[cluster.Key]Counts
+}
+
+func (f *fakeApplier) Apply(p *Program) error { f.applied <- p; return nil }
+func (f *fakeApplier) Counters() (map[cluster.Key]Counts, error) {
+	return f.counts, nil
+}
+
+// TestControllerFollowsTheStore: nothing is programmed before the Store is
+// synced; then each change of a Pod, Namespace or NetworkPolicy brings a
+// program compiled from the Store for this node's pods.
+func TestControllerFollowsTheStore(t *testing.T) {
+	pods, nss := fixture()
+	store := cluster.NewStore()
+	for _, p := range pods {
+		store.Upsert(p)
+	}
+	for _, n := range nss {
+		store.Upsert(n)
+	}
+	f := &fakeApplier{applied: make(chan *Program, 10)}
+	c := NewController(ControllerOptions{NodeName: "node1", Store: store, Table: f})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() { c.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	select {
+	case p := <-f.applied:
+		t.Fatalf("programmed %+v before the Store was synced", p)
+	default:
+	}
+	store.MarkSynced()
+	if p := next(t, f); len(p.Policies) != 0 {
+		t.Fatalf("first program %+v, want no policies", p)
+	}
+	for _, np := range mustPolicies(t, `
+metadata: {namespace: a, name: web-in}
+spec: {podSelector: {matchLabels: {app: web}}, ingress: [{from: [{podSelector: {matchLabels: {app: db}}}]}]}`) {
+		store.Upsert(np)
+	}
+	p := next(t, f)
+	if len(p.Policies) != 1 || len(p.Policies[0].Dir[Ingress].Selected) != 2 || len(p.Policies[0].Dir[Ingress].Rules[0].Pods) != 2 {
+		t.Fatalf("program %+v, want web-in selecting web's two addresses with db's two as peers", p.Policies)
+	}
+	db := *pods[1]
+	db.Labels = map[string]string{"app": "other"}
+	store.Upsert(&db)
+	if p := next(t, f); len(p.Policies[0].Dir[Ingress].Rules[0].Pods) != 0 {
+		t.Errorf("after db's relabel the peers are %v, want none", p.Policies[0].Dir[Ingress].Rules[0].Pods)
+	}
+	// The sync records its success after Apply returns.
+	for deadline := time.Now().Add(10 * time.Second); c.Synced() < 3 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	st := c.Status()
+	if st.Syncs != 3 || len(st.Pods) != 1 || st.Pods[0].Pod != "a/web" || st.Pods[0].Ingress[0].Policy != "a/web-in" {
+		t.Errorf("status %+v, want 3 syncs and a/web selected by a/web-in", st)
+	}
+
+	f.counts = map[cluster.Key]Counts{{Namespace: "a", Name: "web-in"}: {Allowed: 3, Dropped: 5}}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	got, err := testutil.GatherAndCount(reg, "podnet_network_policy_connections_total")
+	if err != nil || got != 2 {
+		t.Errorf("gathered %d series, %v; want allowed and dropped", got, err)
+	}
+}
+
+func next(t *testing.T, f *fakeApplier) *Program {
+	t.Helper()
+	select {
+	case p := <-f.applied:
+		slices.SortFunc(p.Policies, func(a, b *PolicyProgram) int { return compareKeys(a.Key, b.Key) })
+		return p
+	case <-time.After(10 * time.Second):
+		t.Fatal("no program applied within 10 s")
+		return nil
+	}
+}
+
+func compareKeys(a, b cluster.Key) int {
+	if a.String() < b.String() {
+		return -1
+	}
+	if a.String() > b.String() {
+		return 1
+	}
+	return 0
+}
