@@ -123,12 +123,41 @@ $(COREDNS):
 	mv $@.tmp/coredns $@
 	rmdir $@.tmp
 
+# The ginkgo CLI runs e2e.test with parallel processes, as upstream CI
+# does: at the version e2e.test is built with (the tools module's), from the
+# Go module proxy by go install (its own go.sum), cached like the rest.
+GINKGO_VERSION := $(shell awk '$$1 == "github.com/onsi/ginkgo/v2" { print $$2 }' e2e/apiserver/tools/go.mod)
+GINKGO := $(APISERVER_CACHE)/ginkgo-$(GINKGO_VERSION)
+$(GINKGO):
+	rm -rf $@.tmp && mkdir -p $@.tmp
+	GOBIN=$@.tmp nice -n 10 $(GO) install -trimpath -ldflags '-s -w' github.com/onsi/ginkgo/v2/ginkgo@$(GINKGO_VERSION)
+	mv $@.tmp/ginkgo $@
+	rmdir $@.tmp
+
+# What TestConformance runs: the specs of CONFORMANCE_FOCUS but
+# CONFORMANCE_SKIP's, over CONFORMANCE_PROCS ginkgo processes, each lab's
+# e2e.test at most CONFORMANCE_BUDGET (empty: until go test's timeout).
+# [Serial] specs, when the skip lets them in, run after the others, one at
+# a time (ginkgo's Serial decorator). CONFORMANCE_ONE_LAB=1 runs the podnet
+# lab and the baseline one after the other instead of at once, for a box
+# too small for both; give CONFORMANCE_TIMEOUT room for two budgets then.
+# A larger focus, e.g.:
+#   make conformance CONFORMANCE_FOCUS='\[sig-network\] (Services|Conntrack|DNS|Networking|EndpointSlice)' \
+#     CONFORMANCE_ONE_LAB=1 CONFORMANCE_BUDGET=50m CONFORMANCE_TIMEOUT=150m
 CONFORMANCE_FOCUS ?= \[sig-network\].*\[Conformance\]
-conformance: deps build apiserver image kube-node $(E2E_TEST) $(AGNHOST) $(KUBE_PROXY) $(COREDNS)
+CONFORMANCE_SKIP ?= \[Serial\]|\[Disruptive\]
+CONFORMANCE_PROCS ?= 4
+CONFORMANCE_BUDGET ?=
+CONFORMANCE_ONE_LAB ?=
+CONFORMANCE_TIMEOUT ?= 45m
+conformance: deps build apiserver image kube-node $(E2E_TEST) $(AGNHOST) $(KUBE_PROXY) $(COREDNS) $(GINKGO)
 	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) PODNET_IMAGE=$(CURDIR)/$(IMAGE) \
-	PODNET_E2E_TEST=$(E2E_TEST) PODNET_AGNHOST=$(AGNHOST) PODNET_CONFORMANCE_FOCUS='$(CONFORMANCE_FOCUS)' \
+	PODNET_E2E_TEST=$(E2E_TEST) PODNET_AGNHOST=$(AGNHOST) PODNET_GINKGO=$(GINKGO) \
+	PODNET_CONFORMANCE_FOCUS='$(CONFORMANCE_FOCUS)' PODNET_CONFORMANCE_SKIP='$(CONFORMANCE_SKIP)' \
+	PODNET_CONFORMANCE_PROCS=$(CONFORMANCE_PROCS) PODNET_CONFORMANCE_BUDGET=$(CONFORMANCE_BUDGET) \
+	PODNET_CONFORMANCE_ONE_LAB=$(CONFORMANCE_ONE_LAB) \
 	PODNET_KUBE_PROXY=$(KUBE_PROXY) PODNET_COREDNS=$(COREDNS) \
-		$(GO) test -tags conformance -count=1 -timeout 45m -v -run '^(TestRealNodes|TestRealNodesEBPF|TestConformance)$$' ./e2e/
+		$(GO) test -tags conformance -count=1 -timeout $(CONFORMANCE_TIMEOUT) -v -run '^(TestRealNodes|TestRealNodesEBPF|TestConformance)$$' ./e2e/
 
 # podnet's image as a docker-archive tarball (`ctr images import`, `docker
 # load`), without a Docker engine: the final stage of the Dockerfile read by

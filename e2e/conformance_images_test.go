@@ -48,11 +48,15 @@ func agnhostSpec(agnhost, crt, key string) image.Spec {
 		Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}}
 }
 
+// execCheck is a command a spec runs in a pod and what its output holds
+// when it ran, with nothing listening.
+type execCheck struct{ cmd, want string }
+
 // frameworkExecs are the commands e2e.test v1.36.3 execs in agnhost pods
 // (kubectl exec … /bin/sh -x -c CMD), from test/e2e/framework and
 // test/e2e/network, with their targets moved to loopback. want is what
 // the output must hold: each fails to reach anything, but is there to run.
-var frameworkExecs = []struct{ cmd, want string }{
+var frameworkExecs = []execCheck{
 	// framework/network/utils.go: curl to netexec's /dial, /hostName; nc for UDP.
 	{"curl -g -q -s 'http://127.0.0.1:9/dial?request=hostname&protocol=http&host=127.0.0.1&port=9&tries=1'; echo rc=$?", "rc=7"},
 	{"curl -g -q -s -o /dev/null -w %{http_code} http://127.0.0.1:9/hostName; echo rc=$?", "rc=7"},
@@ -79,11 +83,58 @@ var frameworkExecs = []struct{ cmd, want string }{
 	{"ip -o link show lo; ping -c 1 -W 1 127.0.0.1 >/dev/null; echo rc=$?", "rc=0"},
 }
 
-// TestAgnhostStandInRunsTheFrameworksCommands builds the agnhost stand-in
+// standIn is an image the lab builds in place of upstream's, under the tag
+// e2e.test asks for, and the commands the specs run in it.
+type standIn struct {
+	tag   string
+	spec  image.Spec
+	execs []execCheck
+}
+
+// standIns are the images whose tools the [sig-network] specs run: agnhost
+// (frameworkExecs); busybox, in which the conntrack specs run a shell that
+// sleeps (an init container) or loops over busybox's nc; distroless-iptables,
+// the host-network pod whose conntrack table kube_proxy.go reads (sh, test,
+// cat, grep, which, conntrack, sleep, as upstream's Debian-based image has);
+// and regression-issue-74839, the conntrack spec's boom-server, built from
+// e2e.test's own release on Debian as upstream's is. Binaries are passed
+// in: agnhost and the boom-server.
+func standIns(agnhost, crt, key, regression string) []standIn {
+	busybox := image.Spec{Suite: "bookworm", Packages: []string{"busybox"},
+		Entrypoint: []string{"/bin/sh"}}
+	for _, a := range []string{"nc", "wget", "nslookup"} {
+		busybox.Links = append(busybox.Links, image.Link{Dst: "/usr/local/bin/" + a, Target: "/bin/busybox"})
+	}
+	return []standIn{
+		{confRegistry + "/agnhost:2.63.0", agnhostSpec(agnhost, crt, key), frameworkExecs},
+		{confRegistry + "/busybox:1.37.0-1", busybox, []execCheck{
+			{"echo Pausing start. && sleep 0", "Pausing start."},
+			{"nc 127.0.0.1 9000 </dev/null 2>&1; echo rc=$?", "rc=1"},
+			{"wget -T 1 -qO- http://127.0.0.1:9/ 2>&1; echo rc=$?", "rc=1"},
+			{"nc --help 2>&1 | head -1", "BusyBox"},
+		}},
+		{confBuildRegistry + "/distroless-iptables:v0.9.6", image.Spec{Suite: "bookworm", Packages: []string{"conntrack", "iptables"}}, []execCheck{
+			{"sleep 0; test -f /proc/net/nf_conntrack; which conntrack", "/usr/sbin/conntrack"},
+			{"cat /proc/net/nf_conntrack 2>/dev/null | grep -m 1 -E 'CLOSE_WAIT.*dst=127.0.0.1.*dport=9'; echo rc=$?", "rc=1"},
+			{"conntrack -L -f ipv4 -d 127.0.0.1 2>/dev/null | grep -m 1 'CLOSE_WAIT.*dport=9'; conntrack -L >/dev/null 2>&1; echo rc=$?", "rc=0"},
+			{"iptables-save >/dev/null && ip6tables-save >/dev/null; echo rc=$?", "rc=0"},
+		}},
+		{confRegistry + "/regression-issue-74839:1.4", image.Spec{Suite: "bookworm",
+			Files:      []image.File{{Src: regression, Dst: "/regression-issue-74839", Mode: 0o755}},
+			Entrypoint: []string{"/regression-issue-74839"}}, []execCheck{
+			// Serves until killed (it exits at once on a missing tool or
+			// address).
+			{"POD_IP=127.0.0.1 timeout 2 /regression-issue-74839 >/dev/null 2>&1; echo rc=$?", "rc=124"},
+		}},
+	}
+}
+
+// TestAgnhostStandInRunsTheFrameworksCommands builds each stand-in of
+// standIns (agnhost, busybox, distroless-iptables, regression-issue-74839)
 // and runs, in its root filesystem (chroot, in namespaces of its own: a
-// network with only loopback, its own /proc), every command of
-// frameworkExecs: none may be missing ("not found", exit 127), and each
-// must answer as the tool does when nothing listens.
+// network with only loopback, its own /proc), every command the specs run
+// in it: none may be missing ("not found", exit 127), and each must answer
+// as the tool does when nothing listens.
 func TestAgnhostStandInRunsTheFrameworksCommands(t *testing.T) {
 	roottest.Require(t)
 	roottest.Tool(t, "mmdebstrap", "mmdebstrap")
@@ -92,20 +143,33 @@ func TestAgnhostStandInRunsTheFrameworksCommands(t *testing.T) {
 	if err := os.WriteFile(stub, []byte("stand-in"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	tag := confRegistry + "/agnhost:2.63.0"
-	out := filepath.Join(dir, "agnhost.tar")
-	if err := image.Build(t.Context(), image.BuildOptions{Spec: agnhostSpec(stub, stub, stub), Tag: tag, Out: out, CacheDir: "/var/cache/podnet"}); err != nil {
-		t.Fatal(err)
+	for _, si := range standIns(stub, stub, stub, buildRegression74839(t, dir)) {
+		name := si.tag[strings.LastIndex(si.tag, "/")+1:]
+		t.Run(name, func(t *testing.T) {
+			out := filepath.Join(dir, strings.NewReplacer("/", "_", ":", "_").Replace(si.tag)+".tar")
+			if err := image.Build(t.Context(), image.BuildOptions{Spec: si.spec, Tag: si.tag, Out: out, CacheDir: "/var/cache/podnet"}); err != nil {
+				t.Fatal(err)
+			}
+			root := extractImage(t, out, si.tag, filepath.Join(dir, "root-"+name))
+			runExecChecks(t, root, si.execs)
+		})
 	}
-	root := extractImage(t, out, tag, filepath.Join(dir, "root"))
+}
+
+// runExecChecks runs checks in the root filesystem root, each in a shell
+// of its own as kubectl exec runs it, and fails t for each missing command
+// or output without its want.
+func runExecChecks(t *testing.T, root string, checks []execCheck) {
+	t.Helper()
 	var script strings.Builder
-	script.WriteString("mount -t proc proc /proc && ip link set lo up || exit 3\n")
-	for i, e := range frameworkExecs {
-		// Each in a shell of its own, as kubectl exec runs it.
+	script.WriteString("mount -t proc proc /proc || exit 3\n")
+	for i, e := range checks {
 		fmt.Fprintf(&script, "echo '=== %d'; /bin/sh -c %s 2>&1; echo \"=== exit $?\"\n", i, shellQuote(e.cmd))
 	}
+	// Loopback comes up by the build machine's ip, in the new network
+	// namespace: not every image has one.
 	cmd := exec.CommandContext(t.Context(), "unshare", "--net", "--mount", "--pid", "--fork", "--uts",
-		"chroot", root, "/bin/sh", "-c", script.String())
+		"/bin/sh", "-c", `ip link set lo up && exec chroot "$1" /bin/sh -c "$2"`, "sh", root, script.String())
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	b, err := cmd.CombinedOutput()
 	if err != nil {
@@ -122,7 +186,7 @@ func TestAgnhostStandInRunsTheFrameworksCommands(t *testing.T) {
 			outputs[cur] += line + "\n"
 		}
 	}
-	for i, e := range frameworkExecs {
+	for i, e := range checks {
 		got := outputs[i]
 		switch {
 		case strings.Contains(got, "not found") || strings.Contains(got, "=== exit 127"):

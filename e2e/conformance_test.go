@@ -7,6 +7,7 @@ import (
 	"encoding/xml"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -17,21 +18,23 @@ import (
 	"time"
 
 	"github.com/podnet/podnet/e2e/image"
+	"github.com/podnet/podnet/e2e/realnode"
 )
 
 // The suite's images, under the registries KUBE_TEST_REPO_LIST maps to
 // localhost: names and tags are the ones e2e.test v1.36.3 asks for
 // (e2e.test --list-images).
 const (
-	confRegistry   = "localhost/e2e-test-images"
-	confGCRegistry = "localhost/k8s"
+	confRegistry      = "localhost/e2e-test-images"
+	confGCRegistry    = "localhost/k8s"
+	confBuildRegistry = "localhost/build-image"
 )
 
-// conformanceImages builds the four images the [sig-network]
-// [Conformance] tests run: agnhost (a Debian root with the tools the
-// specs exec beside it, agnhostSpec), glibc-dns-testing
-// (Debian with dnsutils), nginx (has only to keep serving: the test app),
-// and pause.
+// conformanceImages builds the images the [sig-network] specs run: the
+// stand-ins of standIns (agnhost, busybox, distroless-iptables,
+// regression-issue-74839, each with what the specs exec in it),
+// glibc-dns-testing (Debian with dnsutils), nginx (has only to keep
+// serving: the test app), and pause.
 func conformanceImages(t *testing.T, dir, agnhost, testapp string) []string {
 	t.Helper()
 	certDir := filepath.Join(dir, "certs")
@@ -53,13 +56,18 @@ func conformanceImages(t *testing.T, dir, agnhost, testapp string) []string {
 		tag  string
 		spec image.Spec
 	}{
-		{confRegistry + "/agnhost:2.63.0", agnhostSpec(agnhost, filepath.Join(certDir, "localhost.crt"), filepath.Join(certDir, "localhost.key"))},
 		{confRegistry + "/glibc-dns-testing:2.0.0", image.Spec{Suite: "bookworm", Packages: []string{"bind9-dnsutils"},
 			Entrypoint: []string{"/bin/sh"}}},
 		{confRegistry + "/nginx:1.15-4", image.Spec{Files: []image.File{{Src: testapp, Dst: "/testapp", Mode: 0o755}},
 			Entrypoint: []string{"/testapp", "serve", ":80"}}},
 		{confGCRegistry + "/pause:3.10.2", image.Spec{Files: []image.File{{Src: testapp, Dst: "/testapp", Mode: 0o755}},
 			Entrypoint: []string{"/testapp", "pause"}}},
+	}
+	for _, si := range standIns(agnhost, filepath.Join(certDir, "localhost.crt"), filepath.Join(certDir, "localhost.key"), buildRegression74839(t, dir)) {
+		specs = append(specs, struct {
+			tag  string
+			spec image.Spec
+		}{si.tag, si.spec})
 	}
 	var out []string
 	for _, s := range specs {
@@ -70,6 +78,17 @@ func conformanceImages(t *testing.T, dir, agnhost, testapp string) []string {
 		out = append(out, p)
 	}
 	return out
+}
+
+// buildRegression74839 builds the conntrack spec's "boom-server" from the
+// tools module (e2e.test's release) into dir.
+func buildRegression74839(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "regression-issue-74839")
+	if out, err := goCmd("-C", "apiserver/tools", "build", "-trimpath", "-o", bin, "k8s.io/kubernetes/test/images/regression-issue-74839"); err != nil {
+		t.Fatalf("build regression-issue-74839: %v\n%s", err, out)
+	}
+	return bin
 }
 
 // moduleDir is where the Go module cache holds mod (of the tools module).
@@ -106,36 +125,37 @@ const (
 )
 
 // TestConformance runs e2e.test's [sig-network] [Conformance] specs against
-// two labs at once, each of three real nodes (two on one segment, one
-// across the router): one running podnet as README installs it, the other
-// the baseline, podnet's CNI plugin and node agent with kube-proxy
-// (iptables) and CoreDNS of the same release serving Services and DNS. It
-// prints passed / failed / skipped per spec for both side by side, and
-// fails if podnet fails any. make conformance runs it.
+// two labs, each of three real nodes (two on one segment, one across the
+// router): one running podnet as README installs it, the other the
+// baseline, podnet's CNI plugin and node agent with kube-proxy (iptables)
+// and CoreDNS of the same release serving Services and DNS. e2e.test runs
+// under the ginkgo CLI with parallel processes, as upstream CI runs specs
+// that are not [Serial] (ginkgo itself runs the [Serial] ones after the
+// others, one at a time, when the skip lets them in). The labs run at the
+// same time, or one after the other with PODNET_CONFORMANCE_ONE_LAB=1 (each
+// then has the whole budget). It prints passed / failed / skipped per spec
+// for both side by side, and fails if podnet fails any. make conformance
+// runs it.
 func TestConformance(t *testing.T) {
-	e2eTest, agnhost := os.Getenv("PODNET_E2E_TEST"), os.Getenv("PODNET_AGNHOST")
-	kubeProxy, coredns := os.Getenv("PODNET_KUBE_PROXY"), os.Getenv("PODNET_COREDNS")
-	if e2eTest == "" || agnhost == "" || kubeProxy == "" || coredns == "" {
-		t.Fatal("$PODNET_E2E_TEST, $PODNET_AGNHOST, $PODNET_KUBE_PROXY or $PODNET_COREDNS is unset: run make conformance")
-	}
-	focus := os.Getenv("PODNET_CONFORMANCE_FOCUS")
-	if focus == "" {
-		focus = `\[sig-network\].*\[Conformance\]`
-	}
-	checkCoreDNSVersion(t, coredns)
+	r := conformanceRunFromEnv(t)
+	oneLab := os.Getenv("PODNET_CONFORMANCE_ONE_LAB") != ""
+	checkCoreDNSVersion(t, r.coredns)
+	checkGinkgoVersion(t, r.ginkgo)
 	dir := t.TempDir()
-	images := conformanceImages(t, dir, agnhost, buildTestapp(t, dir))
-	baselineImages := append([]string{corednsImageTar(t, dir, coredns)}, images...)
+	images := conformanceImages(t, dir, r.agnhost, buildTestapp(t, dir))
+	baselineImages := append([]string{corednsImageTar(t, dir, r.coredns)}, images...)
 
 	results := map[string]map[string]specResult{}
 	var mu sync.Mutex
 	run := func(t *testing.T, name string, o realClusterOptions) {
 		t.Run(name, func(t *testing.T) {
-			t.Parallel()
+			if !oneLab {
+				t.Parallel()
+			}
 			c := startRealClusterOpts(t, realNodes(), o)
-			r := c.runConformance(t, e2eTest, focus)
+			res := c.runConformance(t, r)
 			mu.Lock()
-			results[name] = r
+			results[name] = res
 			mu.Unlock()
 		})
 	}
@@ -144,45 +164,112 @@ func TestConformance(t *testing.T) {
 		run(t, confBaseline, realClusterOptions{
 			extraImages: func(*realCluster) []string { return baselineImages },
 			users:       map[string]string{kubeProxyUser: "system:authenticated"},
-			install:     installBaseline(kubeProxy),
+			install:     installBaseline(r.kubeProxy),
 		})
 	})
 	t.Logf("%s", compareTable(results[confPodnet], results[confBaseline]))
 }
 
+// conformanceRun is what make conformance hands TestConformance.
+type conformanceRun struct {
+	e2eTest, agnhost, kubeProxy, coredns, ginkgo string
+	focus, skip                                  string
+	// procs is the ginkgo CLI's parallel processes (--procs).
+	procs int
+	// budget is one lab's e2e.test run at most; 0: until go test's
+	// deadline.
+	budget time.Duration
+}
+
+func conformanceRunFromEnv(t *testing.T) conformanceRun {
+	t.Helper()
+	r := conformanceRun{
+		e2eTest: os.Getenv("PODNET_E2E_TEST"), agnhost: os.Getenv("PODNET_AGNHOST"),
+		kubeProxy: os.Getenv("PODNET_KUBE_PROXY"), coredns: os.Getenv("PODNET_COREDNS"), ginkgo: os.Getenv("PODNET_GINKGO"),
+		focus: os.Getenv("PODNET_CONFORMANCE_FOCUS"), skip: os.Getenv("PODNET_CONFORMANCE_SKIP"), procs: 4,
+	}
+	if r.e2eTest == "" || r.agnhost == "" || r.kubeProxy == "" || r.coredns == "" || r.ginkgo == "" {
+		t.Fatal("$PODNET_E2E_TEST, $PODNET_AGNHOST, $PODNET_KUBE_PROXY, $PODNET_COREDNS or $PODNET_GINKGO is unset: run make conformance")
+	}
+	if r.focus == "" {
+		r.focus = `\[sig-network\].*\[Conformance\]`
+	}
+	if r.skip == "" {
+		r.skip = `\[Serial\]|\[Disruptive\]`
+	}
+	for _, re := range []string{r.focus, r.skip} {
+		if _, err := regexp.Compile(re); err != nil {
+			t.Fatalf("PODNET_CONFORMANCE_FOCUS or _SKIP %q: %v", re, err)
+		}
+	}
+	if v := os.Getenv("PODNET_CONFORMANCE_PROCS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("PODNET_CONFORMANCE_PROCS %q: want a count of processes, 1 or more", v)
+		}
+		r.procs = n
+	}
+	if v := os.Getenv("PODNET_CONFORMANCE_BUDGET"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			t.Fatalf("PODNET_CONFORMANCE_BUDGET %q: want a duration such as 50m", v)
+		}
+		r.budget = d
+	}
+	return r
+}
+
+// checkGinkgoVersion fails unless the ginkgo CLI is the version e2e.test
+// was built with (the tools module's): the CLI and the suite's processes
+// speak a protocol of that version.
+func checkGinkgoVersion(t *testing.T, ginkgo string) {
+	t.Helper()
+	want, err := goCmd("-C", "apiserver/tools", "list", "-m", "-f", "{{.Version}}", "github.com/onsi/ginkgo/v2")
+	if err != nil {
+		t.Fatalf("go list -m github.com/onsi/ginkgo/v2: %v\n%s", err, want)
+	}
+	want = strings.TrimPrefix(strings.TrimSpace(want), "v")
+	out, err := exec.Command(ginkgo, "version").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "Version "+want) {
+		t.Fatalf("%s version: %q, %v; e2e.test %s is built with ginkgo %s", ginkgo, out, err, realnode.Version, want)
+	}
+}
+
 // runConformance runs e2e.test against the cluster, logs its table, and
 // fails the test if a spec failed or none passed.
-func (c *realCluster) runConformance(t *testing.T, e2eTest, focus string) map[string]specResult {
+func (c *realCluster) runConformance(t *testing.T, r conformanceRun) map[string]specResult {
 	dir := t.TempDir()
 	repoList := filepath.Join(dir, "repo-list.yaml")
-	if err := os.WriteFile(repoList, []byte(fmt.Sprintf("promoterE2eRegistry: %s\ngcRegistry: %s\nbuildImageRegistry: localhost/build-image\nsigStorageRegistry: localhost/sig-storage\ngcEtcdRegistry: %s\ndockerLibraryRegistry: localhost/library\n", confRegistry, confGCRegistry, confGCRegistry)), 0o644); err != nil {
+	if err := os.WriteFile(repoList, []byte(fmt.Sprintf("promoterE2eRegistry: %s\ngcRegistry: %s\nbuildImageRegistry: %s\nsigStorageRegistry: localhost/sig-storage\ngcEtcdRegistry: %s\ndockerLibraryRegistry: localhost/library\n", confRegistry, confGCRegistry, confBuildRegistry, confGCRegistry)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The ginkgo CLI takes a precompiled suite by its name's .test suffix.
+	suite := filepath.Join(dir, "e2e.test")
+	if err := os.Symlink(r.e2eTest, suite); err != nil {
 		t.Fatal(err)
 	}
 	report := filepath.Join(dir, "report")
 	// Every spec's steps and logs, passed or not (to explain a difference).
 	verbose := os.Getenv("PODNET_CONFORMANCE_VERBOSE") != ""
-	// The suite stops itself (and writes its report) before go test's
-	// deadline would kill it.
-	budget := 120 * time.Minute
-	if d, ok := t.Deadline(); ok {
-		budget = time.Until(d) - 3*time.Minute
-	}
+	budget := conformanceBudget(t, r.budget)
 	ctx, cancel := context.WithTimeout(t.Context(), budget+2*time.Minute)
 	defer cancel()
 	start := time.Now()
-	out, err := c.cp.Host.Exec(ctx, "env", "KUBE_TEST_REPO_LIST="+repoList, e2eTest,
-		"--kubeconfig="+c.adminKC, "--provider=local", "--kubectl-path="+c.bins.Kubectl,
-		"--ginkgo.focus="+focus, "--ginkgo.skip=\\[Serial\\]|\\[Disruptive\\]",
-		"--ginkgo.timeout="+budget.Round(time.Second).String(), "--ginkgo.no-color", "--ginkgo.v="+strconv.FormatBool(verbose),
-		"--report-dir="+report, "--allowed-not-ready-nodes=0", "--system-pods-startup-timeout=2m",
+	args := []string{"env", "KUBE_TEST_REPO_LIST=" + repoList, r.ginkgo,
+		"--procs=" + strconv.Itoa(r.procs), "--focus=" + r.focus, "--skip=" + r.skip,
+		"--timeout=" + budget.Round(time.Second).String(), "--no-color", "--v=" + strconv.FormatBool(verbose),
+		suite, "--",
+		"--kubeconfig=" + c.adminKC, "--provider=local", "--kubectl-path=" + c.bins.Kubectl,
+		"--report-dir=" + report, "--allowed-not-ready-nodes=0", "--system-pods-startup-timeout=2m",
 		"--non-blocking-taints=node-role.kubernetes.io/control-plane",
-	)
+	}
+	out, err := c.cp.Host.Exec(ctx, args...)
 	tail := 80
 	if verbose {
 		tail = 2000
 	}
-	t.Logf("e2e.test ran %v: %v\n%s", time.Since(start).Round(time.Second), err, tailLines(out, tail))
-	results := readJUnit(t, report, regexp.MustCompile(focus))
+	t.Logf("e2e.test (%d ginkgo processes) ran %v: %v\n%s", r.procs, time.Since(start).Round(time.Second), err, tailLines(out, tail))
+	results := readJUnit(t, report, regexp.MustCompile(r.focus))
 	var rows []string
 	count := map[string]int{}
 	for name, r := range results {
@@ -195,6 +282,24 @@ func (c *realCluster) runConformance(t *testing.T, e2eTest, focus string) map[st
 		t.Errorf("%d conformance tests failed, %d passed", count["FAILED"], count["passed"])
 	}
 	return results
+}
+
+// conformanceBudget is how long the suite may run: want (0: no limit of
+// its own), or less so that it stops itself (and writes its report) before
+// go test's deadline would kill it.
+func conformanceBudget(t *testing.T, want time.Duration) time.Duration {
+	d, ok := t.Deadline()
+	switch {
+	case !ok && want == 0:
+		return 120 * time.Minute
+	case !ok:
+		return want
+	}
+	left := max(time.Until(d)-3*time.Minute, time.Minute)
+	if want == 0 || left < want {
+		return left
+	}
+	return want
 }
 
 // readJUnit returns the outcome of every spec the focus matches in the
