@@ -6,11 +6,13 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"strings"
 
 	"github.com/spf13/pflag"
 
 	"github.com/podnet/podnet/dataplane/cli"
 	"github.com/podnet/podnet/dataplane/hostnet"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/podcidr"
 )
 
@@ -23,7 +25,8 @@ func runInit(args []string, stdout, stderr io.Writer) int {
 	fs := pflag.NewFlagSet("proxyd init", pflag.ContinueOnError)
 	var ct hostnet.Conntrack
 	registerConntrack(fs, &ct)
-	usage := "usage: proxyd init [flags]\n\nSets net.ipv4.ip_forward=1 and net.bridge.bridge-nf-call-iptables=1 (loading br_netfilter)\nin this network namespace, and the conntrack settings its flags give, then exits;\nfor a privileged init container before proxyd."
+	clusterCIDR := fs.String("cluster-cidr", "10.244.0.0/16", "the cluster CIDRs, as proxyd takes them: the sysctls of each of their families are set")
+	usage := "usage: proxyd init [flags]\n\nSets, for each family of --cluster-cidr, IP forwarding (net.ipv4.ip_forward=1, net.ipv6.conf.all.forwarding=1)\nand br_netfilter's hook (net.bridge.bridge-nf-call-iptables=1, -ip6tables=1; loading br_netfilter)\nin this network namespace, and the conntrack settings its flags give, then exits;\nfor a privileged init container before proxyd."
 	if code, ok := cli.SubcommandFlags(fs, usage, args, stdout, stderr); !ok {
 		return code
 	}
@@ -31,12 +34,25 @@ func runInit(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "proxyd init: %v\n", err)
 		return cli.ExitUsage
 	}
-	if err := errors.Join(hostnet.EnsureSysctls(hostnet.ProcSysctl{}, hostnet.ExecModprobe),
+	cidrs, err := ipfamily.ParsePrefixes(*clusterCIDR)
+	if err != nil {
+		fmt.Fprintf(stderr, "proxyd init: --cluster-cidr: %v\n", err)
+		return cli.ExitUsage
+	}
+	var fams []ipfamily.Family
+	var set []string
+	for _, p := range cidrs {
+		f := ipfamily.OfPrefix(p)
+		fams = append(fams, f)
+		fwd, nf := hostnet.Sysctls(f)
+		set = append(set, fwd+"=1", nf+"=1")
+	}
+	if err := errors.Join(hostnet.EnsureSysctls(hostnet.ProcSysctl{}, hostnet.ExecModprobe, fams...),
 		hostnet.EnsureConntrack(hostnet.ProcSysctl{}, ct, runtime.NumCPU())); err != nil {
 		fmt.Fprintf(stderr, "proxyd init: %v\n", err)
 		return cli.ExitError
 	}
-	fmt.Fprintln(stdout, "proxyd init: net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1")
+	fmt.Fprintln(stdout, "proxyd init: "+strings.ReplaceAll(strings.Join(set, " "), "/", "."))
 	return cli.ExitOK
 }
 
