@@ -25,9 +25,11 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/podnet/podnet/bpf"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/metricstest"
 	"github.com/podnet/podnet/dataplane/nodenet"
 	ebpfmode "github.com/podnet/podnet/dataplane/proxy/ebpf"
+	"github.com/podnet/podnet/dataplane/proxy/nftables"
 	"github.com/podnet/podnet/dataplane/roottest"
 	"github.com/podnet/podnet/e2e/lab"
 )
@@ -330,7 +332,7 @@ func svcTCPPort(port int) []svcPort {
 }
 
 func TestServices(t *testing.T) {
-	for _, mode := range []string{"iptables", "ebpf"} {
+	for _, mode := range svcModes {
 		t.Run(mode, func(t *testing.T) { testServices(t, mode) })
 	}
 }
@@ -441,7 +443,7 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
 		switch {
 		case !src.IsValid():
 			t.Errorf("hairpin answer %q", out)
-		case c.mode == "iptables" && src == c.web1.IP:
+		case c.mode != "ebpf" && src == c.web1.IP:
 			// DNAT on the bridge: without masquerade the reply would skip
 			// the node and never be un-DNATed.
 			t.Errorf("hairpin answer %q: the pod saw its own address, want it masqueraded", out)
@@ -472,7 +474,8 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node2}]
 				out, err := c.probeIn(self.NSPath(), pa[0], pa[1], 2*time.Second)
 				_, src := svcAnswer(out)
 				// In ebpf mode the pod connects to itself directly (see
-				// the hairpin test above): its own address is right.
+				// the hairpin test above): its own address is right; the
+				// netfilter modes masquerade.
 				if err != nil || !src.IsValid() || (src == self.IP) != (c.mode == "ebpf") {
 					t.Errorf("nodeName %q, %s hairpin: %q, %v; want an answer, masqueraded in iptables mode, from the pod itself in ebpf mode", nodeName, pa[0], out, err)
 				}
@@ -820,6 +823,8 @@ endpoints:
 		c.eventuallyServes(t, c.c3.NSPath(), "tcp", "10.96.1.10:80", "web1", "web2")
 		if c.mode == "ebpf" {
 			svcDeleteFrontend(t, n3, netip.MustParseAddrPort("10.96.1.10:80"))
+		} else if c.mode == "nftables" {
+			svcFlushNFTChain(t, n3, "services-ip4")
 		} else if out, err := n3.Exec(t.Context(), "iptables", "-t", "nat", "-F", "PODSVC-SERVICES"); err != nil {
 			t.Fatalf("flush: %v: %s", err, out)
 		}
@@ -854,8 +859,8 @@ endpoints: [{addresses: [%s], conditions: {ready: true}}]
 		}
 	})
 
-	if c.mode == "ebpf" {
-		t.Run("ebpf mode writes no Service rules into iptables", func(t *testing.T) {
+	if c.mode != "iptables" {
+		t.Run(c.mode+" mode writes no Service rules into iptables", func(t *testing.T) {
 			for _, n := range l.Nodes {
 				out, err := n.Exec(t.Context(), "iptables-save")
 				if err != nil {
@@ -875,7 +880,7 @@ endpoints: [{addresses: [%s], conditions: {ready: true}}]
 		}
 		fams := metricstest.Parse(t, body)
 		for _, m := range [][]string{{"kubeproxy_sync_full_proxy_rules_duration_seconds"},
-			{"kubeproxy_sync_proxy_rules_iptables_total", "table", map[string]string{"iptables": "nat", "ebpf": "services"}[c.mode]}, {"podnet_proxy_service_ports"}, {"podnet_proxy_endpoints"},
+			{"kubeproxy_sync_proxy_rules_iptables_total", "table", map[string]string{"iptables": "nat", "ebpf": "services", "nftables": "nftables-chains"}[c.mode]}, {"podnet_proxy_service_ports"}, {"podnet_proxy_endpoints"},
 			{"kubeproxy_sync_proxy_rules_last_timestamp_seconds"}, {"kubeproxy_sync_proxy_rules_service_changes_total"}} {
 			if v, ok := metricstest.Value(fams, m[0], m[1:]...); !ok || v == 0 {
 				t.Errorf("metrics: %v = %v (found %v), want above 0", m, v, ok)
@@ -920,7 +925,38 @@ endpoints: [{addresses: [%s], conditions: {ready: true}}]
 		if strings.Contains(out, "PODSVC") {
 			t.Errorf("rules left after --cleanup:\n%s", out)
 		}
+		if tb := svcReadNFT(t, n4); len(tb.Chains)+len(tb.Sets) > 0 {
+			t.Errorf("nftables objects left after --cleanup:\n%s", tb)
+		}
 	})
+}
+
+// svcModes are the Service proxy modes the Service suites run in.
+var svcModes = []string{"iptables", "ebpf", "nftables"}
+
+// svcFlushNFTChain flushes a chain of podnet's nftables table in a node,
+// as someone else's mistake would.
+func svcFlushNFTChain(t *testing.T, n *lab.Node, chain string) {
+	t.Helper()
+	if err := ns.WithNetNSPath(n.NSPath(), func(ns.NetNS) error {
+		return nftables.Netlink{}.Apply([]nftables.Op{{Kind: nftables.OpFlushChain, Chain: &nftables.Chain{Name: chain}}})
+	}); err != nil {
+		t.Fatalf("flush %s in %s: %v", chain, n.Name, err)
+	}
+}
+
+// svcReadNFT reads the IPv4 objects of podnet's nftables table in a node.
+func svcReadNFT(t *testing.T, n *lab.Node) *nftables.Table {
+	t.Helper()
+	var tb *nftables.Table
+	if err := ns.WithNetNSPath(n.NSPath(), func(ns.NetNS) error {
+		var err error
+		tb, err = nftables.Netlink{}.Read(ipfamily.IPv4)
+		return err
+	}); err != nil {
+		t.Fatalf("read podnet's nftables table in %s: %v", n.Name, err)
+	}
+	return tb
 }
 
 // svcHTTPGet does a GET of addr+path ("ip:port/path") from inside the
@@ -985,7 +1021,7 @@ func (c *svcCluster) udpClient(t *testing.T, nsPath, addr string) (ask func() st
 		return name
 	}
 	conn := dial(nil)
-	if c.mode == "iptables" {
+	if c.mode != "ebpf" {
 		t.Cleanup(func() { conn.Close() })
 		return func() string { return query(conn) }
 	}
@@ -1033,6 +1069,11 @@ func checkProxydStatus(t *testing.T, l *lab.Lab, n *lab.Node, mode string) {
 			Error       string   `json:"error"`
 			Differences []string `json:"differences"`
 		} `json:"bpfMaps"`
+		NFTTable *struct {
+			nftables.Programmed
+			Error       string   `json:"error"`
+			Differences []string `json:"differences"`
+		} `json:"nftTable"`
 	}
 	if err := json.Unmarshal([]byte(out), &st); err != nil {
 		t.Fatalf("proxyd status -o json: %v\n%s", err, out)
@@ -1046,6 +1087,13 @@ func checkProxydStatus(t *testing.T, l *lab.Lab, n *lab.Node, mode string) {
 			t.Fatalf("proxyd status in ebpf mode: maps %+v", st.BPFMaps)
 		}
 		checkStatusMaps(t, l, n, st.BPFMaps.Programmed, st.BPFMaps.Differences, len(st.ServiceProxy.Services))
+		return
+	}
+	if mode == "nftables" {
+		tb := st.NFTTable
+		if tb == nil || tb.Error != "" || len(tb.Frontends) == 0 || len(tb.Differences)+len(tb.Problems) > 0 {
+			t.Fatalf("proxyd status in nftables mode: table %+v", tb)
+		}
 		return
 	}
 	// Every endpoint the status names is a DNAT target in the rules, and

@@ -15,7 +15,7 @@ import (
 // node port if there are only terminating endpoints", in both modes.
 
 func TestServicesUDPFlowsMoveAndHealthChecks(t *testing.T) {
-	for _, mode := range []string{"iptables", "ebpf"} {
+	for _, mode := range svcModes {
 		t.Run(mode, func(t *testing.T) { testUDPFlowsMove(t, mode) })
 	}
 }

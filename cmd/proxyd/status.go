@@ -13,6 +13,7 @@ import (
 	"github.com/podnet/podnet/dataplane/agent"
 	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/proxy/ebpf"
+	"github.com/podnet/podnet/dataplane/proxy/nftables"
 	"github.com/podnet/podnet/dataplane/status"
 )
 
@@ -24,6 +25,9 @@ type statusReport struct {
 	ServiceProxy proxy.Status       `json:"serviceProxy"`
 	// BPFMaps is read by proxyd status itself, from the pins.
 	BPFMaps *bpfMaps `json:"bpfMaps,omitempty"`
+	// NFTTable is read by proxyd status itself, from the kernel of the
+	// network namespace it runs in (the node's).
+	NFTTable *nftTable `json:"nftTable,omitempty"`
 }
 
 // runStatus is `proxyd status`: it asks the proxyd running on this node
@@ -43,6 +47,9 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	}
 	if r.ServiceProxy.Mode == ebpf.Mode.Name {
 		r.BPFMaps = readBPFMaps(pinDir, r.ServiceProxy.Services)
+	}
+	if r.ServiceProxy.Mode == nftables.Mode.Name {
+		r.NFTTable = readNFTTable(r.ServiceProxy.Services)
 	}
 	if c.JSON {
 		status.PrintJSON(stdout, r)
@@ -116,6 +123,9 @@ func printStatus(out io.Writer, r statusReport, now time.Time) {
 	printServices(out, sp)
 	if r.BPFMaps != nil {
 		printBPFMaps(out, r.BPFMaps)
+	}
+	if r.NFTTable != nil {
+		printNFTTable(out, r.NFTTable)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/conntrack"
 	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/proxy/nftables"
 	"github.com/podnet/podnet/dataplane/roottest"
@@ -264,5 +265,78 @@ func TestRealKernelTraffic(t *testing.T) {
 	}
 	if len(seen) != 1 {
 		t.Errorf("one client reached %v, want one endpoint", seen)
+	}
+}
+
+// TestRealKernelUDPFlowMoves: a UDP flow DNATed through the table moves
+// to the new endpoint once its conntrack entry is deleted, as the proxy
+// does after a sync.
+func TestRealKernelUDPFlowMoves(t *testing.T) {
+	roottest.Require(t)
+	l := newNetnsLab(t, "udp")
+	for _, port := range []string{"5353", "5354"} {
+		var pc net.PacketConn
+		if err := l.server.Do(func(ns.NetNS) error {
+			var err error
+			pc, err = net.ListenPacket("udp", "10.244.1.5:"+port)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pc.Close() })
+		go func() {
+			buf := make([]byte, 64)
+			for {
+				_, from, err := pc.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				pc.WriteTo([]byte(port), from)
+			}
+		}()
+	}
+	k := kernelOf(t, l.node)
+	dns := svc("dns", "10.96.0.10", []cluster.ServicePort{port("dns", cluster.UDP, 53)})
+	server := ep{a("10.244.1.5"), "node-b", true}
+	p := nftables.NewProxier(defaultCfg, k)
+	if _, err := p.Sync(world(dns, slice(dns, []cluster.EndpointPort{epPort("dns", cluster.UDP, 5353)}, server)), nil, true); err != nil {
+		t.Fatal(err)
+	}
+	var conn net.Conn
+	if err := l.client.Do(func(ns.NetNS) error {
+		var err error
+		conn, err = net.Dial("udp", "10.96.0.10:53")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ask := func() string {
+		buf := make([]byte, 64)
+		conn.Write([]byte("q"))
+		conn.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		n, err := conn.Read(buf)
+		if err != nil {
+			return ""
+		}
+		return string(buf[:n])
+	}
+	if got := ask(); got != "5353" {
+		t.Fatalf("before: %q", got)
+	}
+	if _, err := p.Sync(world(dns, slice(dns, []cluster.EndpointPort{epPort("dns", cluster.UDP, 5354)}, server)), nil, false); err != nil {
+		t.Fatal(err)
+	}
+	if got := ask(); got != "5353" {
+		t.Fatalf("with the conntrack entry still there: %q, want the old endpoint", got)
+	}
+	if err := l.node.Do(func(ns.NetNS) error {
+		_, err := conntrack.Delete(conntrack.Filter{Protocol: "udp", OrigDst: a("10.96.0.10"), OrigDstPort: 53})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := ask(); got != "5354" {
+		t.Errorf("after the entry's deletion: %q, want the new endpoint", got)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -397,9 +398,14 @@ func TestPartialSyncEqualsFull(t *testing.T) {
 	states := mutations()
 	rng := rand.New(rand.NewPCG(1, 2))
 	f := nftables.NewFake()
-	p := apply(t, f, defaultCfg, states[0]())
+	// One map, updated in place between syncs, as the proxy's syncer
+	// hands it.
+	ports := states[0]()
+	p := apply(t, f, defaultCfg, ports)
 	for i := range 200 {
-		ports := states[rng.IntN(len(states))]()
+		next := states[rng.IntN(len(states))]()
+		maps.DeleteFunc(ports, func(cluster.Key, []*proxy.ServicePort) bool { return true })
+		maps.Copy(ports, next)
 		if _, err := p.Sync(ports, nil, false); err != nil {
 			t.Fatalf("step %d: partial sync: %v", i, err)
 		}
@@ -527,5 +533,34 @@ func TestFakeFailsLikeTheKernel(t *testing.T) {
 				t.Errorf("a refused transaction created the table")
 			}
 		})
+	}
+}
+
+// TestProgrammed: the table read back names each frontend's endpoints,
+// what proxyd status compares with its report.
+func TestProgrammed(t *testing.T) {
+	f := nftables.NewFake()
+	apply(t, f, defaultCfg, scenario())
+	p := nftables.ProgrammedOf(f.Table(ipfamily.IPv4))
+	got := map[string]string{}
+	for _, fe := range p.Frontends {
+		v := strings.Join(fe.Endpoints, " ")
+		if fe.Reject {
+			v = "reject"
+		}
+		got[fe.Address+"/"+fe.Protocol] = v
+	}
+	both := localPod.String() + ":8080 " + remotePod.String() + ":8080"
+	for fe, want := range map[string]string{
+		"10.96.0.20:80/TCP": both, "10.96.0.10:53/UDP": remotePod.String() + ":5353", ":30080/TCP": both,
+		"192.168.30.1:80/TCP": both, ":30060/TCP": both, "10.96.0.30:80/TCP": "reject", ":30031/TCP": "reject",
+		"10.96.0.80:80/TCP": localPod.String() + ":8080",
+	} {
+		if got[fe] != want {
+			t.Errorf("%s: %q, want %q", fe, got[fe], want)
+		}
+	}
+	if _, ok := got["10.96.0.99:80/TCP"]; ok || len(p.Problems) > 0 {
+		t.Errorf("another proxy's Service in the table, or problems: %v", p.Problems)
 	}
 }

@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -112,7 +113,8 @@ func (p *Proxier) Sync(ports map[cluster.Key][]*proxy.ServicePort, _ map[cluster
 		}
 	}
 	p.synced = true
-	p.lastPorts = ports
+	// The caller updates its map in place between syncs.
+	p.lastPorts = maps.Clone(ports)
 	return proxy.SyncResult{Rules: p.count()}, nil
 }
 
