@@ -93,6 +93,12 @@ var catalogue = []measure{
 	{"dns-ceil-nxdomain", "DNS QPS, search-path misses, against the ceiling", modeAll, "echodns (answers without a lookup)", cmdDNS1000},
 	{"dns-ceil-cached", "DNS QPS, cached forwarded names, against the ceiling", modeAll, "echodns (answers without a lookup)", cmdDNS1000},
 	{"dns-rss", "DNS server RSS, 10,000 Services × 3 endpoints, synced", modeAll, anchorCoreDN, cmdDNS10000},
+	// Measured by the e2e and unit tests that show issue 20's behaviour.
+	{"dns-nodelocal-gap", "DNS answer gap on a node when its dnsd dies, node-local", "iptables-nft", "CoreDNS + NodeLocal DNSCache", "`go test -run TestDnsdNodeLocal ./e2e/`"},
+	{"dns-nodelocal-share", "DNS queries answered on the querying pod's node, node-local", "iptables-nft", "CoreDNS + NodeLocal DNSCache", "`go test -run TestDnsdNodeLocal ./e2e/`"},
+	{"dns-autopath", "DNS queries on the wire per external name from an ndots:5 pod", modeAll, "no autopath (the client walks its search path)", "`go test -run TestAutopathQueriesOnTheWire ./dataplane/dns/`"},
+	{"dns-race-nft", "parallel A+AAAA lookups over 1 s (4 clients, 10 s)", "iptables-nft", "kube-proxy + CoreDNS baseline", "`go test -run TestDnsdParallelAAndAAAA ./e2e/`"},
+	{"dns-race-ebpf", "parallel A+AAAA lookups over 1 s (4 clients, 10 s)", "ebpf", "kube-proxy + CoreDNS baseline", "`go test -run TestDnsdParallelAAndAAAA ./e2e/`"},
 }
 
 func byID(id string) measure {
