@@ -16,10 +16,12 @@ import (
 type migration struct {
 	podNetwork string
 	takeOver   bool
+	flannel    bool
 }
 
 func (m *migration) register(fs *pflag.FlagSet) {
 	fs.StringVar(&m.podNetwork, "pod-network", "podnet", "who runs the pod network: podnet, or none while another network (flannel) still does (proxyd then programs only the Services: no routes, VXLAN device, node config or masquerade)")
+	fs.BoolVar(&m.flannel, "flannel-annotations", false, "write flannel's Node annotations (backend vxlan, VTEP MAC, public IP) for this node, so nodes still running flannel reach its pods while the cluster migrates; other nodes' annotations are always read")
 	fs.BoolVar(&m.takeOver, "take-over-from-kube-proxy", false, "once proxyd's own Service rules are in place, remove kube-proxy's as kube-proxy --cleanup would: its iptables KUBE-* chains (kubelet's canaries stay), its nftables tables, its IPVS device, virtual servers and ipsets")
 }
 
@@ -33,6 +35,10 @@ func (m *migration) apply(o *agent.Options, sp *proxy.ServiceOptions, logger *sl
 	default:
 		return fmt.Errorf("--pod-network: %q is not podnet or none", m.podNetwork)
 	}
+	if m.flannel && o.NoPodNetwork {
+		return fmt.Errorf("--flannel-annotations: with --pod-network none flannel still runs this node and writes its own")
+	}
+	o.FlannelAnnotations = m.flannel
 	if !m.takeOver {
 		return nil
 	}

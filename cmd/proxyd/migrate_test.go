@@ -30,6 +30,10 @@ func TestMigrationFlags(t *testing.T) {
 	if !o.NoPodNetwork || o.ServiceProxy.TakeOver == nil {
 		t.Errorf("NoPodNetwork %v, TakeOver set %v; want both", o.NoPodNetwork, o.ServiceProxy.TakeOver != nil)
 	}
+	f, _ = parse("--flannel-annotations")
+	if o, err := f.options(slog.New(slog.DiscardHandler)); err != nil || !o.FlannelAnnotations {
+		t.Errorf("--flannel-annotations: FlannelAnnotations %v, %v", o.FlannelAnnotations, err)
+	}
 	f, _ = parse()
 	if o, err := f.options(slog.New(slog.DiscardHandler)); err != nil || o.NoPodNetwork || o.ServiceProxy.TakeOver != nil {
 		t.Errorf("defaults: NoPodNetwork %v, TakeOver set %v, %v; want neither", o.NoPodNetwork, o.ServiceProxy.TakeOver != nil, err)

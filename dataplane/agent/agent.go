@@ -66,11 +66,14 @@ type Options struct {
 	// NoPodNetwork leaves the pod network to another network (flannel,
 	// while a cluster migrates): proxyd programs the Services only, and
 	// never marks the Node's network available.
-	NoPodNetwork  bool
-	SyncPeriod    time.Duration
-	MinSyncPeriod time.Duration
-	HealthzAddr   string // "" disables
-	MetricsAddr   string // "" disables
+	NoPodNetwork bool
+	// FlannelAnnotations writes flannel's annotations for this Node, so
+	// nodes still running flannel reach its pods (needs Kube).
+	FlannelAnnotations bool
+	SyncPeriod         time.Duration
+	MinSyncPeriod      time.Duration
+	HealthzAddr        string // "" disables
+	MetricsAddr        string // "" disables
 	// IPTables runs the iptables commands for the node's chains; zero:
 	// the backend the node uses (ipt.NodeBackend, the Service proxy's too).
 	IPTables ipt.Runner
@@ -197,6 +200,9 @@ func Run(ctx context.Context, o Options) error {
 	g.Go("state loaded", func(ctx context.Context) error { return logLoaded(ctx, src, log) })
 	if client != nil {
 		goKube(g, o, client, n.Routed())
+		if o.FlannelAnnotations && !o.NoPodNetwork {
+			goFlannelAnnotations(g, o, client, src.Store, n.Routed())
+		}
 	}
 	g.Go("node network", n.Run)
 	if o.NetworkPolicy {

@@ -90,6 +90,10 @@ type Node struct {
 	// ToBeDeletedByClusterAutoscaler): load balancers should stop sending
 	// it traffic, as kube-proxy's /healthz tells them.
 	Leaving bool
+	// Flannel is what the Node's flannel annotations say (its VTEP MAC,
+	// backend, public IP), nil without them: a node still on flannel while
+	// the cluster migrates, or a podnet node speaking flannel's language.
+	Flannel *Flannel
 }
 
 func (n *Node) Kind() Kind { return KindNode }

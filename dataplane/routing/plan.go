@@ -229,6 +229,9 @@ type Peer struct {
 	NodeIP  netip.Addr
 	PodCIDR netip.Prefix
 	VXLAN   bool
+	// VTEPMAC is the VTEP MAC the peer published in flannel's
+	// annotations; zero: derived from NodeIP (VTEPMAC).
+	VTEPMAC [6]byte
 }
 
 // Plan is what the kernel should hold.
@@ -343,6 +346,9 @@ func (c Config) peerOf(self netip.Prefix, n *cluster.Node) (Peer, string) {
 	if self.IsValid() && cidr.Overlaps(self) {
 		return Peer{}, fmt.Sprintf("%s: podCIDR %s overlaps this node's %s", n.Name, cidr, self)
 	}
+	if n.Flannel != nil {
+		return c.flannelPeer(n, cidr)
+	}
 	ip, ok := n.InternalIP(f)
 	onLink := ok && c.NodeSubnet.IsValid() && c.NodeSubnet.Contains(ip)
 	switch {
@@ -382,7 +388,7 @@ func (c Config) entries(peer Peer) (Route, Neigh, FDB) {
 		return Route{Dst: peer.PodCIDR, Gw: peer.NodeIP, Dev: c.Iface}, Neigh{}, FDB{}
 	}
 	vtep := VTEPAddr(peer.PodCIDR)
-	mac := VTEPMAC(peer.NodeIP)
+	mac := peer.mac()
 	return Route{Dst: peer.PodCIDR, Gw: vtep, Dev: c.Device, Onlink: true},
 		Neigh{Dev: c.Device, IP: vtep, MAC: mac},
 		FDB{Dev: c.Device, MAC: mac, Dst: peer.NodeIP}

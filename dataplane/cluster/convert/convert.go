@@ -87,7 +87,8 @@ func protocol(p v1.Protocol) cluster.Protocol {
 
 // FromV1Node reduces a v1.Node.
 func FromV1Node(n *v1.Node) (*cluster.Node, error) {
-	out := &cluster.Node{Name: n.Name, Zone: intern(n.Labels[cluster.LabelZone]), Leaving: n.DeletionTimestamp != nil}
+	out := &cluster.Node{Name: n.Name, Zone: intern(n.Labels[cluster.LabelZone]), Leaving: n.DeletionTimestamp != nil,
+		Flannel: cluster.ParseFlannel(n.Annotations)}
 	for _, t := range n.Spec.Taints {
 		if t.Key == cluster.TaintToBeDeleted {
 			out.Leaving = true
