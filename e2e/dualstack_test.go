@@ -79,6 +79,9 @@ func testDualStack(t *testing.T, fams []ipfamily.Family) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if len(p.IPs) != len(fams) {
+			t.Fatalf("pod on %s got %v, want one address per family %v", n.Name, p.IPs, fams)
+		}
 		if _, err := p.StartEcho(lab.EchoOptions{TCP: []string{":9090"}}); err != nil {
 			t.Fatal(err)
 		}

@@ -150,8 +150,10 @@ func (n *Node) AddPod(ctx context.Context, name string, ports ...PortMapping) (*
 			p.IPs = append(p.IPs, a.Unmap())
 		}
 	}
-	if len(p.IPs) != len(n.lab.Families) {
-		return nil, errors.Join(fmt.Errorf("add pod %s: CNI result has %d addresses, want one per family %v: %s", name, len(p.IPs), n.lab.Families, resultJSON(r)), n.delPod(ctx, p))
+	// One per family of the node config (a proxyd serving fewer families
+	// than the lab, as in ebpf mode, gives fewer).
+	if len(p.IPs) == 0 {
+		return nil, errors.Join(fmt.Errorf("add pod %s: CNI result has no address: %s", name, resultJSON(r)), n.delPod(ctx, p))
 	}
 	p.IP = p.IPs[0]
 	return p, nil

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/nodeconfig"
 	"github.com/podnet/podnet/e2e/lab"
 )
@@ -63,7 +64,8 @@ func (e skipError) Error() string { return "skipped: " + e.reason }
 
 func runDemo(ctx context.Context, out io.Writer, o demoOptions) error {
 	start := time.Now()
-	l, err := lab.New(ctx, lab.Options{BinDir: o.binDir, Detached: o.keep})
+	// Dual-stack: every matrix of pods is shown for IPv6 beside IPv4.
+	l, err := lab.New(ctx, lab.Options{BinDir: o.binDir, Detached: o.keep, Families: []ipfamily.Family{ipfamily.IPv4, ipfamily.IPv6}})
 	if err != nil {
 		return fmt.Errorf("build lab: %w", err)
 	}
@@ -187,20 +189,28 @@ func startProxyd(ctx context.Context, d *demo) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(d.out, "  %s: proxyd --proxy-mode %s wrote podCIDR %s, MTU %d\n", n.Name, mode, c.PodCIDR, c.MTU)
+		fmt.Fprintf(d.out, "  %s: proxyd --proxy-mode %s wrote podCIDRs %v, MTU %d\n", n.Name, mode, c.Pods(), c.MTU)
 	}
 	d.proxyd = true
 	return nil
 }
 
-// startProxydEverywhere starts proxyd on every node at once.
+// startProxydEverywhere starts proxyd on every node at once, serving the
+// lab's families (the ebpf mode serves IPv4 alone).
 func startProxydEverywhere(ctx context.Context, l *lab.Lab, mode string) ([]*lab.Proc, error) {
+	var cidrs []string
+	for _, p := range l.ClusterCIDRs() {
+		if mode != "ebpf" || p.Addr().Is4() {
+			cidrs = append(cidrs, p.String())
+		}
+	}
+	args := []string{"--proxy-mode", mode, "--cluster-cidr", strings.Join(cidrs, ","), "--service-cluster-ip-range", "10.96.0.0/12,fd00:10:96::/112"}
 	errs := make([]error, len(l.Nodes))
 	procs := make([]*lab.Proc, len(l.Nodes))
 	var wg sync.WaitGroup
 	for i, n := range l.Nodes {
 		wg.Go(func() {
-			procs[i], errs[i] = n.StartProxyd(ctx, "--proxy-mode", mode)
+			procs[i], errs[i] = n.StartProxyd(ctx, args...)
 		})
 	}
 	wg.Wait()
@@ -259,6 +269,30 @@ func podsAcrossNodes(ctx context.Context, d *demo) error {
 	}
 	fmt.Fprintf(d.out, "  %s's routes to pods:\n%s\n", n.Name, indent(routes, "    "))
 	cols := append(rows[:len(rows):len(rows)], endpoint{name: "outside", ip: l.OutsideIP})
+	err4 := pingMatrix(ctx, d.out, rows, cols)
+	return errors.Join(err4, podsAcrossNodes6(ctx, d))
+}
+
+// podsAcrossNodes6 is podsAcrossNodes' matrix over IPv6: the same pods'
+// IPv6 addresses (host-gw on the IPv6 segment, VXLAN over IPv4 to node4)
+// and the outside's, masqueraded by ip6tables.
+func podsAcrossNodes6(ctx context.Context, d *demo) error {
+	l := d.lab
+	if !l.Has(ipfamily.IPv6) {
+		return nil
+	}
+	var rows []endpoint
+	for _, p := range d.pods {
+		if p.Name == "a" {
+			rows = append(rows, endpoint{p.Node.Name + "/" + p.Name, p.NSPath(), p.IPOf(ipfamily.IPv6)})
+		}
+	}
+	routes, err := l.Nodes[0].Exec(ctx, "ip", "-6", "route", "show", "root", lab.ClusterCIDR6.String())
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(d.out, "  IPv6: %s's routes to pods:\n%s\n", l.Nodes[0].Name, indent(routes, "    "))
+	cols := append(rows[:len(rows):len(rows)], endpoint{name: "outside", ip: l.OutsideIP6})
 	return pingMatrix(ctx, d.out, rows, cols)
 }
 
@@ -268,7 +302,7 @@ func (d *demo) addPod(ctx context.Context, n *lab.Node, name string) (*lab.Pod, 
 		return nil, err
 	}
 	d.pods = append(d.pods, p)
-	fmt.Fprintf(d.out, "  pod %s/%s: %s (netns %s)\n", n.Name, p.Name, p.IP, p.NS)
+	fmt.Fprintf(d.out, "  pod %s/%s: %v (netns %s)\n", n.Name, p.Name, p.IPs, p.NS)
 	return p, nil
 }
 
