@@ -603,6 +603,9 @@ endpoints: [{addresses: [%s], conditions: {ready: true}, nodeName: node1}]
 		if code, body := hc(n2); !strings.Contains(body, `"localEndpoints":1`) {
 			t.Errorf("node2 health check: %d %s; want the local endpoint count 1", code, body)
 		}
+		// node1's proxyd syncs on its own: wait for its answer, then
+		// check it is the no-local-endpoint one.
+		waitUntil(t, svcTimeout, func() bool { code, _ := hc(n1); return code != 0 }, "node1's health check port served")
 		if code, body := hc(n1); code != 503 {
 			t.Errorf("node1 health check: %d %s; want 503", code, body)
 		}
