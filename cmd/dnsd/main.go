@@ -34,6 +34,7 @@ func command() app.Daemon {
 		Summary: "podnet's cluster DNS server: authoritative for the cluster zone and the reverse zones, forwarding and caching the rest",
 		Subcommands: []cli.Subcommand{
 			{Name: "status", Summary: "print the zones, upstreams and cache of the dnsd running here", Run: runStatus},
+			{Name: "import-corefile", Summary: "print a CoreDNS Corefile's settings as dnsd's config file and flags", Run: runImportCorefile},
 		},
 		Flags: f.register,
 		Setup: func(log *slog.Logger) (func(context.Context) error, error) {
