@@ -134,7 +134,8 @@ func dsOutside(t *testing.T, l *lab.Lab, p *lab.Pod, fams []ipfamily.Family) {
 // B), and on each family's NodePort of node1 from outside.
 func dsService(t *testing.T, l *lab.Lab, pods map[string]*lab.Pod, fams []ipfamily.Family) {
 	t.Helper()
-	if err := l.WriteState("svc-ds.yaml", dsServiceYAML(t, fams, pods["node1"], pods["node2"])); err != nil {
+	svc := dsSvc{name: "ds", ip4: dsClusterIP[ipfamily.IPv4].String(), ip6: dsClusterIP[ipfamily.IPv6].String(), nodePort: dsNodePort}
+	if err := l.WriteState("svc-ds.yaml", svc.yaml(t, fams, pods["node1"], pods["node2"])); err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range fams {
@@ -147,27 +148,69 @@ func dsService(t *testing.T, l *lab.Lab, pods map[string]*lab.Pod, fams []ipfami
 			nodeIP = l.Node("node1").IP6
 		}
 		dsEventuallyServes(t, l.OutsideHost.NSPath(), netip.AddrPortFrom(nodeIP, dsNodePort), "p1", "p2")
+		// Hairpin: p1 reaches itself through the cluster IP too.
+		dsEventuallyServes(t, pods["node1"].NSPath(), vip, "p1", "p2")
+	}
+	dsLocal(t, l, pods, fams)
+}
+
+// dsLocal checks externalTrafficPolicy Local per family: node1's NodePort
+// answers from p1 alone (node1's endpoint), seeing the outside client's
+// own address, not the node's.
+func dsLocal(t *testing.T, l *lab.Lab, pods map[string]*lab.Pod, fams []ipfamily.Family) {
+	t.Helper()
+	svc := dsSvc{name: "dslocal", ip4: "10.96.0.51", ip6: "fd00:10:96::51", nodePort: 30451, local: true}
+	if err := l.WriteState("svc-dslocal.yaml", svc.yaml(t, fams, pods["node1"], pods["node2"])); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		nodeIP, client := l.Node("node1").IP, l.OutsideIP
+		if f == ipfamily.IPv6 {
+			nodeIP, client = l.Node("node1").IP6, l.OutsideIP6
+		}
+		addr := netip.AddrPortFrom(nodeIP, 30451)
+		dsEventuallyServes(t, l.OutsideHost.NSPath(), addr, "p1")
+		out, err := dsProbe(l.OutsideHost.NSPath(), addr)
+		if _, from := svcAnswer(out); err != nil || from != client {
+			t.Errorf("%v: eTP Local NodePort %s: %q (%v), want the client's own %s seen", f, addr, out, err, client)
+		}
 	}
 }
 
-// dsServiceYAML is a NodePort Service "ds" with one cluster IP per family
-// of fams (RequireDualStack with two) and one EndpointSlice per address
-// type, web1 and web2 ready in each.
-func dsServiceYAML(t *testing.T, fams []ipfamily.Family, web ...*lab.Pod) string {
+// dsSvc is a NodePort Service with a cluster IP of each family (ip4,
+// ip6), externalTrafficPolicy Local when local.
+type dsSvc struct {
+	name, ip4, ip6 string
+	nodePort       int
+	local          bool
+}
+
+// yaml is the Service with one cluster IP per family of fams
+// (RequireDualStack with two) and one EndpointSlice per address type, the
+// web pods ready in each.
+func (d dsSvc) yaml(t *testing.T, fams []ipfamily.Family, web ...*lab.Pod) string {
 	t.Helper()
 	var ips, names []string
 	for _, f := range fams {
-		ips, names = append(ips, dsClusterIP[f].String()), append(names, f.String())
+		ip := d.ip4
+		if f == ipfamily.IPv6 {
+			ip = d.ip6
+		}
+		ips, names = append(ips, ip), append(names, f.String())
 	}
 	policy := "SingleStack"
 	if len(fams) == 2 {
 		policy = "RequireDualStack"
 	}
+	spec := map[string]any{"type": "NodePort", "clusterIP": ips[0], "clusterIPs": ips, "ipFamilies": names, "ipFamilyPolicy": policy,
+		"ports": []any{map[string]any{"name": "tcp", "protocol": "TCP", "port": 80, "targetPort": 9090, "nodePort": d.nodePort}}}
+	if d.local {
+		spec["externalTrafficPolicy"], spec["healthCheckNodePort"] = "Local", d.nodePort+1
+	}
 	objs := []any{map[string]any{
 		"apiVersion": "v1", "kind": "Service",
-		"metadata": map[string]any{"name": "ds", "namespace": "default"},
-		"spec": map[string]any{"type": "NodePort", "clusterIP": ips[0], "clusterIPs": ips, "ipFamilies": names, "ipFamilyPolicy": policy,
-			"ports": []any{map[string]any{"name": "tcp", "protocol": "TCP", "port": 80, "targetPort": 9090, "nodePort": dsNodePort}}},
+		"metadata": map[string]any{"name": d.name, "namespace": "default"},
+		"spec":     spec,
 	}}
 	for _, f := range fams {
 		var eps []any
@@ -177,8 +220,8 @@ func dsServiceYAML(t *testing.T, fams []ipfamily.Family, web ...*lab.Pod) string
 		}
 		objs = append(objs, map[string]any{
 			"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": f.String(),
-			"metadata": map[string]any{"name": "ds-" + strings.ToLower(f.String()), "namespace": "default",
-				"labels": map[string]any{"kubernetes.io/service-name": "ds"}},
+			"metadata": map[string]any{"name": d.name + "-" + strings.ToLower(f.String()), "namespace": "default",
+				"labels": map[string]any{"kubernetes.io/service-name": d.name}},
 			"ports": []any{map[string]any{"name": "tcp", "protocol": "TCP", "port": 9090}}, "endpoints": eps,
 		})
 	}
