@@ -37,12 +37,15 @@ func command() app.Daemon {
 			{Name: "import-corefile", Summary: "print a CoreDNS Corefile's settings as dnsd's config file and flags", Run: runImportCorefile},
 		},
 		Flags: f.register,
-		Setup: func(log *slog.Logger) (func(context.Context) error, error) {
+		Setup: func(log *slog.Logger) (app.Run, error) {
 			cfg, err := f.config()
 			if err != nil {
-				return nil, err
+				return app.Run{}, err
 			}
-			return func(ctx context.Context) error { return daemon.Run(ctx, cfg, log) }, nil
+			return app.Run{Health: cfg.HealthEndpoint(), Main: func(ctx context.Context, h *app.Health) error {
+				cfg.Health = h
+				return daemon.Run(ctx, cfg, log)
+			}}, nil
 		},
 	}
 }

@@ -118,27 +118,28 @@ func registerConntrack(fs *pflag.FlagSet, c *hostnet.Conntrack) {
 	fs.DurationVar(&c.TCPCloseWaitTimeout, "conntrack-tcp-timeout-close-wait", 0, "nf_conntrack_tcp_timeout_close_wait (0 leaves it as it is)")
 }
 
-// setup checks the flags and returns what proxyd runs: the agent, or with
-// --cleanup the removal of what it installed.
-func (f *flags) setup(logger *slog.Logger) (func(context.Context) error, error) {
+// setup checks the flags and returns what proxyd runs: the agent with its
+// health, or with --cleanup the removal of what it installed.
+func (f *flags) setup(logger *slog.Logger) (app.Run, error) {
 	if f.cleanup {
-		return func(context.Context) error {
+		return app.Run{Main: func(context.Context, *app.Health) error {
 			return errors.Join(nodenet.Cleanup(logger), modes.Cleanup(proxy.Config{Logger: logger, Settings: f.modeSettings}, ""), policy.Cleanup())
-		}, nil
+		}}, nil
 	}
 	o, err := f.agentOptions(logger)
 	if err != nil {
-		return nil, err
+		return app.Run{}, err
 	}
-	return func(ctx context.Context) error {
+	return app.Run{Health: o.HealthEndpoint(), Main: func(ctx context.Context, h *app.Health) error {
 		// As kube-proxy does at start; where /proc/sys is read-only,
 		// proxyd init (the privileged init container) sets them.
 		if err := hostnet.EnsureConntrack(hostnet.ProcSysctl{}, f.conntrack, runtime.NumCPU()); err != nil {
 			logger.Warn("conntrack settings not applied; give proxyd init the same --conntrack-* flags", "err", err)
 		}
 		logger.Info("node agent", "node", o.NodeName, "backend", o.Backend, "proxyMode", f.proxyMode)
+		o.Health = h
 		return agent.Run(ctx, o)
-	}, nil
+	}}, nil
 }
 
 // agentOptions applies --config, then turns the flags into the agent's

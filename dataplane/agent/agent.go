@@ -72,8 +72,15 @@ type Options struct {
 	FlannelAnnotations bool
 	SyncPeriod         time.Duration
 	MinSyncPeriod      time.Duration
-	HealthzAddr        string // "" disables
-	MetricsAddr        string // "" disables
+	// HealthzAddr is where the daemon skeleton serves /healthz and /livez
+	// (HealthEndpoint); "" disables.
+	HealthzAddr string
+	MetricsAddr string // "" disables
+	// Health is the daemon's health (app.Daemon serves it at HealthzAddr),
+	// where the node network, the cluster state and the Service proxy put
+	// their checks; nil: a Health of the agent's own, served on the
+	// metrics port alone.
+	Health *app.Health
 	// IPTables runs the iptables commands for the node's chains; zero:
 	// the backend the node uses (ipt.NodeBackend, the Service proxy's too).
 	IPTables ipt.Runner
@@ -142,6 +149,13 @@ func (o Options) Validate() error {
 	return nil
 }
 
+// HealthEndpoint is where the daemon skeleton serves the agent's health,
+// as kube-proxy's: /healthz for load balancers, /livez for the liveness
+// probe.
+func (o Options) HealthEndpoint() app.HealthEndpoint {
+	return app.HealthEndpoint{Addr: o.HealthzAddr, Flag: "--healthz-bind-address", Paths: []string{"/healthz", "/livez"}}
+}
+
 // componentState is the cluster state's name in the daemon's health.
 const componentState = "cluster-state"
 
@@ -158,12 +172,17 @@ func Run(ctx context.Context, o Options) error {
 		o.IPTables.Backend = ipt.NodeBackend()
 	}
 	reg := app.NewRegistry()
-	checker := health.NewChecker()
+	if o.Health == nil {
+		o.Health = app.NewHealth()
+	}
+	checker := o.Health.Checker
 	// /healthz follows the Service proxy only, as kube-proxy's does: the
 	// node network and the cluster state report through checker, which
 	// /healthz names in its body without failing on it.
 	progress := health.NewProgress(2*o.SyncPeriod, reg)
 	progress.Note(checker)
+	o.Health.Handle("/healthz", progress.Healthz())
+	o.Health.Handle("/livez", progress.Livez())
 	board := &status.Board{}
 	board.Provide(StatusHealth, func() any { return healthStatus(progress, checker) })
 

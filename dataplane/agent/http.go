@@ -13,10 +13,9 @@ import (
 	"github.com/podnet/podnet/dataplane/status"
 )
 
-// endpoints are proxyd's HTTP endpoints, as kube-proxy's: on the health
-// port (10256) /healthz for load balancers and /livez for the liveness
-// probe; on the metrics port (10249) /metrics, /healthz and /proxyMode, and
-// podnet's /status.
+// endpoints are proxyd's HTTP endpoints beside its health port (served by
+// the daemon skeleton, HealthEndpoint), as kube-proxy's: on the metrics
+// port (10249) /metrics, /healthz and /proxyMode, and podnet's /status.
 func endpoints(o Options, reg *prometheus.Registry, p *health.Progress, board *status.Board) []app.Endpoint {
 	mode := "none"
 	if o.ServiceProxy != nil {
@@ -28,8 +27,6 @@ func endpoints(o Options, reg *prometheus.Registry, p *health.Progress, board *s
 		fmt.Fprint(w, mode)
 	})
 	return []app.Endpoint{
-		{Name: "healthz", Addr: o.HealthzAddr, Flag: "--healthz-bind-address", Path: "/healthz", Handler: p.Healthz()},
-		{Name: "healthz", Addr: o.HealthzAddr, Flag: "--healthz-bind-address", Path: "/livez", Handler: p.Livez()},
 		{Name: "metrics", Addr: o.MetricsAddr, Flag: "--metrics-bind-address", Path: "/metrics", Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})},
 		{Name: "metrics", Addr: o.MetricsAddr, Flag: "--metrics-bind-address", Path: "/healthz", Handler: p.Healthz()},
 		{Name: "metrics", Addr: o.MetricsAddr, Flag: "--metrics-bind-address", Path: "/proxyMode", Handler: proxyMode},

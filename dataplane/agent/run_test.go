@@ -3,6 +3,8 @@ package agent
 import (
 	"context"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -12,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/podnet/podnet/dataplane/app"
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/hostnet"
 	"github.com/podnet/podnet/dataplane/ipfamily"
@@ -131,6 +134,7 @@ func runWithRecordingProxy(t *testing.T, o Options, b *recordingBackend) *record
 func TestRunWiresTheNode(t *testing.T) {
 	kernel, routes, ipt := fakeKernel()
 	o := runOptions(t, kernel)
+	o.Health = app.NewHealth()
 	b := runWithRecordingProxy(t, o, &recordingBackend{})
 
 	deadline := time.Now().Add(10 * time.Second)
@@ -162,10 +166,26 @@ func TestRunWiresTheNode(t *testing.T) {
 	if s := kernel.Sysctl.(fakeSysctl); s["net/ipv4/ip_forward"] != "1" {
 		t.Errorf("sysctls %v", s)
 	}
+	// The daemon's health (served by app.Daemon) answers as kube-proxy's
+	// on /healthz and /livez, naming the parts' checks.
+	for _, path := range []string{"/healthz", "/livez"} {
+		rec := httptest.NewRecorder()
+		o.Health.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), `"nodeEligible":true`) {
+			t.Errorf("%s: %d %s, want 200 with kube-proxy's body", path, rec.Code, rec.Body)
+		}
+	}
+	states := o.Health.Checker.States()
+	for _, c := range []string{componentState, nodenet.Component, proxy.HealthComponent} {
+		if _, ok := states[c]; !ok {
+			t.Errorf("health has no %s check: %v", c, states)
+		}
+	}
 }
 
-// TestRunFailsOnBusyPortBeforeTouchingTheNode: a taken /healthz port
-// fails Run at once, with nothing written to the kernel.
+// TestRunFailsOnBusyPortBeforeTouchingTheNode: a taken /metrics port
+// fails Run at once, with nothing written to the kernel. (The /healthz
+// port is the daemon skeleton's: app's TestDaemonHealthPortTakenFailsFirst.)
 func TestRunFailsOnBusyPortBeforeTouchingTheNode(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -174,9 +194,9 @@ func TestRunFailsOnBusyPortBeforeTouchingTheNode(t *testing.T) {
 	defer ln.Close()
 	kernel, routes, ipt := fakeKernel()
 	o := runOptions(t, kernel)
-	o.HealthzAddr = ln.Addr().String()
+	o.MetricsAddr = ln.Addr().String()
 	err = Run(context.Background(), o)
-	if err == nil || !strings.Contains(err.Error(), "listen healthz on "+o.HealthzAddr) {
+	if err == nil || !strings.Contains(err.Error(), "listen metrics on "+o.MetricsAddr) {
 		t.Fatalf("err = %v, want one naming the endpoint and address", err)
 	}
 	if routes.Mutations != 0 || ipt.Writes != 0 {

@@ -20,8 +20,8 @@ import (
 
 // Daemon is the skeleton of podnet's long-running programs: its command
 // line (subcommands, --version, -v and --log-format beside the daemon's
-// own flags), its logger (client-go's klog through it), and a run that
-// ends on SIGINT or SIGTERM.
+// own flags), its logger (client-go's klog through it), its health
+// endpoint (Health), and a run that ends on SIGINT or SIGTERM.
 type Daemon struct {
 	Name, Summary string
 	Subcommands   []cli.Subcommand
@@ -29,7 +29,7 @@ type Daemon struct {
 	Flags func(*pflag.FlagSet)
 	// Setup checks the parsed flags and returns what to run; its error is
 	// a usage error (exit 2), naming the flag. It must start nothing.
-	Setup func(log *slog.Logger) (run func(context.Context) error, err error)
+	Setup func(log *slog.Logger) (Run, error)
 }
 
 // Main runs the daemon's command line: a subcommand, --help, --version,
@@ -62,7 +62,7 @@ func (d Daemon) Main(args []string, stdout, stderr io.Writer) int {
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			log.Info(d.Name+" starting", "version", version.String())
-			if err := run(ctx); err != nil {
+			if err := run.run(ctx, log); err != nil {
 				log.Error(d.Name+" failed", "err", err)
 				return cli.ExitError
 			}

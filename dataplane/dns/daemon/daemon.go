@@ -69,7 +69,14 @@ type Config struct {
 	// when it changes.
 	ConfigFile string
 
-	MetricsAddress, HealthAddress, ReadyAddress string
+	MetricsAddress, ReadyAddress string
+	// HealthAddress is where the daemon skeleton serves /health
+	// (HealthEndpoint).
+	HealthAddress string
+	// Health is the daemon's health (app.Daemon serves it at
+	// HealthAddress), where the DNS server puts its check; nil: one of
+	// dnsd's own, served nowhere.
+	Health *app.Health
 
 	// Clock times the config file's reads; nil: the system's (tests
 	// drive a runner.FakeClock).
@@ -115,6 +122,12 @@ func autopathOptions(cfg Config) (*dns.AutopathOptions, error) {
 		return nil, fmt.Errorf("autopath: %w", err)
 	}
 	return &dns.AutopathOptions{Search: search}, nil
+}
+
+// HealthEndpoint is where the daemon skeleton serves dnsd's health, as
+// CoreDNS's health plugin: /health.
+func (c *Config) HealthEndpoint() app.HealthEndpoint {
+	return app.HealthEndpoint{Addr: c.HealthAddress, Flag: "--health-address", Paths: []string{"/health"}}
 }
 
 func parseUpstream(s string) (netip.AddrPort, error) {
@@ -173,11 +186,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// state and /ready (failing) go on.
 	g := app.NewGroup(context.WithoutCancel(ctx))
 	ready := &readiness{up: make(chan struct{}), stopping: ctx.Done(), zone: zone, stale: src.Stale}
+	if cfg.Health == nil {
+		cfg.Health = app.NewHealth()
+	}
+	cfg.Health.Checker.Check(HealthComponent, serverHealth(srv, ready.up))
 	// Listen before anything else so a port conflict fails at start.
 	if err := app.Serve(g, log,
 		app.Endpoint{Name: "metrics", Addr: cfg.MetricsAddress, Flag: "--metrics-address", Path: "/metrics", Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})},
 		app.Endpoint{Name: "metrics", Addr: cfg.MetricsAddress, Flag: "--metrics-address", Path: status.Path, Handler: board},
-		app.Endpoint{Name: "health", Addr: cfg.HealthAddress, Flag: "--health-address", Path: "/health", Handler: healthHandler(srv, ready.up)},
 		app.Endpoint{Name: "ready", Addr: cfg.ReadyAddress, Flag: "--ready-address", Path: "/ready", Handler: ready},
 	); err != nil {
 		return err
@@ -242,21 +258,21 @@ func serveDNS(stop, gctx context.Context, g *app.Group, srv *dns.Server, serving
 	return nil
 }
 
-// healthHandler is /health: OK while the DNS server's sockets are served
-// (dns.Server.Health), before it listens too (a slow cluster state load is
-// /ready's business, not a reason to restart).
-func healthHandler(srv *dns.Server, up <-chan struct{}) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+// HealthComponent is the DNS server's name in dnsd's health.
+const HealthComponent = "dns-server"
+
+// serverHealth is the DNS server's health check (/health): healthy while
+// its sockets are served (dns.Server.Health), before it listens too (a
+// slow cluster state load is /ready's business, not a reason to restart).
+func serverHealth(srv *dns.Server, up <-chan struct{}) func() error {
+	return func() error {
 		select {
 		case <-up:
-			if err := srv.Health(); err != nil {
-				http.Error(w, err.Error(), http.StatusServiceUnavailable)
-				return
-			}
+			return srv.Health()
 		default:
+			return nil
 		}
-		fmt.Fprintln(w, "OK")
-	})
+	}
 }
 
 // readiness is /ready: OK once dnsd listens and its index holds the whole

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +16,7 @@ import (
 
 	mdns "github.com/miekg/dns"
 
+	"github.com/podnet/podnet/dataplane/app"
 	"github.com/podnet/podnet/dataplane/dns"
 	"github.com/podnet/podnet/dataplane/runner"
 	"github.com/podnet/podnet/dataplane/testport"
@@ -61,6 +63,12 @@ func TestRunDrainsOnStop(t *testing.T) {
 		StateDir:     t.TempDir(),
 		ReadyAddress: fmt.Sprintf("127.0.0.1:%d", readyPort),
 		Drain:        dns.DrainOptions{Quiet: quiet, Max: time.Minute, Clock: clock},
+		Health:       app.NewHealth(),
+	}
+	health := func() (int, string) {
+		rec := httptest.NewRecorder()
+		cfg.Health.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/health", nil))
+		return rec.Code, strings.TrimSpace(rec.Body.String())
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -95,6 +103,9 @@ func TestRunDrainsOnStop(t *testing.T) {
 	if err := query(); err != nil {
 		t.Fatal(err)
 	}
+	if code, body := health(); code != http.StatusOK || body != "OK" {
+		t.Errorf("/health while serving: %d %q, want 200 OK", code, body)
+	}
 
 	cancel()
 	<-clock.Asked() // the drain began
@@ -124,6 +135,10 @@ func TestRunDrainsOnStop(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run still running 10s after a quiet interval without queries")
+	}
+	// /health tells the DNS server's real state: stopped.
+	if code, body := health(); code != http.StatusServiceUnavailable || body != HealthComponent+": stopped" {
+		t.Errorf("/health once the server stopped: %d %q, want 503 naming it", code, body)
 	}
 }
 
