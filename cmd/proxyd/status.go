@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/podnet/podnet/dataplane/agent"
+	"github.com/podnet/podnet/dataplane/policy"
 	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/proxy/ebpf"
 	"github.com/podnet/podnet/dataplane/proxy/nftables"
@@ -23,6 +24,8 @@ type statusReport struct {
 	Health       agent.HealthStatus `json:"health"`
 	Node         agent.NodeStatus   `json:"node"`
 	ServiceProxy proxy.Status       `json:"serviceProxy"`
+	// NetworkPolicy is absent when proxyd runs without --network-policy.
+	NetworkPolicy *policy.Status `json:"networkPolicy,omitempty"`
 	// BPFMaps is read by proxyd status itself, from the pins.
 	BPFMaps *bpfMaps `json:"bpfMaps,omitempty"`
 	// NFTTable is read by proxyd status itself, from the kernel of the
@@ -34,9 +37,10 @@ type statusReport struct {
 // (its metrics port) what it has programmed and prints it; in ebpf mode
 // beside what the maps pinned in --bpf-pin-dir hold.
 func runStatus(args []string, stdout, stderr io.Writer) int {
-	pinDir := ebpf.DefaultPinDir
+	pinDir, pod := ebpf.DefaultPinDir, ""
 	c, code, ok := status.ParseCommand("proxyd status", "metrics-bind-address", "127.0.0.1:10249", args, stdout, stderr, func(fs *pflag.FlagSet) {
 		fs.StringVar(&pinDir, "bpf-pin-dir", pinDir, "ebpf mode: where the running proxyd pins its maps")
+		fs.StringVar(&pod, "pod", "", "NAMESPACE/NAME: show only this pod's NetworkPolicies (which select it, what they allow)")
 	})
 	if !ok {
 		return code
@@ -50,6 +54,9 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	}
 	if r.ServiceProxy.Mode == nftables.Mode.Name {
 		r.NFTTable = readNFTTable(r.ServiceProxy.Services)
+	}
+	if pod != "" {
+		return printPodPolicies(stdout, stderr, r.NetworkPolicy, pod, c.JSON)
 	}
 	if c.JSON {
 		status.PrintJSON(stdout, r)
@@ -121,6 +128,9 @@ func printStatus(out io.Writer, r statusReport, now time.Time) {
 
 	printPeers(out, r)
 	printServices(out, sp)
+	if r.NetworkPolicy != nil {
+		printPolicies(out, r.NetworkPolicy)
+	}
 	if r.BPFMaps != nil {
 		printBPFMaps(out, r.BPFMaps)
 	}
@@ -200,4 +210,55 @@ func orNone(s string) string {
 		return "none yet"
 	}
 	return s
+}
+
+// printPolicies prints, for each pod of the node a NetworkPolicy selects,
+// the policies per direction and what they allow.
+func printPolicies(out io.Writer, st *policy.Status) {
+	fmt.Fprintf(out, "\nNetworkPolicy (%d pods selected):\n", len(st.Pods))
+	if st.Error != "" {
+		fmt.Fprintf(out, "  last error: %s\n", st.Error)
+	}
+	for _, p := range st.Pods {
+		printPodPolicy(out, p)
+	}
+}
+
+func printPodPolicy(out io.Writer, p policy.PodStatus) {
+	fmt.Fprintf(out, "  %s\n", p.Pod)
+	for _, dir := range []struct {
+		name string
+		ps   []policy.PolicyStatus
+	}{{"ingress", p.Ingress}, {"egress", p.Egress}} {
+		if len(dir.ps) == 0 {
+			fmt.Fprintf(out, "    %s: not isolated (everything allowed)\n", dir.name)
+			continue
+		}
+		for _, ps := range dir.ps {
+			if len(ps.Allows) == 0 {
+				fmt.Fprintf(out, "    %s: %s allows nothing\n", dir.name, ps.Policy)
+			}
+			for _, a := range ps.Allows {
+				fmt.Fprintf(out, "    %s: %s allows %s\n", dir.name, ps.Policy, a)
+			}
+		}
+	}
+}
+
+// printPodPolicies is proxyd status --pod: the one pod's policies.
+func printPodPolicies(stdout, stderr io.Writer, st *policy.Status, pod string, asJSON bool) int {
+	if st == nil {
+		fmt.Fprintln(stderr, "proxyd status: --pod: proxyd runs without --network-policy")
+		return 1
+	}
+	p := policy.PodStatus{Pod: pod}
+	if i := slices.IndexFunc(st.Pods, func(s policy.PodStatus) bool { return s.Pod == pod }); i >= 0 {
+		p = st.Pods[i]
+	}
+	if asJSON {
+		status.PrintJSON(stdout, p)
+		return 0
+	}
+	printPodPolicy(stdout, p)
+	return 0
 }
