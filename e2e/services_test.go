@@ -872,6 +872,10 @@ endpoints: [{addresses: [%s], conditions: {ready: true}}]
 				if strings.Contains(out, "PODSVC") {
 					t.Errorf("%s: Service rules in iptables:\n%s", n.Name, out)
 				}
+				// nftables mode keeps the node firewall in its table too.
+				if c.mode == "nftables" && strings.Contains(out, "PODNET-") {
+					t.Errorf("%s: node firewall rules in iptables in nftables mode:\n%s", n.Name, out)
+				}
 			}
 		})
 	}

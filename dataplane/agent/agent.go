@@ -280,6 +280,7 @@ func (o Options) nodeNetConfig() nodenet.Config {
 		NodeName: o.NodeName, ClusterCIDRs: o.ClusterCIDRs, Backend: o.Backend, VXLANVNI: o.VXLANVNI, VXLANPort: o.VXLANPort,
 		Iface: o.Iface, NodeConfigPath: o.NodeConfigPath, Masquerade: o.Masquerade, NoPodNetwork: o.NoPodNetwork,
 		SyncPeriod: o.SyncPeriod, MinSyncPeriod: o.MinSyncPeriod, ServiceHooks: serviceHooks(o.ServiceProxy), Clock: o.Clock,
+		Firewall: nodeFirewall(o.ServiceProxy),
 	}
 }
 
@@ -300,6 +301,15 @@ func (o Options) families() []ipfamily.Family {
 		out[i] = ipfamily.OfPrefix(p)
 	}
 	return out
+}
+
+// nodeFirewall is the chosen Service proxy mode's node firewall, if it
+// brings one.
+func nodeFirewall(sp *proxy.ServiceOptions) func(ipfamily.Family) hostnet.NodeFirewall {
+	if sp == nil {
+		return nil
+	}
+	return sp.Mode.NodeFirewall
 }
 
 // serviceHooks are the hooks of every mode the daemon offers (sp.Modes):

@@ -66,6 +66,10 @@ type Config struct {
 	// ServiceHooks are the Service proxy's jumps in built-in chains, which
 	// the node firewall orders its own rules behind.
 	ServiceHooks []hostnet.Hook
+	// Firewall, when set, gives the node firewall of a family in place of
+	// podnet's iptables chains (which are then removed): the Service
+	// proxy mode's own (nftables).
+	Firewall func(ipfamily.Family) hostnet.NodeFirewall
 	// Clock times the syncs (the periodic resync, the first sync's wait);
 	// nil: the system's. Tests drive a runner.FakeClock.
 	Clock runner.Clock
@@ -158,7 +162,11 @@ func New(c Config, k Kernel, store *cluster.Store, checker *health.Checker, reg 
 	var fams []*family
 	for _, cidr := range c.ClusterCIDRs {
 		f := ipfamily.OfPrefix(cidr)
-		fams = append(fams, newFamily(cidr, k.Routes[f], k.IPTables[f]))
+		fm := newFamily(cidr, k.Routes[f], k.IPTables[f])
+		if c.Firewall != nil {
+			fm.firewall = &replacing{NodeFirewall: c.Firewall(f), old: fm.firewall, log: log}
+		}
+		fams = append(fams, fm)
 	}
 	linkFamilies(fams)
 	return &Network{
@@ -206,6 +214,28 @@ func newFamily(cluster netip.Prefix, routes routing.Kernel, chains hostnet.IPTab
 		rec:      &routing.Reconciler{Kernel: routes, Device: routing.DefaultDevice},
 		firewall: hostnet.IPTablesFirewall{IPT: chains},
 	}
+}
+
+// replacing is a node firewall taking over from another: the old one's
+// rules are removed once the new one holds, retried until that succeeds
+// (a node without iptables has none to remove).
+type replacing struct {
+	hostnet.NodeFirewall
+	old  hostnet.NodeFirewall
+	log  *slog.Logger
+	done bool
+}
+
+func (r *replacing) Ensure(rules hostnet.Rules) (bool, error) {
+	changed, err := r.NodeFirewall.Ensure(rules)
+	if err == nil && !r.done {
+		if rerr := r.old.Remove(); rerr != nil {
+			r.log.Debug("remove the iptables node firewall", "err", rerr)
+		} else {
+			r.done = true
+		}
+	}
+	return changed, err
 }
 
 // linkFamilies lets each family's reconciler leave the FDB entries the

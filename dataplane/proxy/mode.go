@@ -14,6 +14,7 @@ import (
 
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/health"
+	"github.com/podnet/podnet/dataplane/hostnet"
 	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/status"
 )
@@ -45,6 +46,10 @@ type Mode struct {
 	// which the node firewall keeps its own behind; none for a mode that
 	// works outside netfilter.
 	Hooks []Hook
+	// NodeFirewall, when set, is where the node firewall of family f
+	// lives in this mode (nftables: the mode's own table) instead of
+	// podnet's iptables chains, which are then removed.
+	NodeFirewall func(f ipfamily.Family) hostnet.NodeFirewall
 }
 
 // Hook is a jump the Service proxy keeps in a built-in chain: from Chain of

@@ -5,6 +5,9 @@ import (
 
 	nft "github.com/google/nftables"
 
+	"github.com/podnet/podnet/dataplane/hostnet"
+	"github.com/podnet/podnet/dataplane/ipfamily"
+
 	"github.com/podnet/podnet/dataplane/proxy"
 )
 
@@ -13,7 +16,8 @@ import (
 const nodePrefix = "node-"
 
 // Mode is the nftables proxy mode: podnet's own inet table through
-// netlink. It keeps no rule in iptables' chains, so it has no Hooks.
+// netlink. It keeps no rule in iptables' chains, so it has no Hooks, and
+// brings the node firewall into its table (Firewall).
 var Mode = proxy.Mode{
 	Name:  "nftables",
 	Probe: func(proxy.Config) error { return Probe(Netlink{}) },
@@ -25,6 +29,9 @@ var Mode = proxy.Mode{
 			NodePortAddresses: cfg.NodePortAddresses,
 			MasqueradeAll:     cfg.MasqueradeAll,
 		}, Netlink{}), nil
+	},
+	NodeFirewall: func(f ipfamily.Family) hostnet.NodeFirewall {
+		return &Firewall{Family: f, Kernel: Netlink{}}
 	},
 	Cleanup: func(cfg proxy.Config) error {
 		if err := (Netlink{}).Cleanup(); err != nil {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/hostnet"
 	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/proxy/nftables"
@@ -562,5 +563,43 @@ func TestProgrammed(t *testing.T) {
 	}
 	if _, ok := got["10.96.0.99:80/TCP"]; ok || len(p.Problems) > 0 {
 		t.Errorf("another proxy's Service in the table, or problems: %v", p.Problems)
+	}
+}
+
+// TestFirewall: the node firewall in the table masquerades pod traffic
+// leaving the cluster, not pod to pod; Ensure writes only when something
+// differs; Remove leaves the Service proxy's objects.
+func TestFirewall(t *testing.T) {
+	f := nftables.NewFake()
+	apply(t, f, defaultCfg, scenario())
+	fw := &nftables.Firewall{Family: ipfamily.IPv4, Kernel: f}
+	rules := hostnet.Rules{ClusterCIDR: clusterCIDR, Masquerade: true}
+	if changed, err := fw.Ensure(rules); err != nil || !changed {
+		t.Fatalf("first Ensure: %v, %v", changed, err)
+	}
+	if changed, err := fw.Ensure(rules); err != nil || changed {
+		t.Errorf("second Ensure of the same: %v, %v; want nothing written", changed, err)
+	}
+	out := f.Trace(nftables.Packet{Src: clientPod, Dst: a("192.0.2.1"), Proto: "tcp", DPort: 443}, localAddrs)
+	if !out.Masquerade[""] {
+		t.Errorf("pod to outside: %+v, want masqueraded", out)
+	}
+	toPod := f.Trace(nftables.Packet{Src: clientPod, Dst: remotePod, Proto: "tcp", DPort: 8080}, localAddrs)
+	if toPod.Masquerade[""] {
+		t.Errorf("pod to pod: %+v, want its source kept", toPod)
+	}
+	if err := fw.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := f.Table(ipfamily.IPv4).String(), defaultCfg.Generate(scenario()).String(); got != want {
+		t.Errorf("after Remove, the Service proxy's objects changed:\n%s", diff(want, got))
+	}
+	if changed, err := fw.Ensure(rules); err != nil || !changed {
+		t.Errorf("Ensure after Remove: %v, %v; want written again", changed, err)
+	}
+	// A full sync of the Service proxy leaves the firewall's chains.
+	apply(t, f, defaultCfg, scenario())
+	if out := f.Trace(nftables.Packet{Src: clientPod, Dst: a("192.0.2.1"), Proto: "tcp", DPort: 443}, localAddrs); !out.Masquerade[""] {
+		t.Errorf("after a Service proxy full sync, pod to outside: %+v, want masqueraded", out)
 	}
 }
