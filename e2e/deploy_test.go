@@ -217,8 +217,41 @@ func TestDeployPodSpecs(t *testing.T) {
 			}
 		}
 	}
-	if want := []string{"initContainers: /usr/local/bin/proxyd init"}; !slices.Equal(privileged, want) {
+	if want := []string{"initContainers: /usr/local/bin/proxyd init --cluster-cidr=10.244.0.0/16"}; !slices.Equal(privileged, want) {
 		t.Errorf("privileged containers of podnet-node: %q, want only %q", privileged, want)
+	}
+	checkInitClusterCIDR(t, "deploy/", specs["DaemonSet podnet-node"])
+}
+
+// checkInitClusterCIDR: the sysctls init container (proxyd init) is given
+// proxyd's --cluster-cidr, so a cluster made dual-stack or IPv6-only in
+// one place gets IPv6 forwarding too, not only proxyd's check failing.
+func checkInitClusterCIDR(t *testing.T, where string, spec map[string]any) {
+	t.Helper()
+	flag := func(field, name string) (cidr string, found bool) {
+		cs, _, _ := unstructured.NestedSlice(spec, field)
+		for _, c := range cs {
+			c := c.(map[string]any)
+			if n, _, _ := unstructured.NestedString(c, "name"); n != name {
+				continue
+			}
+			cmd, _, _ := unstructured.NestedStringSlice(c, "command")
+			for _, a := range cmd {
+				if v, ok := strings.CutPrefix(a, "--cluster-cidr="); ok {
+					return v, true
+				}
+			}
+			return "", true
+		}
+		return "", false
+	}
+	initCIDR, okInit := flag("initContainers", "sysctls")
+	proxydCIDR, okProxyd := flag("containers", "proxyd")
+	if !okInit || !okProxyd {
+		t.Fatalf("%s: podnet-node has sysctls init container %v, proxyd container %v; want both", where, okInit, okProxyd)
+	}
+	if initCIDR == "" || initCIDR != proxydCIDR {
+		t.Errorf("%s: proxyd init --cluster-cidr=%q, proxyd --cluster-cidr=%q; want the same, given", where, initCIDR, proxydCIDR)
 	}
 }
 
@@ -384,6 +417,14 @@ func TestDeployVariants(t *testing.T) {
 		return
 	}
 	base, variant := build("../deploy"), build("../deploy/ebpf")
+	for dir, docs := range map[string][]map[string]any{"deploy/": base, "deploy/ebpf": variant} {
+		for _, d := range docs {
+			if d["kind"] == "DaemonSet" {
+				spec, _, _ := unstructured.NestedMap(d, "spec", "template", "spec")
+				checkInitClusterCIDR(t, dir, spec)
+			}
+		}
+	}
 	if mode, pid, priv, bidi := proxyd("deploy", base); mode != "iptables" || pid || priv || bidi {
 		t.Errorf("deploy/: proxyd mode %q, hostPID %v, privileged %v, bpffs Bidirectional %v; want iptables and none of them", mode, pid, priv, bidi)
 	}
