@@ -443,6 +443,13 @@ func TestDeployVariants(t *testing.T) {
 	if b, v := names(base), names(variant); !slices.Equal(b, v) {
 		t.Errorf("deploy/ebpf installs other objects than deploy/:\n%v\n%v", v, b)
 	}
+	nft := build("../deploy/nftables")
+	if mode, pid, priv, bidi := proxyd("deploy/nftables", nft); mode != "nftables" || pid || priv || bidi {
+		t.Errorf("deploy/nftables: proxyd mode %q, hostPID %v, privileged %v, bpffs Bidirectional %v; want nftables and none of them", mode, pid, priv, bidi)
+	}
+	if b, v := names(base), names(nft); !slices.Equal(b, v) {
+		t.Errorf("deploy/nftables installs other objects than deploy/:\n%v\n%v", v, b)
+	}
 	checkDnsdDrain(t, base)
 }
 
