@@ -159,6 +159,23 @@ func (o Options) HealthEndpoint() app.HealthEndpoint {
 // componentState is the cluster state's name in the daemon's health.
 const componentState = "cluster-state"
 
+// healthz puts kube-proxy's /healthz and /livez on the daemon's health
+// (o.Health; a new one when nil) and returns its checker and the progress
+// they answer from. /healthz follows the Service proxy only, as
+// kube-proxy's does: the node network and the cluster state report
+// through the checker, which /healthz names in its body without failing
+// on it.
+func (o *Options) healthz(reg prometheus.Registerer) (*health.Checker, *health.Progress) {
+	if o.Health == nil {
+		o.Health = app.NewHealth()
+	}
+	progress := health.NewProgress(2*o.SyncPeriod, reg)
+	progress.Note(o.Health.Checker)
+	o.Health.Handle("/healthz", progress.Healthz())
+	o.Health.Handle("/livez", progress.Livez())
+	return o.Health.Checker, progress
+}
+
 // Run runs the agent until ctx ends.
 func Run(ctx context.Context, o Options) error {
 	if err := o.Validate(); err != nil {
@@ -172,17 +189,7 @@ func Run(ctx context.Context, o Options) error {
 		o.IPTables.Backend = ipt.NodeBackend()
 	}
 	reg := app.NewRegistry()
-	if o.Health == nil {
-		o.Health = app.NewHealth()
-	}
-	checker := o.Health.Checker
-	// /healthz follows the Service proxy only, as kube-proxy's does: the
-	// node network and the cluster state report through checker, which
-	// /healthz names in its body without failing on it.
-	progress := health.NewProgress(2*o.SyncPeriod, reg)
-	progress.Note(checker)
-	o.Health.Handle("/healthz", progress.Healthz())
-	o.Health.Handle("/livez", progress.Livez())
+	checker, progress := o.healthz(reg)
 	board := &status.Board{}
 	board.Provide(StatusHealth, func() any { return healthStatus(progress, checker) })
 
