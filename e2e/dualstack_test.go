@@ -34,7 +34,9 @@ const dsNodePort = 30450
 // segment B), pods reaching the outside masqueraded to their node's
 // address, and a Service of the cluster's families (one cluster IP per
 // family, an EndpointSlice per address type) reached on each cluster IP
-// from pods of two nodes and on each family's NodePort from outside.
+// from pods of two nodes and on each family's NodePort from outside;
+// then externalTrafficPolicy Local, sessionAffinity ClientIP and
+// internalTrafficPolicy Local, each per family.
 func TestDualStack(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -152,6 +154,55 @@ func dsService(t *testing.T, l *lab.Lab, pods map[string]*lab.Pod, fams []ipfami
 		dsEventuallyServes(t, pods["node1"].NSPath(), vip, "p1", "p2")
 	}
 	dsLocal(t, l, pods, fams)
+	dsAffinityAndInternalLocal(t, l, pods, fams)
+}
+
+// dsAffinityAndInternalLocal checks per family sessionAffinity ClientIP
+// (every probe of a pod lands on one endpoint) and internalTrafficPolicy
+// Local (a pod reaches only its own node's endpoint).
+func dsAffinityAndInternalLocal(t *testing.T, l *lab.Lab, pods map[string]*lab.Pod, fams []ipfamily.Family) {
+	t.Helper()
+	aff := dsSvc{name: "dsaff", ip4: "10.96.0.52", ip6: "fd00:10:96::52", nodePort: 30453, affinity: true}
+	itp := dsSvc{name: "dsitp", ip4: "10.96.0.53", ip6: "fd00:10:96::53", nodePort: 30454, internalLocal: true}
+	for _, d := range []dsSvc{aff, itp} {
+		if err := l.WriteState("svc-"+d.name+".yaml", d.yaml(t, fams, pods["node1"], pods["node2"])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range fams {
+		for _, client := range []*lab.Pod{pods["node3"], pods["node4"]} {
+			dsEventuallyOneEndpoint(t, client.NSPath(), netip.AddrPortFrom(netip.MustParseAddr(aff.ip(f)), 80))
+		}
+		for _, n := range []string{"node1", "node2"} {
+			dsEventuallyServes(t, pods[n].NSPath(), netip.AddrPortFrom(netip.MustParseAddr(itp.ip(f)), 80), pods[n].Name)
+		}
+	}
+}
+
+// dsEventuallyOneEndpoint waits until 12 probes in a row of addr from
+// nsPath all answer, from one server alone.
+func dsEventuallyOneEndpoint(t *testing.T, nsPath string, addr netip.AddrPort) {
+	t.Helper()
+	var seen map[string]int
+	var lastErr error
+	deadline := time.Now().Add(svcTimeout)
+	for time.Now().Before(deadline) {
+		seen, lastErr = map[string]int{}, nil
+		for range 12 {
+			out, err := dsProbe(nsPath, addr)
+			if err != nil {
+				lastErr = err
+				break
+			}
+			name, _ := svcAnswer(out)
+			seen[name]++
+		}
+		if lastErr == nil && len(seen) == 1 {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s from %s with ClientIP affinity: answered by %v (last error %v), want one endpoint for all", addr, nsPath, seen, lastErr)
 }
 
 // dsLocal checks externalTrafficPolicy Local per family: node1's NodePort
@@ -183,6 +234,16 @@ type dsSvc struct {
 	name, ip4, ip6 string
 	nodePort       int
 	local          bool
+	affinity       bool // sessionAffinity ClientIP
+	internalLocal  bool // internalTrafficPolicy Local
+}
+
+// ip is the Service's cluster IP of family f.
+func (d dsSvc) ip(f ipfamily.Family) string {
+	if f == ipfamily.IPv6 {
+		return d.ip6
+	}
+	return d.ip4
 }
 
 // yaml is the Service with one cluster IP per family of fams
@@ -192,11 +253,7 @@ func (d dsSvc) yaml(t *testing.T, fams []ipfamily.Family, web ...*lab.Pod) strin
 	t.Helper()
 	var ips, names []string
 	for _, f := range fams {
-		ip := d.ip4
-		if f == ipfamily.IPv6 {
-			ip = d.ip6
-		}
-		ips, names = append(ips, ip), append(names, f.String())
+		ips, names = append(ips, d.ip(f)), append(names, f.String())
 	}
 	policy := "SingleStack"
 	if len(fams) == 2 {
@@ -206,6 +263,13 @@ func (d dsSvc) yaml(t *testing.T, fams []ipfamily.Family, web ...*lab.Pod) strin
 		"ports": []any{map[string]any{"name": "tcp", "protocol": "TCP", "port": 80, "targetPort": 9090, "nodePort": d.nodePort}}}
 	if d.local {
 		spec["externalTrafficPolicy"], spec["healthCheckNodePort"] = "Local", d.nodePort+1
+	}
+	if d.affinity {
+		spec["sessionAffinity"] = "ClientIP"
+		spec["sessionAffinityConfig"] = map[string]any{"clientIP": map[string]any{"timeoutSeconds": 600}}
+	}
+	if d.internalLocal {
+		spec["internalTrafficPolicy"] = "Local"
 	}
 	objs := []any{map[string]any{
 		"apiVersion": "v1", "kind": "Service",
