@@ -26,11 +26,22 @@ type Netlink struct {
 
 var _ Kernel = Netlink{}
 
+// sendBuffer is the send buffer asked for: a full sync is one batch, and
+// the default (212,992 bytes here) refused the batch of 500 Services × 10
+// endpoints with EMSGSIZE. The kernel caps it at net.core.wmem_max.
+const sendBuffer = 64 << 20
+
 func (k Netlink) conn() (*nft.Conn, error) {
+	opts := []nft.ConnOption{nft.WithSockOptions(func(c *netlink.Conn) error {
+		if err := c.SetWriteBuffer(sendBuffer); err != nil {
+			return err
+		}
+		return c.SetReadBuffer(sendBuffer)
+	})}
 	if k.NetNS != 0 {
-		return nft.New(nft.WithNetNSFd(k.NetNS))
+		opts = append(opts, nft.WithNetNSFd(k.NetNS))
 	}
-	return nft.New()
+	return nft.New(opts...)
 }
 
 // TypeVerdictName is the name of nft's verdict type.
