@@ -67,8 +67,6 @@ func ExecModprobe(module string) error {
 	return nil
 }
 
-const sysctlBridgeDir = "net/bridge"
-
 // Sysctls names the forwarding sysctl and br_netfilter's hook of family f:
 // IPv4's ip_forward and bridge-nf-call-iptables, IPv6's
 // conf/all/forwarding and bridge-nf-call-ip6tables.
