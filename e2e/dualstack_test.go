@@ -35,8 +35,8 @@ const dsNodePort = 30450
 // address, and a Service of the cluster's families (one cluster IP per
 // family, an EndpointSlice per address type) reached on each cluster IP
 // from pods of two nodes and on each family's NodePort from outside;
-// then externalTrafficPolicy Local, sessionAffinity ClientIP and
-// internalTrafficPolicy Local, each per family.
+// then externalTrafficPolicy Local, sessionAffinity ClientIP,
+// internalTrafficPolicy Local and loadBalancerSourceRanges, each per family.
 func TestDualStack(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -155,6 +155,32 @@ func dsService(t *testing.T, l *lab.Lab, pods map[string]*lab.Pod, fams []ipfami
 	}
 	dsLocal(t, l, pods, fams)
 	dsAffinityAndInternalLocal(t, l, pods, fams)
+	dsSourceRanges(t, l, pods, fams)
+}
+
+// dsLBIngress is the load-balancer IP of dsSourceRanges' Service per family.
+var dsLBIngress = map[ipfamily.Family]string{ipfamily.IPv4: "192.0.2.60", ipfamily.IPv6: "fd00:10:97::60"}
+
+// dsSourceRanges checks per family a LoadBalancer Service whose
+// loadBalancerSourceRanges hold p3's address alone: its load-balancer IP
+// serves p3 (node3) and refuses p4 (node4).
+func dsSourceRanges(t *testing.T, l *lab.Lab, pods map[string]*lab.Pod, fams []ipfamily.Family) {
+	t.Helper()
+	d := dsSvc{name: "dslb", ip4: "10.96.0.54", ip6: "fd00:10:96::54", nodePort: 30455, lbIngress: dsLBIngress}
+	for _, f := range fams {
+		p3 := pods["node3"].IPOf(f)
+		d.sourceRanges = append(d.sourceRanges, netip.PrefixFrom(p3, p3.BitLen()).String())
+	}
+	if err := l.WriteState("svc-dslb.yaml", d.yaml(t, fams, pods["node1"], pods["node2"])); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		lbAddr := netip.AddrPortFrom(netip.MustParseAddr(dsLBIngress[f]), 80)
+		dsEventuallyServes(t, pods["node3"].NSPath(), lbAddr, "p1", "p2")
+		if out, err := dsProbe(pods["node4"].NSPath(), lbAddr); err == nil {
+			t.Errorf("%v: load-balancer IP %s answered %q to p4, outside loadBalancerSourceRanges %v", f, lbAddr, out, d.sourceRanges)
+		}
+	}
 }
 
 // dsAffinityAndInternalLocal checks per family sessionAffinity ClientIP
@@ -236,6 +262,9 @@ type dsSvc struct {
 	local          bool
 	affinity       bool // sessionAffinity ClientIP
 	internalLocal  bool // internalTrafficPolicy Local
+	// type LoadBalancer with these ingress IPs, per family, when set
+	lbIngress    map[ipfamily.Family]string
+	sourceRanges []string // loadBalancerSourceRanges
 }
 
 // ip is the Service's cluster IP of family f.
@@ -271,11 +300,20 @@ func (d dsSvc) yaml(t *testing.T, fams []ipfamily.Family, web ...*lab.Pod) strin
 	if d.internalLocal {
 		spec["internalTrafficPolicy"] = "Local"
 	}
-	objs := []any{map[string]any{
+	svc := map[string]any{
 		"apiVersion": "v1", "kind": "Service",
 		"metadata": map[string]any{"name": d.name, "namespace": "default"},
 		"spec":     spec,
-	}}
+	}
+	if d.lbIngress != nil {
+		var ingress []any
+		for _, f := range fams {
+			ingress = append(ingress, map[string]any{"ip": d.lbIngress[f]})
+		}
+		spec["type"], spec["loadBalancerSourceRanges"] = "LoadBalancer", d.sourceRanges
+		svc["status"] = map[string]any{"loadBalancer": map[string]any{"ingress": ingress}}
+	}
+	objs := []any{svc}
 	for _, f := range fams {
 		var eps []any
 		for _, w := range web {
