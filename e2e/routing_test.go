@@ -148,6 +148,14 @@ func rtHTTPGet(nsPath, addr, path string) (int, string, error) {
 // status board, that every part of it is ready: the node network synced.
 func (c *rtCluster) waitHealthy(n *lab.Node) {
 	c.t.Helper()
+	waitProxydReady(c.t, n, c.proxyd[n.Name])
+}
+
+// waitProxydReady waits until proxyd p of node n answers /healthz with 200
+// and every component on its status board is ok (the node network synced:
+// its routes are in the kernel).
+func waitProxydReady(t *testing.T, n *lab.Node, p *lab.Proc) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	var last string
 	for time.Now().Before(deadline) {
@@ -168,12 +176,12 @@ func (c *rtCluster) waitHealthy(n *lab.Node) {
 		}
 		last = fmt.Sprintf("%d %q %v", code, body, err)
 		select {
-		case <-c.proxyd[n.Name].Done():
-			c.t.Fatalf("%s: proxyd exited: %s", n.Name, c.proxyd[n.Name].Output())
+		case <-p.Done():
+			t.Fatalf("%s: proxyd exited: %s", n.Name, p.Output())
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	c.t.Fatalf("%s: /healthz not ok after 10 s: %s\n%s", n.Name, last, c.proxyd[n.Name].Output())
+	t.Fatalf("%s: /healthz not ok after 10 s: %s\n%s", n.Name, last, p.Output())
 }
 
 // matrix probes TCP and UDP echo from every pod to every pod on another
