@@ -134,6 +134,9 @@ func (n *testNode) serve(key string, port int) {
 // retransmitted only after 1 s, so the wait sees one attempt.
 const deniedWait = 700 * time.Millisecond
 
+// allowedWait bounds the retries of a probe that should be answered.
+const allowedWait = 5 * time.Second
+
 // dial opens a connection from a pod to addr:port.
 func (n *testNode) dial(from, network string, to netip.Addr, port int) (net.Conn, error) {
 	var c net.Conn
@@ -178,10 +181,19 @@ type probe struct {
 	want          bool
 }
 
+// expect checks each probe. A denied probe gets one attempt of deniedWait;
+// an allowed one is retried for allowedWait, since a first contact over IPv6
+// through the node was seen to go unanswered for longer than deniedWait
+// (CI, once, before any policy; the cause is not known yet).
 func (n *testNode) expect(step string, probes ...probe) {
 	n.t.Helper()
 	for _, p := range probes {
-		if got := n.reach(p.from, p.network, netip.MustParseAddr(ips[p.to]), p.port); got != p.want {
+		to := netip.MustParseAddr(ips[p.to])
+		got := n.reach(p.from, p.network, to, p.port)
+		for start := time.Now(); p.want && !got && time.Since(start) < allowedWait; {
+			got = n.reach(p.from, p.network, to, p.port)
+		}
+		if got != p.want {
 			n.t.Errorf("%s: %s -> %s %s/%d: reached %v, want %v", step, p.from, p.to, p.network, p.port, got, p.want)
 		}
 	}
