@@ -780,7 +780,7 @@ func (c *realCluster) checkOwnNodeOnly(ctx context.Context, sa string) {
 	}{
 		{"ghost", "NetworkUnavailable", true, condition("NetworkUnavailable"), "may not change Node ghost"},
 		{"ghost", "unschedulable", false, []byte(`{"spec":{"unschedulable":true}}`), "may not change Node ghost"},
-		{node.Name, "a label", false, []byte(`{"metadata":{"labels":{"podnet.test/stolen":"yes"}}}`), "labels or annotations"},
+		{node.Name, "a label", false, []byte(`{"metadata":{"labels":{"podnet.test/stolen":"yes"}}}`), "may not change a Node's labels"},
 		{node.Name, "unschedulable", false, []byte(`{"spec":{"unschedulable":true}}`), "unset podCIDR"},
 		{node.Name, "Ready", true, condition("Ready"), "NetworkUnavailable"},
 		{node.Name, "NetworkUnavailable", true, condition("NetworkUnavailable"), ""},
