@@ -18,6 +18,7 @@ import (
 	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/proxy/iptables"
+	"github.com/podnet/podnet/dataplane/proxy/proxytest"
 	"github.com/podnet/podnet/dataplane/roottest"
 )
 
@@ -28,20 +29,20 @@ func benchState(n, eps int) (*cluster.Store, *proxy.State) {
 	var objs []cluster.Object
 	for i := range n {
 		vip := fmt.Sprintf("10.%d.%d.%d", 96+i/65000, i/250%260, i%250+1)
-		s := svc(fmt.Sprintf("s%05d", i), vip, []cluster.ServicePort{tcp(80, 0)})
-		var e []ep
+		s := proxytest.Svc(fmt.Sprintf("s%05d", i), vip, []cluster.ServicePort{proxytest.TCP(80, 0)})
+		var e []proxytest.Endpoint
 		for j := range eps {
-			e = append(e, ep{a(fmt.Sprintf("10.%d.%d.%d", 245+j, i/250, i%250+1)), "node-b", true})
+			e = append(e, proxytest.EP(proxytest.A(fmt.Sprintf("10.%d.%d.%d", 245+j, i/250, i%250+1)), "node-b", true))
 		}
 		if i == n-1 {
-			e = []ep{{a("10.244.1.5"), "node-b", true}}
+			e = []proxytest.Endpoint{proxytest.EP(proxytest.A("10.244.1.5"), "node-b", true)}
 		}
-		objs = append(objs, s, slice(s, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, e...))
+		objs = append(objs, s, proxytest.Slice(s, []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8080)}, e...))
 	}
 	st := cluster.NewStore()
 	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, objs)
 	state := proxy.NewState(ipfamily.IPv4)
-	state.Update(st, nodeName, nil, true)
+	state.Update(st, proxytest.NodeName, nil, true)
 	return st, state
 }
 
@@ -135,12 +136,12 @@ func BenchmarkServicesAtScale(b *testing.B) {
 			var res proxy.SyncResult
 			var chains int
 			for r := range rounds {
-				l := newNetnsLab(t, fmt.Sprintf("b%s%d-%d", backend[:1], n, r))
+				l := proxytest.NewNetnsLab(t, fmt.Sprintf("b%s%d-%d", backend[:1], n, r))
 				st, state := benchState(n, eps)
 				p := iptables.NewProxier(defaultCfg, timedRunner{iptables.ExecRunner{Backend: backend}})
 				cpu0 := childCPU()
 				start := time.Now()
-				if err := l.node.Do(func(ns.NetNS) error {
+				if err := l.Node.Do(func(ns.NetNS) error {
 					var err error
 					res, err = p.Sync(state.Ports, nil, true)
 					return err
@@ -152,11 +153,11 @@ func BenchmarkServicesAtScale(b *testing.B) {
 				// One endpoint of one Service in the middle changes.
 				key := cluster.Key{Namespace: "default", Name: fmt.Sprintf("s%05d", n/2)}
 				s := st.Service(key)
-				st.Upsert(slice(s, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{a("10.250.250.250"), "node-c", true}))
-				changed := state.Update(st, nodeName, map[cluster.Key]bool{key: true}, false)
+				st.Upsert(proxytest.Slice(s, []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8080)}, proxytest.EP(proxytest.A("10.250.250.250"), "node-c", true)))
+				changed := state.Update(st, proxytest.NodeName, map[cluster.Key]bool{key: true}, false)
 				cpu0 = childCPU()
 				start = time.Now()
-				if err := l.node.Do(func(ns.NetNS) error {
+				if err := l.Node.Do(func(ns.NetNS) error {
 					_, err := p.Sync(state.Ports, changed, false)
 					return err
 				}); err != nil {
@@ -164,7 +165,7 @@ func BenchmarkServicesAtScale(b *testing.B) {
 				}
 				partial, partialCPU = append(partial, time.Since(start)), append(partialCPU, childCPU()-cpu0)
 				var save []byte
-				l.node.Do(func(ns.NetNS) error {
+				l.Node.Do(func(ns.NetNS) error {
 					save, _ = exec.Command("iptables-"+backend+"-save", "-t", "nat").Output()
 					return nil
 				})
@@ -182,15 +183,15 @@ func BenchmarkServicesAtScale(b *testing.B) {
 	fmt.Printf("\n| backend | Services | connect p50 | connect p99 |\n|---|---|---|---|\n")
 	for _, backend := range backends {
 		for _, n := range []int{10, 10000} {
-			l := newNetnsLab(t, fmt.Sprintf("l%s%d", backend[:1], n))
-			l.serve(t, "10.244.1.5:8080")
+			l := proxytest.NewNetnsLab(t, fmt.Sprintf("l%s%d", backend[:1], n))
+			l.Serve(t, "10.244.1.5:8080")
 			_, state := benchState(n, eps)
 			p := iptables.NewProxier(defaultCfg, iptables.ExecRunner{Backend: backend})
-			if err := l.node.Do(func(ns.NetNS) error { _, err := p.Sync(state.Ports, nil, true); return err }); err != nil {
+			if err := l.Node.Do(func(ns.NetNS) error { _, err := p.Sync(state.Ports, nil, true); return err }); err != nil {
 				t.Fatal(err)
 			}
-			connectTimes(t, l.client, lastVIP(n), 200) // warm up
-			d := connectTimes(t, l.client, lastVIP(n), 2000)
+			connectTimes(t, l.Client, lastVIP(n), 200) // warm up
+			d := connectTimes(t, l.Client, lastVIP(n), 2000)
 			fmt.Printf("| %s | %d | %d µs | %d µs |\n", backend, n, pct(d, 0.5).Microseconds(), pct(d, 0.99).Microseconds())
 		}
 	}

@@ -1,12 +1,9 @@
 package iptables_test
 
 import (
-	"flag"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -17,70 +14,8 @@ import (
 	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/proxy/iptables"
 	"github.com/podnet/podnet/dataplane/proxy/iptables/iptablestest"
+	"github.com/podnet/podnet/dataplane/proxy/proxytest"
 )
-
-var update = flag.Bool("update", false, "rewrite golden files")
-
-const nodeName = "node-a"
-
-var (
-	nodeIP      = netip.MustParseAddr("192.168.10.11")
-	clusterCIDR = netip.MustParsePrefix("10.244.0.0/16")
-	localAddrs  = []netip.Addr{nodeIP, netip.MustParseAddr("10.244.1.1"), netip.MustParseAddr("127.0.0.1")}
-	localPod    = netip.MustParseAddr("10.244.1.5")   // endpoint on this node
-	remotePod   = netip.MustParseAddr("10.244.2.7")   // endpoint on another node
-	clientPod   = netip.MustParseAddr("10.244.1.9")   // a pod that is no endpoint
-	outsider    = netip.MustParseAddr("192.168.20.5") // outside the cluster
-)
-
-func a(s string) netip.Addr { return netip.MustParseAddr(s) }
-
-type svcOpt func(*cluster.Service)
-
-func svc(name, vip string, ports []cluster.ServicePort, opts ...svcOpt) *cluster.Service {
-	s := &cluster.Service{Namespace: "default", Name: name, Type: cluster.ServiceTypeClusterIP,
-		ClusterIPs: []netip.Addr{a(vip)}, Ports: ports}
-	for _, o := range opts {
-		o(s)
-	}
-	return s
-}
-
-func tcp(port, nodePort uint16) cluster.ServicePort {
-	return cluster.ServicePort{Name: "p" + fmt.Sprint(port), Protocol: cluster.TCP, Port: port, NodePort: nodePort}
-}
-
-func port(name string, p cluster.Protocol, n uint16) cluster.ServicePort {
-	return cluster.ServicePort{Name: name, Protocol: p, Port: n}
-}
-
-type ep struct {
-	addr  netip.Addr
-	node  string
-	ready bool
-}
-
-func slice(s *cluster.Service, ports []cluster.EndpointPort, eps ...ep) *cluster.EndpointSlice {
-	es := &cluster.EndpointSlice{Namespace: s.Namespace, Name: s.Name + "-abc", ServiceName: s.Name, AddressType: "IPv4", Ports: ports}
-	for _, e := range eps {
-		es.Endpoints = append(es.Endpoints, cluster.Endpoint{Addresses: []netip.Addr{e.addr}, NodeName: e.node,
-			Ready: e.ready, Serving: e.ready})
-	}
-	return es
-}
-
-func epPort(name string, p cluster.Protocol, n uint16) cluster.EndpointPort {
-	return cluster.EndpointPort{Name: name, Protocol: p, Port: n}
-}
-
-// world builds ServicePorts for this node from Services and slices.
-func world(objs ...cluster.Object) map[cluster.Key][]*proxy.ServicePort {
-	st := cluster.NewStore()
-	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, objs)
-	state := proxy.NewState(ipfamily.IPv4)
-	state.Update(st, nodeName, nil, true)
-	return state.Ports
-}
 
 func apply(t *testing.T, f *iptablestest.Fake, cfg iptables.Config, ports map[cluster.Key][]*proxy.ServicePort) *iptables.Proxier {
 	t.Helper()
@@ -91,84 +26,7 @@ func apply(t *testing.T, f *iptablestest.Fake, cfg iptables.Config, ports map[cl
 	return p
 }
 
-var defaultCfg = iptables.Config{ClusterCIDR: clusterCIDR}
-
-// The scenario used by the golden and tracer tests.
-func scenario() map[cluster.Key][]*proxy.ServicePort {
-	web := svc("web", "10.96.0.20", []cluster.ServicePort{tcp(80, 0), tcp(443, 0)})
-	webEPs := slice(web, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080), epPort("p443", cluster.TCP, 8443)},
-		ep{localPod, nodeName, true}, ep{remotePod, "node-b", true})
-	dns := svc("dns", "10.96.0.10", []cluster.ServicePort{port("dns", cluster.UDP, 53), port("dns-tcp", cluster.TCP, 53)})
-	dnsEPs := slice(dns, []cluster.EndpointPort{epPort("dns", cluster.UDP, 5353), epPort("dns-tcp", cluster.TCP, 5354)},
-		ep{remotePod, "node-b", true})
-	empty := svc("empty", "10.96.0.30", []cluster.ServicePort{tcp(80, 0)})
-	sctp := svc("sctp", "10.96.0.40", []cluster.ServicePort{port("s", cluster.SCTP, 9000)})
-	sctpEPs := slice(sctp, []cluster.EndpointPort{epPort("s", cluster.SCTP, 9001)}, ep{remotePod, "node-b", true})
-	np := svc("np", "10.96.0.50", []cluster.ServicePort{tcp(80, 30080)}, func(s *cluster.Service) {
-		s.Type = cluster.ServiceTypeNodePort
-		s.ExternalIPs = []netip.Addr{a("192.168.10.200")}
-	})
-	npEPs := slice(np, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{localPod, nodeName, true}, ep{remotePod, "node-b", true})
-	local := svc("local", "10.96.0.60", []cluster.ServicePort{tcp(80, 30060)}, func(s *cluster.Service) {
-		s.Type = cluster.ServiceTypeLoadBalancer
-		s.ExternalTrafficPolicyLocal = true
-		s.HealthCheckNodePort = 32000
-		s.LoadBalancerIPs = []netip.Addr{a("192.168.30.1")}
-		s.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("192.168.20.0/24")}
-	})
-	localEPs := slice(local, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{localPod, nodeName, true}, ep{remotePod, "node-b", true})
-	remoteOnly := svc("remote-only", "10.96.0.70", []cluster.ServicePort{tcp(80, 30070)}, func(s *cluster.Service) {
-		s.Type = cluster.ServiceTypeNodePort
-		s.ExternalTrafficPolicyLocal = true
-	})
-	remoteOnlyEPs := slice(remoteOnly, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{remotePod, "node-b", true})
-	itp := svc("itp", "10.96.0.80", []cluster.ServicePort{tcp(80, 0)}, func(s *cluster.Service) { s.InternalTrafficPolicyLocal = true })
-	itpEPs := slice(itp, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{localPod, nodeName, true}, ep{remotePod, "node-b", true})
-	itpNone := svc("itp-none", "10.96.0.81", []cluster.ServicePort{tcp(80, 0)}, func(s *cluster.Service) { s.InternalTrafficPolicyLocal = true })
-	itpNoneEPs := slice(itpNone, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{remotePod, "node-b", true})
-	sticky := svc("sticky", "10.96.0.90", []cluster.ServicePort{tcp(80, 0)}, func(s *cluster.Service) { s.SessionAffinityTimeout = 3 * time.Hour })
-	stickyEPs := slice(sticky, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{localPod, nodeName, true}, ep{remotePod, "node-b", true})
-	headless := &cluster.Service{Namespace: "default", Name: "headless", Headless: true, Ports: []cluster.ServicePort{tcp(80, 0)}}
-	other := svc("other-proxy", "10.96.0.99", []cluster.ServicePort{tcp(80, 0)}, func(s *cluster.Service) { s.ProxyName = "someone-else" })
-	otherEPs := slice(other, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{remotePod, "node-b", true})
-	return world(web, webEPs, dns, dnsEPs, empty, sctp, sctpEPs, np, npEPs, local, localEPs, remoteOnly, remoteOnlyEPs,
-		itp, itpEPs, itpNone, itpNoneEPs, sticky, stickyEPs, headless, other, otherEPs)
-}
-
-func golden(t *testing.T, name string, got []byte) {
-	t.Helper()
-	path := filepath.Join("testdata", name)
-	if *update {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("read golden (run with -update to create): %v", err)
-	}
-	if string(want) != string(got) {
-		t.Errorf("%s differs from the golden file (-update to accept):\n%s", name, diff(string(want), string(got)))
-	}
-}
-
-func diff(want, got string) string {
-	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
-	var b strings.Builder
-	for i := 0; i < max(len(w), len(g)); i++ {
-		var wl, gl string
-		if i < len(w) {
-			wl = w[i]
-		}
-		if i < len(g) {
-			gl = g[i]
-		}
-		if wl != gl {
-			fmt.Fprintf(&b, "line %d:\n- %s\n+ %s\n", i+1, wl, gl)
-		}
-	}
-	return b.String()
-}
+var defaultCfg = iptables.Config{ClusterCIDR: proxytest.ClusterCIDR}
 
 func saveAll(t *testing.T, f *iptablestest.Fake) []byte {
 	t.Helper()
@@ -185,17 +43,17 @@ func saveAll(t *testing.T, f *iptablestest.Fake) []byte {
 
 func TestGoldenRules(t *testing.T) {
 	f := iptablestest.New()
-	apply(t, f, defaultCfg, scenario())
-	golden(t, "scenario.golden", saveAll(t, f))
+	apply(t, f, defaultCfg, proxytest.Scenario())
+	proxytest.Golden(t, "scenario.golden", saveAll(t, f))
 }
 
 func TestTrace(t *testing.T) {
 	f := iptablestest.New()
-	apply(t, f, defaultCfg, scenario())
+	apply(t, f, defaultCfg, proxytest.Scenario())
 	fromPod := func(dst string, proto string, port uint16) iptablestest.Packet {
-		return iptablestest.Packet{Src: clientPod, Dst: a(dst), Proto: proto, DPort: port}
+		return iptablestest.Packet{Src: proxytest.ClientPod, Dst: proxytest.A(dst), Proto: proto, DPort: port}
 	}
-	local, remote := localPod.String(), remotePod.String()
+	local, remote := proxytest.LocalPod.String(), proxytest.RemotePod.String()
 	tests := []struct {
 		name    string
 		p       iptablestest.Packet
@@ -213,37 +71,37 @@ func TestTrace(t *testing.T) {
 		{"SCTP", fromPod("10.96.0.40", "sctp", 9000), []string{remote + ":9001"}, nil, "ACCEPT"},
 		{"no endpoints: rejected", fromPod("10.96.0.30", "tcp", 80), nil, nil, "REJECT"},
 		{"clusterIP from the node itself is masqueraded",
-			iptablestest.Packet{Src: nodeIP, Dst: a("10.96.0.20"), Proto: "tcp", DPort: 80, FromHost: true},
+			iptablestest.Packet{Src: proxytest.NodeIP, Dst: proxytest.A("10.96.0.20"), Proto: "tcp", DPort: 80, FromHost: true},
 			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080", remote + ":8080"}, "ACCEPT"},
 		{"hairpin: an endpoint reaching itself is masqueraded, not when it lands elsewhere",
-			iptablestest.Packet{Src: localPod, Dst: a("10.96.0.20"), Proto: "tcp", DPort: 80},
+			iptablestest.Packet{Src: proxytest.LocalPod, Dst: proxytest.A("10.96.0.20"), Proto: "tcp", DPort: 80},
 			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080"}, "ACCEPT"},
 		{"NodePort from outside, policy Cluster: any endpoint, masqueraded",
-			iptablestest.Packet{Src: outsider, Dst: nodeIP, Proto: "tcp", DPort: 30080},
+			iptablestest.Packet{Src: proxytest.Outsider, Dst: proxytest.NodeIP, Proto: "tcp", DPort: 30080},
 			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080", remote + ":8080"}, "ACCEPT"},
 		{"externalIP from outside",
-			iptablestest.Packet{Src: outsider, Dst: a("192.168.10.200"), Proto: "tcp", DPort: 80},
+			iptablestest.Packet{Src: proxytest.Outsider, Dst: proxytest.A("192.168.10.200"), Proto: "tcp", DPort: 80},
 			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080", remote + ":8080"}, "ACCEPT"},
 		{"NodePort policy Local from outside: local endpoint only, source kept",
-			iptablestest.Packet{Src: outsider, Dst: nodeIP, Proto: "tcp", DPort: 30060},
+			iptablestest.Packet{Src: proxytest.Outsider, Dst: proxytest.NodeIP, Proto: "tcp", DPort: 30060},
 			[]string{local + ":8080"}, nil, "ACCEPT"},
 		{"NodePort policy Local from a pod: any endpoint",
-			iptablestest.Packet{Src: clientPod, Dst: nodeIP, Proto: "tcp", DPort: 30060},
+			iptablestest.Packet{Src: proxytest.ClientPod, Dst: proxytest.NodeIP, Proto: "tcp", DPort: 30060},
 			[]string{local + ":8080", remote + ":8080"}, nil, "ACCEPT"},
 		{"NodePort policy Local from the node: any endpoint, masqueraded",
-			iptablestest.Packet{Src: nodeIP, Dst: nodeIP, Proto: "tcp", DPort: 30060, FromHost: true},
+			iptablestest.Packet{Src: proxytest.NodeIP, Dst: proxytest.NodeIP, Proto: "tcp", DPort: 30060, FromHost: true},
 			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080", remote + ":8080"}, "ACCEPT"},
 		{"NodePort policy Local without a local endpoint: dropped",
-			iptablestest.Packet{Src: outsider, Dst: nodeIP, Proto: "tcp", DPort: 30070}, nil, nil, "DROP"},
+			iptablestest.Packet{Src: proxytest.Outsider, Dst: proxytest.NodeIP, Proto: "tcp", DPort: 30070}, nil, nil, "DROP"},
 		{"load balancer IP from an allowed source range",
-			iptablestest.Packet{Src: outsider, Dst: a("192.168.30.1"), Proto: "tcp", DPort: 80},
+			iptablestest.Packet{Src: proxytest.Outsider, Dst: proxytest.A("192.168.30.1"), Proto: "tcp", DPort: 80},
 			[]string{local + ":8080"}, nil, "ACCEPT"},
 		{"load balancer IP from outside the source ranges: dropped",
-			iptablestest.Packet{Src: a("192.168.40.1"), Dst: a("192.168.30.1"), Proto: "tcp", DPort: 80}, nil, nil, "DROP"},
+			iptablestest.Packet{Src: proxytest.A("192.168.40.1"), Dst: proxytest.A("192.168.30.1"), Proto: "tcp", DPort: 80}, nil, nil, "DROP"},
 		{"NodePort on loopback is not a NodePort (it would need route_localnet)",
-			iptablestest.Packet{Src: a("127.0.0.1"), Dst: a("127.0.0.1"), Proto: "tcp", DPort: 30080, FromHost: true}, nil, nil, "ACCEPT"},
+			iptablestest.Packet{Src: proxytest.A("127.0.0.1"), Dst: proxytest.A("127.0.0.1"), Proto: "tcp", DPort: 30080, FromHost: true}, nil, nil, "ACCEPT"},
 		{"NodePort on a non-local address is not a NodePort",
-			iptablestest.Packet{Src: outsider, Dst: a("192.168.10.99"), Proto: "tcp", DPort: 30080}, nil, nil, "ACCEPT"},
+			iptablestest.Packet{Src: proxytest.Outsider, Dst: proxytest.A("192.168.10.99"), Proto: "tcp", DPort: 30080}, nil, nil, "ACCEPT"},
 		{"internalTrafficPolicy Local: local endpoint only", fromPod("10.96.0.80", "tcp", 80), []string{local + ":8080"}, nil, "ACCEPT"},
 		{"internalTrafficPolicy Local without a local endpoint: dropped", fromPod("10.96.0.81", "tcp", 80), nil, nil, "DROP"},
 		{"Service of another proxy is left alone", fromPod("10.96.0.99", "tcp", 80), nil, nil, "ACCEPT"},
@@ -252,7 +110,7 @@ func TestTrace(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tr := f.Trace(tt.p, localAddrs)
+			tr := f.Trace(tt.p, proxytest.LocalAddrs)
 			got := slices.Sorted(slices.Values(tr.Endpoints))
 			if !slices.Equal(got, tt.eps) {
 				t.Errorf("endpoints = %v, want %v", got, tt.eps)
@@ -279,18 +137,18 @@ func TestTrace(t *testing.T) {
 
 func TestMasqueradeAllAndNodePortAddresses(t *testing.T) {
 	f := iptablestest.New()
-	apply(t, f, iptables.Config{ClusterCIDR: clusterCIDR, MasqueradeAll: true,
-		NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.10.0/24")}}, scenario())
-	tr := f.Trace(iptablestest.Packet{Src: clientPod, Dst: a("10.96.0.20"), Proto: "tcp", DPort: 80}, localAddrs)
+	apply(t, f, iptables.Config{ClusterCIDR: proxytest.ClusterCIDR, MasqueradeAll: true,
+		NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.10.0/24")}}, proxytest.Scenario())
+	tr := f.Trace(iptablestest.Packet{Src: proxytest.ClientPod, Dst: proxytest.A("10.96.0.20"), Proto: "tcp", DPort: 80}, proxytest.LocalAddrs)
 	if len(tr.Endpoints) != 2 || !tr.Masquerade[tr.Endpoints[0]] || !tr.Masquerade[tr.Endpoints[1]] {
 		t.Errorf("masquerade-all: pod traffic not masqueraded: %+v", tr)
 	}
 	// 10.244.1.1 is local but outside --nodeport-addresses.
-	tr = f.Trace(iptablestest.Packet{Src: outsider, Dst: a("10.244.1.1"), Proto: "tcp", DPort: 30080}, localAddrs)
+	tr = f.Trace(iptablestest.Packet{Src: proxytest.Outsider, Dst: proxytest.A("10.244.1.1"), Proto: "tcp", DPort: 30080}, proxytest.LocalAddrs)
 	if len(tr.Endpoints) != 0 {
 		t.Errorf("NodePort answered on an address outside --nodeport-addresses: %v", tr.Endpoints)
 	}
-	tr = f.Trace(iptablestest.Packet{Src: outsider, Dst: nodeIP, Proto: "tcp", DPort: 30080}, localAddrs)
+	tr = f.Trace(iptablestest.Packet{Src: proxytest.Outsider, Dst: proxytest.NodeIP, Proto: "tcp", DPort: 30080}, proxytest.LocalAddrs)
 	if len(tr.Endpoints) != 2 {
 		t.Errorf("NodePort on the node IP: endpoints %v, want 2", tr.Endpoints)
 	}
@@ -328,7 +186,7 @@ func TestFakeFailsLikeTheKernel(t *testing.T) {
 // write the chains that changed.
 func TestStates(t *testing.T) {
 	mk := func(n int, eps ...netip.Addr) *cluster.Service {
-		return svc(fmt.Sprintf("s%d", n), fmt.Sprintf("10.96.%d.%d", n/200, n%200+1), []cluster.ServicePort{tcp(80, 0)})
+		return proxytest.Svc(fmt.Sprintf("s%d", n), fmt.Sprintf("10.96.%d.%d", n/200, n%200+1), []cluster.ServicePort{proxytest.TCP(80, 0)})
 	}
 	states := make([]map[cluster.Key][]*proxy.ServicePort, 0, 5)
 	for step := range 5 {
@@ -339,16 +197,16 @@ func TestStates(t *testing.T) {
 				s.Type = cluster.ServiceTypeNodePort
 				s.Ports[0].NodePort = uint16(30000 + n)
 			}
-			e := []ep{{a(fmt.Sprintf("10.244.%d.%d", n%3+1, n%250+2)), fmt.Sprintf("node-%d", n%3), true}}
+			e := []proxytest.Endpoint{proxytest.EP(proxytest.A(fmt.Sprintf("10.244.%d.%d", n%3+1, n%250+2)), fmt.Sprintf("node-%d", n%3), true)}
 			if (n+step)%3 == 0 {
-				e = append(e, ep{a(fmt.Sprintf("10.244.9.%d", step+2)), nodeName, true})
+				e = append(e, proxytest.EP(proxytest.A(fmt.Sprintf("10.244.9.%d", step+2)), proxytest.NodeName, true))
 			}
 			if (n+step)%7 == 0 {
 				e = nil
 			}
-			objs = append(objs, s, slice(s, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, e...))
+			objs = append(objs, s, proxytest.Slice(s, []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8080)}, e...))
 		}
-		states = append(states, world(objs...))
+		states = append(states, proxytest.World(objs...))
 	}
 	want := func(i int) []byte {
 		f := iptablestest.New()
@@ -369,7 +227,7 @@ func TestStates(t *testing.T) {
 				t.Fatalf("order %v step %d: %v", order, k, err)
 			}
 			if got, w := saveAll(t, f), want(i); string(got) != string(w) {
-				t.Fatalf("order %v: after state %d the kernel differs from a fresh sync:\n%s", order, i, diff(string(w), string(got)))
+				t.Fatalf("order %v: after state %d the kernel differs from a fresh sync:\n%s", order, i, proxytest.Diff(string(w), string(got)))
 			}
 			if k > 0 && f.Restores != before+1 {
 				t.Errorf("partial sync used %d restores, want 1", f.Restores-before)
@@ -381,14 +239,14 @@ func TestStates(t *testing.T) {
 func TestPartialSyncRewritesOnlyChangedChains(t *testing.T) {
 	var objs []cluster.Object
 	for n := range 500 {
-		s := svc(fmt.Sprintf("s%d", n), fmt.Sprintf("10.96.%d.%d", n/200, n%200+1), []cluster.ServicePort{tcp(80, 0)})
-		objs = append(objs, s, slice(s, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)},
-			ep{a(fmt.Sprintf("10.244.2.%d", n%250+2)), "node-b", true}))
+		s := proxytest.Svc(fmt.Sprintf("s%d", n), fmt.Sprintf("10.96.%d.%d", n/200, n%200+1), []cluster.ServicePort{proxytest.TCP(80, 0)})
+		objs = append(objs, s, proxytest.Slice(s, []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8080)},
+			proxytest.EP(proxytest.A(fmt.Sprintf("10.244.2.%d", n%250+2)), "node-b", true)))
 	}
 	st := cluster.NewStore()
 	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, objs)
 	state := proxy.NewState(ipfamily.IPv4)
-	state.Update(st, nodeName, nil, true)
+	state.Update(st, proxytest.NodeName, nil, true)
 	f := iptablestest.New()
 	p := iptables.NewProxier(defaultCfg, f)
 	if _, err := p.Sync(state.Ports, nil, true); err != nil {
@@ -397,9 +255,9 @@ func TestPartialSyncRewritesOnlyChangedChains(t *testing.T) {
 	full := len(f.Last)
 
 	// One endpoint of one Service changes.
-	es := slice(objs[2*123].(*cluster.Service), []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{a("10.244.3.3"), "node-c", true})
+	es := proxytest.Slice(objs[2*123].(*cluster.Service), []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8080)}, proxytest.EP(proxytest.A("10.244.3.3"), "node-c", true))
 	st.Upsert(es)
-	changed := state.Update(st, nodeName, map[cluster.Key]bool{es.ServiceKey(): true}, false)
+	changed := state.Update(st, proxytest.NodeName, map[cluster.Key]bool{es.ServiceKey(): true}, false)
 	if _, err := p.Sync(state.Ports, changed, false); err != nil {
 		t.Fatal(err)
 	}
@@ -407,14 +265,14 @@ func TestPartialSyncRewritesOnlyChangedChains(t *testing.T) {
 	if chains != 1 || !strings.Contains(string(f.Last), "10.244.3.3:8080") {
 		t.Errorf("partial sync wrote %d chains (%d of %d bytes), want the one leaf:\n%s", chains, len(f.Last), full, f.Last)
 	}
-	tr := f.Trace(iptablestest.Packet{Src: clientPod, Dst: a("10.96.0.124"), Proto: "tcp", DPort: 80}, localAddrs)
+	tr := f.Trace(iptablestest.Packet{Src: proxytest.ClientPod, Dst: proxytest.A("10.96.0.124"), Proto: "tcp", DPort: 80}, proxytest.LocalAddrs)
 	if !slices.Equal(tr.Endpoints, []string{"10.244.3.3:8080"}) {
 		t.Errorf("after the change the Service reaches %v", tr.Endpoints)
 	}
 
 	// A failure forces the next sync to be full.
-	st.Upsert(slice(objs[2*123].(*cluster.Service), []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{a("10.244.3.4"), "node-c", true}))
-	changed = state.Update(st, nodeName, map[cluster.Key]bool{es.ServiceKey(): true}, false)
+	st.Upsert(proxytest.Slice(objs[2*123].(*cluster.Service), []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8080)}, proxytest.EP(proxytest.A("10.244.3.4"), "node-c", true)))
+	changed = state.Update(st, proxytest.NodeName, map[cluster.Key]bool{es.ServiceKey(): true}, false)
 	f.FailNext = true
 	if _, err := p.Sync(state.Ports, changed, false); err == nil {
 		t.Fatal("injected failure not reported")
@@ -434,13 +292,13 @@ func TestPartialSyncRewritesOnlyChangedChains(t *testing.T) {
 		}
 	}
 	f.DeleteChainRules("nat", leaf)
-	if tr := f.Trace(iptablestest.Packet{Src: clientPod, Dst: a("10.96.0.124"), Proto: "tcp", DPort: 80}, localAddrs); len(tr.Endpoints) != 0 {
+	if tr := f.Trace(iptablestest.Packet{Src: proxytest.ClientPod, Dst: proxytest.A("10.96.0.124"), Proto: "tcp", DPort: 80}, proxytest.LocalAddrs); len(tr.Endpoints) != 0 {
 		t.Fatalf("leaf %q not emptied", leaf)
 	}
 	if _, err := p.Sync(state.Ports, nil, true); err != nil {
 		t.Fatal(err)
 	}
-	if tr := f.Trace(iptablestest.Packet{Src: clientPod, Dst: a("10.96.0.124"), Proto: "tcp", DPort: 80}, localAddrs); !slices.Equal(tr.Endpoints, []string{"10.244.3.4:8080"}) {
+	if tr := f.Trace(iptablestest.Packet{Src: proxytest.ClientPod, Dst: proxytest.A("10.96.0.124"), Proto: "tcp", DPort: 80}, proxytest.LocalAddrs); !slices.Equal(tr.Endpoints, []string{"10.244.3.4:8080"}) {
 		t.Errorf("full sync did not repair %s: %v", leaf, tr.Endpoints)
 	}
 }
@@ -451,16 +309,16 @@ func TestFirstPacketCost(t *testing.T) {
 	cost := func(n int) int {
 		var objs []cluster.Object
 		for i := range n {
-			s := svc(fmt.Sprintf("s%d", i), fmt.Sprintf("10.%d.%d.%d", 96+i/65536, i/256%256, i%256), []cluster.ServicePort{tcp(80, 0)})
-			objs = append(objs, s, slice(s, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)},
-				ep{a("10.244.2.2"), "node-b", true}, ep{a("10.244.2.3"), "node-b", true}))
+			s := proxytest.Svc(fmt.Sprintf("s%d", i), fmt.Sprintf("10.%d.%d.%d", 96+i/65536, i/256%256, i%256), []cluster.ServicePort{proxytest.TCP(80, 0)})
+			objs = append(objs, s, proxytest.Slice(s, []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8080)},
+				proxytest.EP(proxytest.A("10.244.2.2"), "node-b", true), proxytest.EP(proxytest.A("10.244.2.3"), "node-b", true)))
 		}
 		f := iptablestest.New()
-		apply(t, f, defaultCfg, world(objs...))
+		apply(t, f, defaultCfg, proxytest.World(objs...))
 		worst := 0
 		for i := 0; i < n; i += max(1, n/97) {
-			dst := a(fmt.Sprintf("10.%d.%d.%d", 96+i/65536, i/256%256, i%256))
-			tr := f.Trace(iptablestest.Packet{Src: clientPod, Dst: dst, Proto: "tcp", DPort: 80}, localAddrs)
+			dst := proxytest.A(fmt.Sprintf("10.%d.%d.%d", 96+i/65536, i/256%256, i%256))
+			tr := f.Trace(iptablestest.Packet{Src: proxytest.ClientPod, Dst: dst, Proto: "tcp", DPort: 80}, proxytest.LocalAddrs)
 			if len(tr.Endpoints) != 2 {
 				t.Fatalf("n=%d: %s reaches %v", n, dst, tr.Endpoints)
 			}
@@ -477,12 +335,12 @@ func TestFirstPacketCost(t *testing.T) {
 
 func TestRestartDeletesLeftoverChainsAndCleanup(t *testing.T) {
 	f := iptablestest.New()
-	apply(t, f, defaultCfg, scenario())
+	apply(t, f, defaultCfg, proxytest.Scenario())
 	if !slices.ContainsFunc(f.Chains("nat"), func(c string) bool { return strings.HasPrefix(c, "PODSVC-E-") }) {
 		t.Fatal("scenario has no external chain")
 	}
 	// A new proxier (proxyd restarted) with only the web Service left.
-	ports := scenario()
+	ports := proxytest.Scenario()
 	for k := range ports {
 		if k.Name != "web" {
 			delete(ports, k)
@@ -510,16 +368,16 @@ func TestRestartDeletesLeftoverChainsAndCleanup(t *testing.T) {
 // through; the next full sync moves the jumps back on top.
 func TestJumpsStayFirst(t *testing.T) {
 	f := iptablestest.New()
-	p := apply(t, f, defaultCfg, scenario())
+	p := apply(t, f, defaultCfg, proxytest.Scenario())
 	f.InsertRule("filter", "FORWARD", 1, "-s 10.244.0.0/16 -j ACCEPT")
-	pkt := iptablestest.Packet{Src: clientPod, Dst: a("10.96.0.30"), Proto: "tcp", DPort: 80}
-	if tr := f.Trace(pkt, localAddrs); tr.Verdict != "ACCEPT" {
+	pkt := iptablestest.Packet{Src: proxytest.ClientPod, Dst: proxytest.A("10.96.0.30"), Proto: "tcp", DPort: 80}
+	if tr := f.Trace(pkt, proxytest.LocalAddrs); tr.Verdict != "ACCEPT" {
 		t.Fatalf("foreign ACCEPT not in effect: %s", tr.Verdict)
 	}
-	if _, err := p.Sync(scenario(), nil, true); err != nil {
+	if _, err := p.Sync(proxytest.Scenario(), nil, true); err != nil {
 		t.Fatal(err)
 	}
-	if tr := f.Trace(pkt, localAddrs); tr.Verdict != "REJECT" {
+	if tr := f.Trace(pkt, proxytest.LocalAddrs); tr.Verdict != "REJECT" {
 		t.Errorf("after a full sync a Service without endpoints is %s, want REJECT", tr.Verdict)
 	}
 	rules := f.Rules("filter", "FORWARD")
@@ -527,7 +385,7 @@ func TestJumpsStayFirst(t *testing.T) {
 		t.Errorf("FORWARD = %q", rules)
 	}
 	// With the jumps in place, a full sync leaves them alone.
-	if _, err := p.Sync(scenario(), nil, true); err != nil {
+	if _, err := p.Sync(proxytest.Scenario(), nil, true); err != nil {
 		t.Fatal(err)
 	}
 	if strings.Contains(string(f.Last), "\n-I ") || strings.Contains(string(f.Last), "\n-D ") {
@@ -556,8 +414,8 @@ func BenchmarkPartialSyncText(b *testing.B) {
 	s := st.Service(key)
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
-		st.Upsert(slice(s, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{a(fmt.Sprintf("10.250.0.%d", i%200+1)), "node-c", true}))
-		state.Update(st, nodeName, map[cluster.Key]bool{key: true}, false)
+		st.Upsert(proxytest.Slice(s, []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8080)}, proxytest.EP(proxytest.A(fmt.Sprintf("10.250.0.%d", i%200+1)), "node-c", true)))
+		state.Update(st, proxytest.NodeName, map[cluster.Key]bool{key: true}, false)
 		next := g.Generate(state.Ports)
 		if len(iptables.RestoreData(prev, next, false, nil)) > 64<<10 {
 			b.Fatal("partial sync text too long")
@@ -574,13 +432,13 @@ func TestIncrementalGenerate(t *testing.T) {
 	var objs []cluster.Object
 	var svcs []*cluster.Service
 	for n := range 300 {
-		s := svc(fmt.Sprintf("s%d", n), fmt.Sprintf("10.96.%d.%d", n/100, n%100+1), []cluster.ServicePort{tcp(80, 0), port("dns", cluster.UDP, 53)})
+		s := proxytest.Svc(fmt.Sprintf("s%d", n), fmt.Sprintf("10.96.%d.%d", n/100, n%100+1), []cluster.ServicePort{proxytest.TCP(80, 0), proxytest.Port("dns", cluster.UDP, 53)})
 		switch n % 6 {
 		case 1:
 			s.Type = cluster.ServiceTypeNodePort
 			s.Ports[0].NodePort = uint16(30000 + n)
 		case 2:
-			s.ExternalIPs = []netip.Addr{a(fmt.Sprintf("192.168.50.%d", n%250+1))}
+			s.ExternalIPs = []netip.Addr{proxytest.A(fmt.Sprintf("192.168.50.%d", n%250+1))}
 		case 3:
 			s.InternalTrafficPolicyLocal = true
 		case 4:
@@ -592,21 +450,21 @@ func TestIncrementalGenerate(t *testing.T) {
 	st := cluster.NewStore()
 	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, objs)
 	state := proxy.NewState(ipfamily.IPv4)
-	state.Update(st, nodeName, nil, true)
+	state.Update(st, proxytest.NodeName, nil, true)
 	g := iptables.NewGenerator(defaultCfg)
 	g.Generate(state.Ports)
 	for step := range 60 {
 		s := svcs[r.IntN(len(svcs))]
-		var eps []ep
+		var eps []proxytest.Endpoint
 		for j := range r.IntN(4) {
 			node := "node-b"
 			if r.IntN(2) == 0 {
-				node = nodeName
+				node = proxytest.NodeName
 			}
-			eps = append(eps, ep{a(fmt.Sprintf("10.244.%d.%d", step%200+1, j+2)), node, r.IntN(5) > 0})
+			eps = append(eps, proxytest.EP(proxytest.A(fmt.Sprintf("10.244.%d.%d", step%200+1, j+2)), node, r.IntN(5) > 0))
 		}
-		st.Upsert(slice(s, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080), epPort("dns", cluster.UDP, 5353)}, eps...))
-		state.Update(st, nodeName, map[cluster.Key]bool{s.Key(): true}, false)
+		st.Upsert(proxytest.Slice(s, []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8080), proxytest.EPPort("dns", cluster.UDP, 5353)}, eps...))
+		state.Update(st, proxytest.NodeName, map[cluster.Key]bool{s.Key(): true}, false)
 		got := g.Generate(state.Ports)
 		want := iptables.Generate(defaultCfg, state.Ports)
 		if d := iptables.RestoreData(want, got, false, nil); len(d) != 0 || len(got["nat"]) != len(want["nat"]) {
@@ -616,29 +474,29 @@ func TestIncrementalGenerate(t *testing.T) {
 }
 
 // TestHairpinWithoutNodeName: a pod reaching itself through its Service is
-// masqueraded when its slice omits nodeName or names another node, decided
+// masqueraded when its slice omits proxytest.NodeName or names another node, decided
 // from this node's podCIDR, for TCP and UDP alike. Before the fix the reply
 // went pod-to-pod and the client, expecting the VIP, dropped it.
 func TestHairpinWithoutNodeName(t *testing.T) {
-	me := &cluster.Node{Name: nodeName, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}
-	for _, form := range []struct{ name, node string }{{"no nodeName", ""}, {"another node's name", "node-b"}} {
+	me := &cluster.Node{Name: proxytest.NodeName, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}
+	for _, form := range []struct{ name, node string }{{"no proxytest.NodeName", ""}, {"another node's name", "node-b"}} {
 		for _, proto := range []cluster.Protocol{cluster.TCP, cluster.UDP} {
 			t.Run(form.name+"/"+string(proto), func(t *testing.T) {
-				s := svc("self", "10.96.0.60", []cluster.ServicePort{port("p", proto, 80)})
-				es := slice(s, []cluster.EndpointPort{epPort("p", proto, 8080)}, ep{localPod, form.node, true})
+				s := proxytest.Svc("self", "10.96.0.60", []cluster.ServicePort{proxytest.Port("p", proto, 80)})
+				es := proxytest.Slice(s, []cluster.EndpointPort{proxytest.EPPort("p", proto, 8080)}, proxytest.EP(proxytest.LocalPod, form.node, true))
 				st := cluster.NewStore()
 				st.Replace([]cluster.Kind{cluster.KindNode, cluster.KindService, cluster.KindEndpointSlice}, []cluster.Object{me, s, es})
 				state := proxy.NewState(ipfamily.IPv4)
-				state.Update(st, nodeName, nil, true)
+				state.Update(st, proxytest.NodeName, nil, true)
 				f := iptablestest.New()
 				apply(t, f, defaultCfg, state.Ports)
-				tr := f.Trace(iptablestest.Packet{Src: localPod, Dst: a("10.96.0.60"), Proto: strings.ToLower(string(proto)), DPort: 80}, localAddrs)
-				want := localPod.String() + ":8080"
+				tr := f.Trace(iptablestest.Packet{Src: proxytest.LocalPod, Dst: proxytest.A("10.96.0.60"), Proto: strings.ToLower(string(proto)), DPort: 80}, proxytest.LocalAddrs)
+				want := proxytest.LocalPod.String() + ":8080"
 				if !slices.Equal(tr.Endpoints, []string{want}) || !tr.Masquerade[want] {
 					t.Errorf("pod to itself through its Service: endpoints %v, masquerade %v; want %s masqueraded", tr.Endpoints, tr.Masquerade, want)
 				}
 				// A pod of another node that is no endpoint is not masqueraded.
-				tr = f.Trace(iptablestest.Packet{Src: clientPod, Dst: a("10.96.0.60"), Proto: strings.ToLower(string(proto)), DPort: 80}, localAddrs)
+				tr = f.Trace(iptablestest.Packet{Src: proxytest.ClientPod, Dst: proxytest.A("10.96.0.60"), Proto: strings.ToLower(string(proto)), DPort: 80}, proxytest.LocalAddrs)
 				if tr.Masquerade[want] {
 					t.Errorf("another pod to the Service was masqueraded: %+v", tr)
 				}

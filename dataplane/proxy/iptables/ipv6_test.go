@@ -12,6 +12,7 @@ import (
 	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/proxy/iptables"
 	"github.com/podnet/podnet/dataplane/proxy/iptables/iptablestest"
+	"github.com/podnet/podnet/dataplane/proxy/proxytest"
 )
 
 // TestIPv6Rules generates ip6tables rules for 200 IPv6 Services (enough
@@ -22,25 +23,25 @@ import (
 // iptables' 28 characters.
 func TestIPv6Rules(t *testing.T) {
 	cidr6 := netip.MustParsePrefix("fd00:244::/56")
-	node6, client6, outside6 := a("fd00:10::11"), a("fd00:244:0:1::9"), a("fd00:20::5")
-	local6 := []netip.Addr{node6, a("fd00:244:0:1::1"), a("::1")}
-	vip := func(i int) netip.Addr { return a(fmt.Sprintf("fd00:96::%x:%x", i/256, i%256)) }
+	node6, client6, outside6 := proxytest.A("fd00:10::11"), proxytest.A("fd00:244:0:1::9"), proxytest.A("fd00:20::5")
+	local6 := []netip.Addr{node6, proxytest.A("fd00:244:0:1::1"), proxytest.A("::1")}
+	vip := func(i int) netip.Addr { return proxytest.A(fmt.Sprintf("fd00:96::%x:%x", i/256, i%256)) }
 	var objs []cluster.Object
 	for i := range 200 {
-		s := svc(fmt.Sprintf("s%d", i), vip(i).String(), []cluster.ServicePort{tcp(80, 0)})
-		es := slice(s, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)},
-			ep{a("fd00:244:0:1::5"), nodeName, true}, ep{a("fd00:244:0:2::7"), "node-b", true})
+		s := proxytest.Svc(fmt.Sprintf("s%d", i), vip(i).String(), []cluster.ServicePort{proxytest.TCP(80, 0)})
+		es := proxytest.Slice(s, []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8080)},
+			proxytest.EP(proxytest.A("fd00:244:0:1::5"), proxytest.NodeName, true), proxytest.EP(proxytest.A("fd00:244:0:2::7"), "node-b", true))
 		es.AddressType = "IPv6"
 		objs = append(objs, s, es)
 	}
-	np := svc("np", "fd00:96::1:0", []cluster.ServicePort{tcp(80, 30080)}, func(s *cluster.Service) { s.Type = cluster.ServiceTypeNodePort })
-	npEPs := slice(np, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{a("fd00:244:0:2::7"), "node-b", true})
+	np := proxytest.Svc("np", "fd00:96::1:0", []cluster.ServicePort{proxytest.TCP(80, 30080)}, func(s *cluster.Service) { s.Type = cluster.ServiceTypeNodePort })
+	npEPs := proxytest.Slice(np, []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8080)}, proxytest.EP(proxytest.A("fd00:244:0:2::7"), "node-b", true))
 	npEPs.AddressType = "IPv6"
 	objs = append(objs, np, npEPs)
 	st := cluster.NewStore()
 	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, objs)
 	state := proxy.NewState(ipfamily.IPv6)
-	state.Update(st, nodeName, nil, true)
+	state.Update(st, proxytest.NodeName, nil, true)
 
 	f := iptablestest.New()
 	apply(t, f, iptables.Config{Family: ipfamily.IPv6, ClusterCIDR: cidr6}, state.Ports)

@@ -2,12 +2,8 @@ package nftables_test
 
 import (
 	"errors"
-	"fmt"
-	"io"
 	"net"
 	"net/netip"
-	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"syscall"
@@ -20,106 +16,9 @@ import (
 	"github.com/podnet/podnet/dataplane/conntrack"
 	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/proxy/nftables"
+	"github.com/podnet/podnet/dataplane/proxy/proxytest"
 	"github.com/podnet/podnet/dataplane/roottest"
 )
-
-// netnsLab is a node namespace routing between a client and a server
-// namespace, the smallest place a Service VIP can be tested for real.
-type netnsLab struct {
-	node, client, server ns.NetNS
-}
-
-func sh(t testing.TB, args ...string) {
-	t.Helper()
-	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-		t.Fatalf("%s: %v: %s", strings.Join(args, " "), err, out)
-	}
-}
-
-func newNetnsLab(t testing.TB, tag string) *netnsLab {
-	t.Helper()
-	roottest.Tool(t, "ip", "iproute2")
-	prefix := fmt.Sprintf("podnet-nft%d-%s", os.Getpid(), tag)
-	names := map[string]string{"node": prefix + "-n", "client": prefix + "-c", "server": prefix + "-s"}
-	for _, n := range names {
-		sh(t, "ip", "netns", "add", n)
-		t.Cleanup(func() { exec.Command("ip", "netns", "del", n).Run() })
-	}
-	n, c, s := names["node"], names["client"], names["server"]
-	sh(t, "ip", "-n", n, "link", "set", "lo", "up")
-	sh(t, "ip", "netns", "exec", n, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-	sh(t, "ip", "-n", n, "link", "add", "uplink", "type", "veth", "peer", "name", "uplink-peer")
-	sh(t, "ip", "-n", n, "link", "set", "uplink-peer", "up")
-	sh(t, "ip", "-n", n, "addr", "add", "192.168.10.11/24", "dev", "uplink")
-	sh(t, "ip", "-n", n, "link", "set", "uplink", "up")
-	sh(t, "ip", "-n", n, "route", "add", "default", "via", "192.168.10.1")
-	for _, p := range []struct{ peer, nodeAddr, peerAddr, gw string }{
-		{c, "10.244.2.1/24", "10.244.2.5/24", "10.244.2.1"},
-		{s, "10.244.1.1/24", "10.244.1.5/24", "10.244.1.1"},
-	} {
-		dev := "eth-" + p.peer[len(p.peer)-1:]
-		sh(t, "ip", "-n", n, "link", "add", dev, "type", "veth", "peer", "name", "eth0", "netns", p.peer)
-		sh(t, "ip", "-n", n, "addr", "add", p.nodeAddr, "dev", dev)
-		sh(t, "ip", "-n", n, "link", "set", dev, "up")
-		sh(t, "ip", "-n", p.peer, "link", "set", "lo", "up")
-		sh(t, "ip", "-n", p.peer, "addr", "add", p.peerAddr, "dev", "eth0")
-		sh(t, "ip", "-n", p.peer, "link", "set", "eth0", "up")
-		sh(t, "ip", "-n", p.peer, "route", "add", "default", "via", p.gw)
-	}
-	l := &netnsLab{}
-	for name, dst := range map[string]*ns.NetNS{"node": &l.node, "client": &l.client, "server": &l.server} {
-		h, err := ns.GetNS("/run/netns/" + names[name])
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { h.Close() })
-		*dst = h
-	}
-	return l
-}
-
-// serve accepts TCP connections in the server namespace and writes each
-// client's address back.
-func (l *netnsLab) serve(t testing.TB, addr string) {
-	t.Helper()
-	var ln net.Listener
-	err := l.server.Do(func(ns.NetNS) error {
-		var err error
-		ln, err = net.Listen("tcp", addr)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			fmt.Fprintf(c, "%s via %s", c.RemoteAddr(), addr)
-			c.Close()
-		}
-	}()
-}
-
-// dial connects from a namespace and returns what the server wrote.
-func dial(from ns.NetNS, addr string) (string, error) {
-	var reply string
-	err := from.Do(func(ns.NetNS) error {
-		c, err := net.DialTimeout("tcp", addr, 2*time.Second)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(2 * time.Second))
-		b, err := io.ReadAll(c)
-		reply = string(b)
-		return err
-	})
-	return reply, err
-}
 
 // kernelOf is the Netlink Kernel of a namespace.
 func kernelOf(t *testing.T, n ns.NetNS) nftables.Netlink {
@@ -147,7 +46,7 @@ func sameAsKernel(t *testing.T, k nftables.Netlink, want *nftables.Table) {
 		c.Rules = make([]nftables.Rule, len(c.Rules))
 	}
 	if g, w := got.String(), want.String(); g != w {
-		t.Errorf("the kernel's table differs from the one meant:\n%s", diff(w, g))
+		t.Errorf("the kernel's table differs from the one meant:\n%s", proxytest.Diff(w, g))
 	}
 }
 
@@ -156,13 +55,13 @@ func sameAsKernel(t *testing.T, k nftables.Netlink, want *nftables.Table) {
 // and a restart, and deletes the table.
 func TestRealKernelTable(t *testing.T) {
 	roottest.Require(t)
-	l := newNetnsLab(t, "tbl")
-	k := kernelOf(t, l.node)
+	l := proxytest.NewNetnsLab(t, "tbl")
+	k := kernelOf(t, l.Node)
 	p := nftables.NewProxier(defaultCfg, k)
-	if _, err := p.Sync(scenario(), nil, true); err != nil {
+	if _, err := p.Sync(proxytest.Scenario(), nil, true); err != nil {
 		t.Fatalf("full sync: %v", err)
 	}
-	sameAsKernel(t, k, defaultCfg.Generate(scenario()))
+	sameAsKernel(t, k, defaultCfg.Generate(proxytest.Scenario()))
 	ms := mutations()
 	for i, m := range []int{1, 3, 2, 4, 5, 6, 0, 7, 1} {
 		if _, err := p.Sync(ms[m](), nil, false); err != nil {
@@ -172,22 +71,22 @@ func TestRealKernelTable(t *testing.T) {
 	}
 	// A restart finds the table and rewrites it in one transaction.
 	p = nftables.NewProxier(defaultCfg, k)
-	if _, err := p.Sync(scenario(), nil, true); err != nil {
+	if _, err := p.Sync(proxytest.Scenario(), nil, true); err != nil {
 		t.Fatalf("full sync after a restart: %v", err)
 	}
-	sameAsKernel(t, k, defaultCfg.Generate(scenario()))
+	sameAsKernel(t, k, defaultCfg.Generate(proxytest.Scenario()))
 	// IPv6 beside it, in the same table.
 	cfg6 := nftables.Config{Family: ipfamily.IPv6, ClusterCIDR: netip.MustParsePrefix("fd00:10:244::/56")}
 	web6 := &cluster.Service{Namespace: "default", Name: "web", Type: cluster.ServiceTypeNodePort,
-		ClusterIPs: []netip.Addr{a("fd00:10:96::20")}, Ports: []cluster.ServicePort{tcp(80, 30080)}, SessionAffinityTimeout: time.Minute}
-	ports6 := worldOf(ipfamily.IPv6, web6, slice(web6, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)},
-		ep{a("fd00:10:244:1::5"), nodeName, true}, ep{a("fd00:10:244:2::7"), "node-b", true}))
+		ClusterIPs: []netip.Addr{proxytest.A("fd00:10:96::20")}, Ports: []cluster.ServicePort{proxytest.TCP(80, 30080)}, SessionAffinityTimeout: time.Minute}
+	ports6 := proxytest.WorldOf(ipfamily.IPv6, web6, proxytest.Slice(web6, []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8080)},
+		proxytest.EP(proxytest.A("fd00:10:244:1::5"), proxytest.NodeName, true), proxytest.EP(proxytest.A("fd00:10:244:2::7"), "node-b", true)))
 	p6 := nftables.NewProxier(cfg6, k)
 	if _, err := p6.Sync(ports6, nil, true); err != nil {
 		t.Fatalf("IPv6 full sync: %v", err)
 	}
 	sameAsKernel(t, k, cfg6.Generate(ports6))
-	sameAsKernel(t, k, defaultCfg.Generate(scenario()))
+	sameAsKernel(t, k, defaultCfg.Generate(proxytest.Scenario()))
 	if err := k.Cleanup(); err != nil {
 		t.Fatal(err)
 	}
@@ -205,57 +104,57 @@ func TestRealKernelTable(t *testing.T) {
 // Service to another port, a NodePort answers from outside.
 func TestRealKernelTraffic(t *testing.T) {
 	roottest.Require(t)
-	l := newNetnsLab(t, "trf")
-	l.serve(t, "10.244.1.5:8080")
-	l.serve(t, "10.244.1.5:8081")
-	k := kernelOf(t, l.node)
-	web := svc("web", "10.96.0.20", []cluster.ServicePort{tcp(80, 30080)}, func(s *cluster.Service) { s.Type = cluster.ServiceTypeNodePort })
-	empty := svc("empty", "10.96.0.30", []cluster.ServicePort{tcp(80, 0)})
-	server := ep{a("10.244.1.5"), "node-b", true}
-	ports := world(web, slice(web, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, server), empty)
+	l := proxytest.NewNetnsLab(t, "trf")
+	l.Serve(t, "10.244.1.5:8080")
+	l.Serve(t, "10.244.1.5:8081")
+	k := kernelOf(t, l.Node)
+	web := proxytest.Svc("web", "10.96.0.20", []cluster.ServicePort{proxytest.TCP(80, 30080)}, func(s *cluster.Service) { s.Type = cluster.ServiceTypeNodePort })
+	empty := proxytest.Svc("empty", "10.96.0.30", []cluster.ServicePort{proxytest.TCP(80, 0)})
+	server := proxytest.EP(proxytest.A("10.244.1.5"), "node-b", true)
+	ports := proxytest.World(web, proxytest.Slice(web, []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8080)}, server), empty)
 	p := nftables.NewProxier(defaultCfg, k)
 	if _, err := p.Sync(ports, nil, true); err != nil {
 		t.Fatal(err)
 	}
-	got, err := dial(l.client, "10.96.0.20:80")
+	got, err := proxytest.Dial(l.Client, "10.96.0.20:80")
 	if err != nil || !strings.HasPrefix(got, "10.244.2.5:") || !strings.HasSuffix(got, "via 10.244.1.5:8080") {
 		t.Fatalf("pod → ClusterIP: %q, %v; want the endpoint to see the pod's own address", got, err)
 	}
-	got, err = dial(l.node, "10.96.0.20:80")
+	got, err = proxytest.Dial(l.Node, "10.96.0.20:80")
 	if err != nil || !strings.HasPrefix(got, "10.244.1.1:") {
 		t.Errorf("node → ClusterIP: %q, %v; want masqueraded to the node's address", got, err)
 	}
-	got, err = dial(l.client, "192.168.10.11:30080")
+	got, err = proxytest.Dial(l.Client, "192.168.10.11:30080")
 	if err != nil || !strings.HasPrefix(got, "10.244.1.1:") {
 		t.Errorf("pod → NodePort: %q, %v; want masqueraded (policy Cluster)", got, err)
 	}
 	start := time.Now()
-	_, err = dial(l.client, "10.96.0.30:80")
+	_, err = proxytest.Dial(l.Client, "10.96.0.30:80")
 	if !errors.Is(err, syscall.ECONNREFUSED) || time.Since(start) > time.Second {
 		t.Errorf("Service without endpoints: %v after %v; want connection refused within 1s", err, time.Since(start))
 	}
-	ports = world(web, slice(web, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8081)}, server), empty)
+	ports = proxytest.World(web, proxytest.Slice(web, []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8081)}, server), empty)
 	if _, err := p.Sync(ports, nil, false); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := dial(l.client, "10.96.0.20:80"); err != nil || !strings.HasSuffix(got, "via 10.244.1.5:8081") {
+	if got, err := proxytest.Dial(l.Client, "10.96.0.20:80"); err != nil || !strings.HasSuffix(got, "via 10.244.1.5:8081") {
 		t.Errorf("after a partial sync: %q, %v", got, err)
 	}
 	// Sticky: every connection of one client lands where the first did.
-	sticky := svc("sticky", "10.96.0.90", []cluster.ServicePort{tcp(80, 0)}, func(s *cluster.Service) { s.SessionAffinityTimeout = time.Hour })
+	sticky := proxytest.Svc("sticky", "10.96.0.90", []cluster.ServicePort{proxytest.TCP(80, 0)}, func(s *cluster.Service) { s.SessionAffinityTimeout = time.Hour })
 	// A second slice of the Service: the server's other port, so the
 	// Service has two endpoints to choose from.
-	sticky2 := slice(sticky, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8081)}, server)
+	sticky2 := proxytest.Slice(sticky, []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8081)}, server)
 	sticky2.Name = "sticky-def"
-	ports = world(web, slice(web, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8081)}, server), empty,
-		sticky, slice(sticky, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, server),
+	ports = proxytest.World(web, proxytest.Slice(web, []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8081)}, server), empty,
+		sticky, proxytest.Slice(sticky, []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8080)}, server),
 		sticky2)
 	if _, err := p.Sync(ports, nil, false); err != nil {
 		t.Fatal(err)
 	}
 	var seen []string
 	for range 8 {
-		got, err := dial(l.client, "10.96.0.90:80")
+		got, err := proxytest.Dial(l.Client, "10.96.0.90:80")
 		if err != nil {
 			t.Fatalf("sticky Service: %v (the endpoint that answers is the one affinity chose)", err)
 		}
@@ -273,10 +172,10 @@ func TestRealKernelTraffic(t *testing.T) {
 // does after a sync.
 func TestRealKernelUDPFlowMoves(t *testing.T) {
 	roottest.Require(t)
-	l := newNetnsLab(t, "udp")
+	l := proxytest.NewNetnsLab(t, "udp")
 	for _, port := range []string{"5353", "5354"} {
 		var pc net.PacketConn
-		if err := l.server.Do(func(ns.NetNS) error {
+		if err := l.Server.Do(func(ns.NetNS) error {
 			var err error
 			pc, err = net.ListenPacket("udp", "10.244.1.5:"+port)
 			return err
@@ -295,15 +194,15 @@ func TestRealKernelUDPFlowMoves(t *testing.T) {
 			}
 		}()
 	}
-	k := kernelOf(t, l.node)
-	dns := svc("dns", "10.96.0.10", []cluster.ServicePort{port("dns", cluster.UDP, 53)})
-	server := ep{a("10.244.1.5"), "node-b", true}
+	k := kernelOf(t, l.Node)
+	dns := proxytest.Svc("dns", "10.96.0.10", []cluster.ServicePort{proxytest.Port("dns", cluster.UDP, 53)})
+	server := proxytest.EP(proxytest.A("10.244.1.5"), "node-b", true)
 	p := nftables.NewProxier(defaultCfg, k)
-	if _, err := p.Sync(world(dns, slice(dns, []cluster.EndpointPort{epPort("dns", cluster.UDP, 5353)}, server)), nil, true); err != nil {
+	if _, err := p.Sync(proxytest.World(dns, proxytest.Slice(dns, []cluster.EndpointPort{proxytest.EPPort("dns", cluster.UDP, 5353)}, server)), nil, true); err != nil {
 		t.Fatal(err)
 	}
 	var conn net.Conn
-	if err := l.client.Do(func(ns.NetNS) error {
+	if err := l.Client.Do(func(ns.NetNS) error {
 		var err error
 		conn, err = net.Dial("udp", "10.96.0.10:53")
 		return err
@@ -324,14 +223,14 @@ func TestRealKernelUDPFlowMoves(t *testing.T) {
 	if got := ask(); got != "5353" {
 		t.Fatalf("before: %q", got)
 	}
-	if _, err := p.Sync(world(dns, slice(dns, []cluster.EndpointPort{epPort("dns", cluster.UDP, 5354)}, server)), nil, false); err != nil {
+	if _, err := p.Sync(proxytest.World(dns, proxytest.Slice(dns, []cluster.EndpointPort{proxytest.EPPort("dns", cluster.UDP, 5354)}, server)), nil, false); err != nil {
 		t.Fatal(err)
 	}
 	if got := ask(); got != "5353" {
 		t.Fatalf("with the conntrack entry still there: %q, want the old endpoint", got)
 	}
-	if err := l.node.Do(func(ns.NetNS) error {
-		_, err := conntrack.Delete(conntrack.Filter{Protocol: "udp", OrigDst: a("10.96.0.10"), OrigDstPort: 53})
+	if err := l.Node.Do(func(ns.NetNS) error {
+		_, err := conntrack.Delete(conntrack.Filter{Protocol: "udp", OrigDst: proxytest.A("10.96.0.10"), OrigDstPort: 53})
 		return err
 	}); err != nil {
 		t.Fatal(err)

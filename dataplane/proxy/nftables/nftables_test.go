@@ -2,13 +2,9 @@ package nftables_test
 
 import (
 	"errors"
-	"flag"
-	"fmt"
 	"maps"
 	"math/rand/v2"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -20,80 +16,10 @@ import (
 	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/proxy/nftables"
+	"github.com/podnet/podnet/dataplane/proxy/proxytest"
 )
 
-var update = flag.Bool("update", false, "rewrite golden files")
-
-const nodeName = "node-a"
-
-var (
-	nodeIP      = netip.MustParseAddr("192.168.10.11")
-	clusterCIDR = netip.MustParsePrefix("10.244.0.0/16")
-	localAddrs  = []netip.Addr{nodeIP, netip.MustParseAddr("10.244.1.1"), netip.MustParseAddr("127.0.0.1")}
-	localPod    = netip.MustParseAddr("10.244.1.5")   // endpoint on this node
-	remotePod   = netip.MustParseAddr("10.244.2.7")   // endpoint on another node
-	clientPod   = netip.MustParseAddr("10.244.1.9")   // a pod that is no endpoint
-	outsider    = netip.MustParseAddr("192.168.20.5") // outside the cluster
-)
-
-func a(s string) netip.Addr { return netip.MustParseAddr(s) }
-
-type svcOpt func(*cluster.Service)
-
-func svc(name, vip string, ports []cluster.ServicePort, opts ...svcOpt) *cluster.Service {
-	s := &cluster.Service{Namespace: "default", Name: name, Type: cluster.ServiceTypeClusterIP,
-		ClusterIPs: []netip.Addr{a(vip)}, Ports: ports}
-	for _, o := range opts {
-		o(s)
-	}
-	return s
-}
-
-func tcp(port, nodePort uint16) cluster.ServicePort {
-	return cluster.ServicePort{Name: "p" + fmt.Sprint(port), Protocol: cluster.TCP, Port: port, NodePort: nodePort}
-}
-
-func port(name string, p cluster.Protocol, n uint16) cluster.ServicePort {
-	return cluster.ServicePort{Name: name, Protocol: p, Port: n}
-}
-
-type ep struct {
-	addr  netip.Addr
-	node  string
-	ready bool
-}
-
-func slice(s *cluster.Service, ports []cluster.EndpointPort, eps ...ep) *cluster.EndpointSlice {
-	fam := "IPv4"
-	if len(eps) > 0 && eps[0].addr.Is6() {
-		fam = "IPv6"
-	}
-	es := &cluster.EndpointSlice{Namespace: s.Namespace, Name: s.Name + "-abc", ServiceName: s.Name, AddressType: fam, Ports: ports}
-	for _, e := range eps {
-		es.Endpoints = append(es.Endpoints, cluster.Endpoint{Addresses: []netip.Addr{e.addr}, NodeName: e.node,
-			Ready: e.ready, Serving: e.ready})
-	}
-	return es
-}
-
-func epPort(name string, p cluster.Protocol, n uint16) cluster.EndpointPort {
-	return cluster.EndpointPort{Name: name, Protocol: p, Port: n}
-}
-
-// worldOf builds ServicePorts of family f for this node.
-func worldOf(f ipfamily.Family, objs ...cluster.Object) map[cluster.Key][]*proxy.ServicePort {
-	st := cluster.NewStore()
-	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, objs)
-	state := proxy.NewState(f)
-	state.Update(st, nodeName, nil, true)
-	return state.Ports
-}
-
-func world(objs ...cluster.Object) map[cluster.Key][]*proxy.ServicePort {
-	return worldOf(ipfamily.IPv4, objs...)
-}
-
-var defaultCfg = nftables.Config{Family: ipfamily.IPv4, ClusterCIDR: clusterCIDR}
+var defaultCfg = nftables.Config{Family: ipfamily.IPv4, ClusterCIDR: proxytest.ClusterCIDR}
 
 func apply(t *testing.T, f *nftables.Fake, cfg nftables.Config, ports map[cluster.Key][]*proxy.ServicePort) *nftables.Proxier {
 	t.Helper()
@@ -104,104 +30,25 @@ func apply(t *testing.T, f *nftables.Fake, cfg nftables.Config, ports map[cluste
 	return p
 }
 
-// The scenario of the golden and tracer tests: every kind of Service
-// (the iptables mode's scenario).
-func scenario() map[cluster.Key][]*proxy.ServicePort {
-	web := svc("web", "10.96.0.20", []cluster.ServicePort{tcp(80, 0), tcp(443, 0)})
-	webEPs := slice(web, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080), epPort("p443", cluster.TCP, 8443)},
-		ep{localPod, nodeName, true}, ep{remotePod, "node-b", true})
-	dns := svc("dns", "10.96.0.10", []cluster.ServicePort{port("dns", cluster.UDP, 53), port("dns-tcp", cluster.TCP, 53)})
-	dnsEPs := slice(dns, []cluster.EndpointPort{epPort("dns", cluster.UDP, 5353), epPort("dns-tcp", cluster.TCP, 5354)},
-		ep{remotePod, "node-b", true})
-	empty := svc("empty", "10.96.0.30", []cluster.ServicePort{tcp(80, 0)})
-	sctp := svc("sctp", "10.96.0.40", []cluster.ServicePort{port("s", cluster.SCTP, 9000)})
-	sctpEPs := slice(sctp, []cluster.EndpointPort{epPort("s", cluster.SCTP, 9001)}, ep{remotePod, "node-b", true})
-	np := svc("np", "10.96.0.50", []cluster.ServicePort{tcp(80, 30080)}, func(s *cluster.Service) {
-		s.Type = cluster.ServiceTypeNodePort
-		s.ExternalIPs = []netip.Addr{a("192.168.10.200")}
-	})
-	npEPs := slice(np, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{localPod, nodeName, true}, ep{remotePod, "node-b", true})
-	local := svc("local", "10.96.0.60", []cluster.ServicePort{tcp(80, 30060)}, func(s *cluster.Service) {
-		s.Type = cluster.ServiceTypeLoadBalancer
-		s.ExternalTrafficPolicyLocal = true
-		s.HealthCheckNodePort = 32000
-		s.LoadBalancerIPs = []netip.Addr{a("192.168.30.1")}
-		s.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("192.168.20.0/24"), netip.MustParsePrefix("192.168.20.128/25")}
-	})
-	localEPs := slice(local, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{localPod, nodeName, true}, ep{remotePod, "node-b", true})
-	remoteOnly := svc("remote-only", "10.96.0.70", []cluster.ServicePort{tcp(80, 30070)}, func(s *cluster.Service) {
-		s.Type = cluster.ServiceTypeNodePort
-		s.ExternalTrafficPolicyLocal = true
-	})
-	remoteOnlyEPs := slice(remoteOnly, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{remotePod, "node-b", true})
-	emptyNP := svc("empty-np", "10.96.0.31", []cluster.ServicePort{tcp(80, 30031)}, func(s *cluster.Service) { s.Type = cluster.ServiceTypeNodePort })
-	itp := svc("itp", "10.96.0.80", []cluster.ServicePort{tcp(80, 0)}, func(s *cluster.Service) { s.InternalTrafficPolicyLocal = true })
-	itpEPs := slice(itp, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{localPod, nodeName, true}, ep{remotePod, "node-b", true})
-	itpNone := svc("itp-none", "10.96.0.81", []cluster.ServicePort{tcp(80, 0)}, func(s *cluster.Service) { s.InternalTrafficPolicyLocal = true })
-	itpNoneEPs := slice(itpNone, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{remotePod, "node-b", true})
-	sticky := svc("sticky", "10.96.0.90", []cluster.ServicePort{tcp(80, 0)}, func(s *cluster.Service) { s.SessionAffinityTimeout = 3 * time.Hour })
-	stickyEPs := slice(sticky, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{localPod, nodeName, true}, ep{remotePod, "node-b", true})
-	headless := &cluster.Service{Namespace: "default", Name: "headless", Headless: true, Ports: []cluster.ServicePort{tcp(80, 0)}}
-	other := svc("other-proxy", "10.96.0.99", []cluster.ServicePort{tcp(80, 0)}, func(s *cluster.Service) { s.ProxyName = "someone-else" })
-	otherEPs := slice(other, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{remotePod, "node-b", true})
-	return world(web, webEPs, dns, dnsEPs, empty, emptyNP, sctp, sctpEPs, np, npEPs, local, localEPs, remoteOnly, remoteOnlyEPs,
-		itp, itpEPs, itpNone, itpNoneEPs, sticky, stickyEPs, headless, other, otherEPs)
-}
-
-func golden(t *testing.T, name string, got []byte) {
-	t.Helper()
-	path := filepath.Join("testdata", name)
-	if *update {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("read golden (run with -update to create): %v", err)
-	}
-	if string(want) != string(got) {
-		t.Errorf("%s differs from the golden file (-update to accept):\n%s", name, diff(string(want), string(got)))
-	}
-}
-
-func diff(want, got string) string {
-	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
-	var b strings.Builder
-	for i := 0; i < max(len(w), len(g)); i++ {
-		var wl, gl string
-		if i < len(w) {
-			wl = w[i]
-		}
-		if i < len(g) {
-			gl = g[i]
-		}
-		if wl != gl {
-			fmt.Fprintf(&b, "line %d:\n- %s\n+ %s\n", i+1, wl, gl)
-		}
-	}
-	return b.String()
-}
-
 // TestGoldenTable: the table the scenario writes, as the Fake holds it,
 // and the same as Generate's.
 func TestGoldenTable(t *testing.T) {
 	f := nftables.NewFake()
-	apply(t, f, defaultCfg, scenario())
+	apply(t, f, defaultCfg, proxytest.Scenario())
 	got := f.Table(ipfamily.IPv4).String()
-	golden(t, "scenario.golden", []byte(got))
-	if want := defaultCfg.Generate(scenario()).String(); got != want {
-		t.Errorf("the Fake holds another table than Generate's:\n%s", diff(want, got))
+	proxytest.Golden(t, "scenario.golden", []byte(got))
+	if want := defaultCfg.Generate(proxytest.Scenario()).String(); got != want {
+		t.Errorf("the Fake holds another table than Generate's:\n%s", proxytest.Diff(want, got))
 	}
 }
 
 func TestTrace(t *testing.T) {
 	f := nftables.NewFake()
-	apply(t, f, defaultCfg, scenario())
+	apply(t, f, defaultCfg, proxytest.Scenario())
 	fromPod := func(dst string, proto string, port uint16) nftables.Packet {
-		return nftables.Packet{Src: clientPod, Dst: a(dst), Proto: proto, DPort: port}
+		return nftables.Packet{Src: proxytest.ClientPod, Dst: proxytest.A(dst), Proto: proto, DPort: port}
 	}
-	local, remote := localPod.String(), remotePod.String()
+	local, remote := proxytest.LocalPod.String(), proxytest.RemotePod.String()
 	tests := []struct {
 		name    string
 		p       nftables.Packet
@@ -219,41 +66,41 @@ func TestTrace(t *testing.T) {
 		{"SCTP", fromPod("10.96.0.40", "sctp", 9000), []string{remote + ":9001"}, nil, "accept"},
 		{"no endpoints: rejected", fromPod("10.96.0.30", "tcp", 80), nil, nil, "reject"},
 		{"no endpoints, from the node: rejected",
-			nftables.Packet{Src: nodeIP, Dst: a("10.96.0.30"), Proto: "tcp", DPort: 80, FromHost: true}, nil, nil, "reject"},
+			nftables.Packet{Src: proxytest.NodeIP, Dst: proxytest.A("10.96.0.30"), Proto: "tcp", DPort: 80, FromHost: true}, nil, nil, "reject"},
 		{"NodePort without endpoints: rejected",
-			nftables.Packet{Src: outsider, Dst: nodeIP, Proto: "tcp", DPort: 30031}, nil, nil, "reject"},
+			nftables.Packet{Src: proxytest.Outsider, Dst: proxytest.NodeIP, Proto: "tcp", DPort: 30031}, nil, nil, "reject"},
 		{"clusterIP from the node itself is masqueraded",
-			nftables.Packet{Src: nodeIP, Dst: a("10.96.0.20"), Proto: "tcp", DPort: 80, FromHost: true},
+			nftables.Packet{Src: proxytest.NodeIP, Dst: proxytest.A("10.96.0.20"), Proto: "tcp", DPort: 80, FromHost: true},
 			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080", remote + ":8080"}, "accept"},
 		{"hairpin: an endpoint reaching itself is masqueraded, not when it lands elsewhere",
-			nftables.Packet{Src: localPod, Dst: a("10.96.0.20"), Proto: "tcp", DPort: 80},
+			nftables.Packet{Src: proxytest.LocalPod, Dst: proxytest.A("10.96.0.20"), Proto: "tcp", DPort: 80},
 			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080"}, "accept"},
 		{"NodePort from outside, policy Cluster: any endpoint, masqueraded",
-			nftables.Packet{Src: outsider, Dst: nodeIP, Proto: "tcp", DPort: 30080},
+			nftables.Packet{Src: proxytest.Outsider, Dst: proxytest.NodeIP, Proto: "tcp", DPort: 30080},
 			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080", remote + ":8080"}, "accept"},
 		{"externalIP from outside",
-			nftables.Packet{Src: outsider, Dst: a("192.168.10.200"), Proto: "tcp", DPort: 80},
+			nftables.Packet{Src: proxytest.Outsider, Dst: proxytest.A("192.168.10.200"), Proto: "tcp", DPort: 80},
 			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080", remote + ":8080"}, "accept"},
 		{"NodePort policy Local from outside: local endpoint only, source kept",
-			nftables.Packet{Src: outsider, Dst: nodeIP, Proto: "tcp", DPort: 30060},
+			nftables.Packet{Src: proxytest.Outsider, Dst: proxytest.NodeIP, Proto: "tcp", DPort: 30060},
 			[]string{local + ":8080"}, nil, "accept"},
 		{"NodePort policy Local from a pod: any endpoint",
-			nftables.Packet{Src: clientPod, Dst: nodeIP, Proto: "tcp", DPort: 30060},
+			nftables.Packet{Src: proxytest.ClientPod, Dst: proxytest.NodeIP, Proto: "tcp", DPort: 30060},
 			[]string{local + ":8080", remote + ":8080"}, nil, "accept"},
 		{"NodePort policy Local from the node: any endpoint, masqueraded",
-			nftables.Packet{Src: nodeIP, Dst: nodeIP, Proto: "tcp", DPort: 30060, FromHost: true},
+			nftables.Packet{Src: proxytest.NodeIP, Dst: proxytest.NodeIP, Proto: "tcp", DPort: 30060, FromHost: true},
 			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080", remote + ":8080"}, "accept"},
 		{"NodePort policy Local without a local endpoint: dropped",
-			nftables.Packet{Src: outsider, Dst: nodeIP, Proto: "tcp", DPort: 30070}, nil, nil, "drop"},
+			nftables.Packet{Src: proxytest.Outsider, Dst: proxytest.NodeIP, Proto: "tcp", DPort: 30070}, nil, nil, "drop"},
 		{"load balancer IP from an allowed source range",
-			nftables.Packet{Src: outsider, Dst: a("192.168.30.1"), Proto: "tcp", DPort: 80},
+			nftables.Packet{Src: proxytest.Outsider, Dst: proxytest.A("192.168.30.1"), Proto: "tcp", DPort: 80},
 			[]string{local + ":8080"}, nil, "accept"},
 		{"load balancer IP from outside the source ranges: dropped",
-			nftables.Packet{Src: a("192.168.40.1"), Dst: a("192.168.30.1"), Proto: "tcp", DPort: 80}, nil, nil, "drop"},
+			nftables.Packet{Src: proxytest.A("192.168.40.1"), Dst: proxytest.A("192.168.30.1"), Proto: "tcp", DPort: 80}, nil, nil, "drop"},
 		{"NodePort on loopback is not a NodePort (it would need route_localnet)",
-			nftables.Packet{Src: a("127.0.0.1"), Dst: a("127.0.0.1"), Proto: "tcp", DPort: 30080, FromHost: true}, nil, nil, "accept"},
+			nftables.Packet{Src: proxytest.A("127.0.0.1"), Dst: proxytest.A("127.0.0.1"), Proto: "tcp", DPort: 30080, FromHost: true}, nil, nil, "accept"},
 		{"NodePort on a non-local address is not a NodePort",
-			nftables.Packet{Src: outsider, Dst: a("192.168.10.99"), Proto: "tcp", DPort: 30080}, nil, nil, "accept"},
+			nftables.Packet{Src: proxytest.Outsider, Dst: proxytest.A("192.168.10.99"), Proto: "tcp", DPort: 30080}, nil, nil, "accept"},
 		{"internalTrafficPolicy Local: local endpoint only", fromPod("10.96.0.80", "tcp", 80), []string{local + ":8080"}, nil, "accept"},
 		{"internalTrafficPolicy Local without a local endpoint: dropped", fromPod("10.96.0.81", "tcp", 80), nil, nil, "drop"},
 		{"Service of another proxy is left alone", fromPod("10.96.0.99", "tcp", 80), nil, nil, "accept"},
@@ -262,7 +109,7 @@ func TestTrace(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			checkTrace(t, f.Trace(tt.p, localAddrs), tt.eps, tt.masq, tt.verdict)
+			checkTrace(t, f.Trace(tt.p, proxytest.LocalAddrs), tt.eps, tt.masq, tt.verdict)
 		})
 	}
 }
@@ -294,7 +141,7 @@ func checkTrace(t *testing.T, tr nftables.Trace, eps, masqWant []string, verdict
 // to its endpoint.
 func TestAffinityFollowsTheClient(t *testing.T) {
 	f := nftables.NewFake()
-	apply(t, f, defaultCfg, scenario())
+	apply(t, f, defaultCfg, proxytest.Scenario())
 	var aff string
 	for name, s := range f.Table(ipfamily.IPv4).Sets {
 		if strings.HasPrefix(name, "aff-") && s.Timeout == 3*time.Hour {
@@ -304,9 +151,9 @@ func TestAffinityFollowsTheClient(t *testing.T) {
 	if aff == "" {
 		t.Fatal("no affinity map of 3h for the sticky Service")
 	}
-	to := netip.AddrPortFrom(remotePod, 8080)
-	f.AddAffinity(aff, nftables.Elem{Key: []nftables.Value{{Addr: clientPod}}, To: to})
-	tr := f.Trace(nftables.Packet{Src: clientPod, Dst: a("10.96.0.90"), Proto: "tcp", DPort: 80}, localAddrs)
+	to := netip.AddrPortFrom(proxytest.RemotePod, 8080)
+	f.AddAffinity(aff, nftables.Elem{Key: []nftables.Value{{Addr: proxytest.ClientPod}}, To: to})
+	tr := f.Trace(nftables.Packet{Src: proxytest.ClientPod, Dst: proxytest.A("10.96.0.90"), Proto: "tcp", DPort: 80}, proxytest.LocalAddrs)
 	if !slices.Equal(tr.Endpoints, []string{to.String()}) {
 		t.Errorf("client with affinity reached %v, want only %v", tr.Endpoints, to)
 	}
@@ -314,18 +161,18 @@ func TestAffinityFollowsTheClient(t *testing.T) {
 
 func TestMasqueradeAllAndNodePortAddresses(t *testing.T) {
 	f := nftables.NewFake()
-	apply(t, f, nftables.Config{Family: ipfamily.IPv4, ClusterCIDR: clusterCIDR, MasqueradeAll: true,
-		NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.10.0/24")}}, scenario())
-	tr := f.Trace(nftables.Packet{Src: clientPod, Dst: a("10.96.0.20"), Proto: "tcp", DPort: 80}, localAddrs)
+	apply(t, f, nftables.Config{Family: ipfamily.IPv4, ClusterCIDR: proxytest.ClusterCIDR, MasqueradeAll: true,
+		NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.10.0/24")}}, proxytest.Scenario())
+	tr := f.Trace(nftables.Packet{Src: proxytest.ClientPod, Dst: proxytest.A("10.96.0.20"), Proto: "tcp", DPort: 80}, proxytest.LocalAddrs)
 	if len(tr.Endpoints) != 2 || !tr.Masquerade[tr.Endpoints[0]] || !tr.Masquerade[tr.Endpoints[1]] {
 		t.Errorf("masquerade-all: pod traffic not masqueraded: %+v", tr)
 	}
 	// 10.244.1.1 is local but outside --nodeport-addresses.
-	tr = f.Trace(nftables.Packet{Src: outsider, Dst: a("10.244.1.1"), Proto: "tcp", DPort: 30080}, localAddrs)
+	tr = f.Trace(nftables.Packet{Src: proxytest.Outsider, Dst: proxytest.A("10.244.1.1"), Proto: "tcp", DPort: 30080}, proxytest.LocalAddrs)
 	if len(tr.Endpoints) != 0 {
 		t.Errorf("NodePort answered on an address outside --nodeport-addresses: %v", tr.Endpoints)
 	}
-	tr = f.Trace(nftables.Packet{Src: outsider, Dst: nodeIP, Proto: "tcp", DPort: 30080}, localAddrs)
+	tr = f.Trace(nftables.Packet{Src: proxytest.Outsider, Dst: proxytest.NodeIP, Proto: "tcp", DPort: 30080}, proxytest.LocalAddrs)
 	if len(tr.Endpoints) != 2 {
 		t.Errorf("NodePort on the node IP: endpoints %v, want 2", tr.Endpoints)
 	}
@@ -333,42 +180,42 @@ func TestMasqueradeAllAndNodePortAddresses(t *testing.T) {
 
 // TestIPv6 runs the same layout for IPv6 in the same table, beside IPv4.
 func TestIPv6(t *testing.T) {
-	pod6, remote6, client6 := a("fd00:10:244:1::5"), a("fd00:10:244:2::7"), a("fd00:10:244:1::9")
+	pod6, remote6, client6 := proxytest.A("fd00:10:244:1::5"), proxytest.A("fd00:10:244:2::7"), proxytest.A("fd00:10:244:1::9")
 	web := &cluster.Service{Namespace: "default", Name: "web", Type: cluster.ServiceTypeNodePort,
-		ClusterIPs: []netip.Addr{a("fd00:10:96::20")}, Ports: []cluster.ServicePort{tcp(80, 30080)}}
-	eps := slice(web, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, ep{pod6, nodeName, true}, ep{remote6, "node-b", true})
+		ClusterIPs: []netip.Addr{proxytest.A("fd00:10:96::20")}, Ports: []cluster.ServicePort{proxytest.TCP(80, 30080)}}
+	eps := proxytest.Slice(web, []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8080)}, proxytest.EP(pod6, proxytest.NodeName, true), proxytest.EP(remote6, "node-b", true))
 	empty := &cluster.Service{Namespace: "default", Name: "empty", Type: cluster.ServiceTypeClusterIP,
-		ClusterIPs: []netip.Addr{a("fd00:10:96::30")}, Ports: []cluster.ServicePort{tcp(80, 0)}}
+		ClusterIPs: []netip.Addr{proxytest.A("fd00:10:96::30")}, Ports: []cluster.ServicePort{proxytest.TCP(80, 0)}}
 	f := nftables.NewFake()
-	apply(t, f, defaultCfg, scenario())
+	apply(t, f, defaultCfg, proxytest.Scenario())
 	cfg6 := nftables.Config{Family: ipfamily.IPv6, ClusterCIDR: netip.MustParsePrefix("fd00:10:244::/56")}
-	apply(t, f, cfg6, worldOf(ipfamily.IPv6, web, eps, empty))
-	node6 := a("fd00:192:168:10::11")
-	local := append(slices.Clone(localAddrs), node6, a("::1"))
+	apply(t, f, cfg6, proxytest.WorldOf(ipfamily.IPv6, web, eps, empty))
+	node6 := proxytest.A("fd00:192:168:10::11")
+	local := append(slices.Clone(proxytest.LocalAddrs), node6, proxytest.A("::1"))
 	want := []string{"[fd00:10:244:1::5]:8080", "[fd00:10:244:2::7]:8080"}
-	checkTrace(t, f.Trace(nftables.Packet{Src: client6, Dst: a("fd00:10:96::20"), Proto: "tcp", DPort: 80}, local), want, nil, "accept")
-	checkTrace(t, f.Trace(nftables.Packet{Src: a("fd00:192:168:20::5"), Dst: node6, Proto: "tcp", DPort: 30080}, local), want, want, "accept")
-	checkTrace(t, f.Trace(nftables.Packet{Src: client6, Dst: a("fd00:10:96::30"), Proto: "tcp", DPort: 80}, local), nil, nil, "reject")
-	checkTrace(t, f.Trace(nftables.Packet{Src: a("::1"), Dst: a("::1"), Proto: "tcp", DPort: 30080, FromHost: true}, local), nil, nil, "accept")
+	checkTrace(t, f.Trace(nftables.Packet{Src: client6, Dst: proxytest.A("fd00:10:96::20"), Proto: "tcp", DPort: 80}, local), want, nil, "accept")
+	checkTrace(t, f.Trace(nftables.Packet{Src: proxytest.A("fd00:192:168:20::5"), Dst: node6, Proto: "tcp", DPort: 30080}, local), want, want, "accept")
+	checkTrace(t, f.Trace(nftables.Packet{Src: client6, Dst: proxytest.A("fd00:10:96::30"), Proto: "tcp", DPort: 80}, local), nil, nil, "reject")
+	checkTrace(t, f.Trace(nftables.Packet{Src: proxytest.A("::1"), Dst: proxytest.A("::1"), Proto: "tcp", DPort: 30080, FromHost: true}, local), nil, nil, "accept")
 	// IPv4 is untouched by the IPv6 Proxier.
-	if got, want := f.Table(ipfamily.IPv4).String(), defaultCfg.Generate(scenario()).String(); got != want {
-		t.Errorf("IPv4 objects changed by the IPv6 sync:\n%s", diff(want, got))
+	if got, want := f.Table(ipfamily.IPv4).String(), defaultCfg.Generate(proxytest.Scenario()).String(); got != want {
+		t.Errorf("IPv4 objects changed by the IPv6 sync:\n%s", proxytest.Diff(want, got))
 	}
-	golden(t, "ipv6.golden", []byte(f.Table(ipfamily.IPv6).String()))
+	proxytest.Golden(t, "ipv6.golden", []byte(f.Table(ipfamily.IPv6).String()))
 }
 
 // mutate changes one random Service of ports the way the cluster does:
 // endpoints come and go, a port changes, a Service leaves or arrives.
 func mutations() []func() map[cluster.Key][]*proxy.ServicePort {
-	base := func(eps ...ep) map[cluster.Key][]*proxy.ServicePort {
-		web := svc("web", "10.96.0.20", []cluster.ServicePort{tcp(80, 30020)}, func(s *cluster.Service) { s.Type = cluster.ServiceTypeNodePort })
-		sticky := svc("sticky", "10.96.0.90", []cluster.ServicePort{tcp(80, 0)}, func(s *cluster.Service) { s.SessionAffinityTimeout = time.Hour })
+	base := func(eps ...proxytest.Endpoint) map[cluster.Key][]*proxy.ServicePort {
+		web := proxytest.Svc("web", "10.96.0.20", []cluster.ServicePort{proxytest.TCP(80, 30020)}, func(s *cluster.Service) { s.Type = cluster.ServiceTypeNodePort })
+		sticky := proxytest.Svc("sticky", "10.96.0.90", []cluster.ServicePort{proxytest.TCP(80, 0)}, func(s *cluster.Service) { s.SessionAffinityTimeout = time.Hour })
 		objs := []cluster.Object{web, sticky}
 		if len(eps) > 0 {
-			objs = append(objs, slice(web, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, eps...),
-				slice(sticky, []cluster.EndpointPort{epPort("p80", cluster.TCP, 8080)}, eps...))
+			objs = append(objs, proxytest.Slice(web, []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8080)}, eps...),
+				proxytest.Slice(sticky, []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8080)}, eps...))
 		}
-		return world(objs...)
+		return proxytest.World(objs...)
 	}
 	merge := func(ms ...map[cluster.Key][]*proxy.ServicePort) map[cluster.Key][]*proxy.ServicePort {
 		out := map[cluster.Key][]*proxy.ServicePort{}
@@ -379,15 +226,15 @@ func mutations() []func() map[cluster.Key][]*proxy.ServicePort {
 		}
 		return out
 	}
-	l, r, r2 := ep{localPod, nodeName, true}, ep{remotePod, "node-b", true}, ep{a("10.244.3.3"), "node-c", true}
+	l, r, r2 := proxytest.EP(proxytest.LocalPod, proxytest.NodeName, true), proxytest.EP(proxytest.RemotePod, "node-b", true), proxytest.EP(proxytest.A("10.244.3.3"), "node-c", true)
 	return []func() map[cluster.Key][]*proxy.ServicePort{
-		func() map[cluster.Key][]*proxy.ServicePort { return scenario() },
+		func() map[cluster.Key][]*proxy.ServicePort { return proxytest.Scenario() },
 		func() map[cluster.Key][]*proxy.ServicePort { return base(l, r) },
 		func() map[cluster.Key][]*proxy.ServicePort { return base(r) },
 		func() map[cluster.Key][]*proxy.ServicePort { return base(r, r2) },
 		func() map[cluster.Key][]*proxy.ServicePort { return base() },
-		func() map[cluster.Key][]*proxy.ServicePort { return merge(scenario(), base(l, r2)) },
-		func() map[cluster.Key][]*proxy.ServicePort { return merge(scenario(), base(r)) },
+		func() map[cluster.Key][]*proxy.ServicePort { return merge(proxytest.Scenario(), base(l, r2)) },
+		func() map[cluster.Key][]*proxy.ServicePort { return merge(proxytest.Scenario(), base(r)) },
 		func() map[cluster.Key][]*proxy.ServicePort { return map[cluster.Key][]*proxy.ServicePort{} },
 	}
 }
@@ -412,7 +259,7 @@ func TestPartialSyncEqualsFull(t *testing.T) {
 		}
 		got, want := f.Table(ipfamily.IPv4).String(), defaultCfg.Generate(ports).String()
 		if got != want {
-			t.Fatalf("step %d: partial sync left another table than a full one:\n%s", i, diff(want, got))
+			t.Fatalf("step %d: partial sync left another table than a full one:\n%s", i, proxytest.Diff(want, got))
 		}
 	}
 }
@@ -459,13 +306,13 @@ func TestFailedTransactionMakesTheNextFull(t *testing.T) {
 		t.Fatalf("sync = %v, want the transaction's error", err)
 	}
 	if got, want := f.Table(ipfamily.IPv4).String(), defaultCfg.Generate(ms[1]()).String(); got != want {
-		t.Fatalf("a failed transaction changed the table:\n%s", diff(want, got))
+		t.Fatalf("a failed transaction changed the table:\n%s", proxytest.Diff(want, got))
 	}
 	if _, err := p.Sync(ms[2](), nil, false); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := f.Table(ipfamily.IPv4).String(), defaultCfg.Generate(ms[2]()).String(); got != want {
-		t.Fatalf("the sync after a failure:\n%s", diff(want, got))
+		t.Fatalf("the sync after a failure:\n%s", proxytest.Diff(want, got))
 	}
 }
 
@@ -482,7 +329,7 @@ func TestRestartKeepsAffinityAndDeletesLeftovers(t *testing.T) {
 			aff = name
 		}
 	}
-	client := nftables.Elem{Key: []nftables.Value{{Addr: clientPod}}, To: netip.AddrPortFrom(localPod, 8080)}
+	client := nftables.Elem{Key: []nftables.Value{{Addr: proxytest.ClientPod}}, To: netip.AddrPortFrom(proxytest.LocalPod, 8080)}
 	f.AddAffinity(aff, client)
 	apply(t, f, defaultCfg, ms[1]())
 	got := f.Table(ipfamily.IPv4)
@@ -491,7 +338,7 @@ func TestRestartKeepsAffinityAndDeletesLeftovers(t *testing.T) {
 	}
 	got.Sets[aff].Elems = nil
 	if want := defaultCfg.Generate(ms[1]()).String(); got.String() != want {
-		t.Errorf("after a restart:\n%s", diff(want, got.String()))
+		t.Errorf("after a restart:\n%s", proxytest.Diff(want, got.String()))
 	}
 }
 
@@ -514,16 +361,16 @@ func TestFakeFailsLikeTheKernel(t *testing.T) {
 		{"lookup of a set of another type", []nftables.Op{{Kind: nftables.OpAddTable}, {Kind: nftables.OpAddChain, Chain: chain}, {Kind: nftables.OpAddSet, Set: set},
 			{Kind: nftables.OpAddRule, Chain: chain, Rule: nftables.Rule{Do: []nftables.Stmt{{Kind: nftables.StmtVmap, Key: []nftables.Field{nftables.FieldDaddr}, Map: set.Name}}}}}, nil},
 		{"element pointing at a missing chain", []nftables.Op{{Kind: nftables.OpAddTable}, {Kind: nftables.OpAddSet, Set: vmap},
-			{Kind: nftables.OpAddElems, Set: vmap, Elems: []nftables.Elem{{Key: []nftables.Value{{Addr: clientPod}}, Goto: "x"}}}}, syscall.ENOENT},
+			{Kind: nftables.OpAddElems, Set: vmap, Elems: []nftables.Elem{{Key: []nftables.Value{{Addr: proxytest.ClientPod}}, Goto: "x"}}}}, syscall.ENOENT},
 		{"chain deleted while an element points at it", []nftables.Op{{Kind: nftables.OpAddTable}, {Kind: nftables.OpAddChain, Chain: chain}, {Kind: nftables.OpAddSet, Set: vmap},
-			{Kind: nftables.OpAddElems, Set: vmap, Elems: []nftables.Elem{{Key: []nftables.Value{{Addr: clientPod}}, Goto: chain.Name}}},
+			{Kind: nftables.OpAddElems, Set: vmap, Elems: []nftables.Elem{{Key: []nftables.Value{{Addr: proxytest.ClientPod}}, Goto: chain.Name}}},
 			{Kind: nftables.OpDelChain, Chain: chain}}, syscall.EBUSY},
 		{"an element twice with two values", []nftables.Op{{Kind: nftables.OpAddTable}, {Kind: nftables.OpAddChain, Chain: chain}, {Kind: nftables.OpAddChain, Chain: &nftables.Chain{Name: "d-ip4"}},
 			{Kind: nftables.OpAddSet, Set: vmap},
-			{Kind: nftables.OpAddElems, Set: vmap, Elems: []nftables.Elem{{Key: []nftables.Value{{Addr: clientPod}}, Goto: chain.Name}}},
-			{Kind: nftables.OpAddElems, Set: vmap, Elems: []nftables.Elem{{Key: []nftables.Value{{Addr: clientPod}}, Goto: "d-ip4"}}}}, syscall.EEXIST},
+			{Kind: nftables.OpAddElems, Set: vmap, Elems: []nftables.Elem{{Key: []nftables.Value{{Addr: proxytest.ClientPod}}, Goto: chain.Name}}},
+			{Kind: nftables.OpAddElems, Set: vmap, Elems: []nftables.Elem{{Key: []nftables.Value{{Addr: proxytest.ClientPod}}, Goto: "d-ip4"}}}}, syscall.EEXIST},
 		{"a missing element deleted", []nftables.Op{{Kind: nftables.OpAddTable}, {Kind: nftables.OpAddSet, Set: set},
-			{Kind: nftables.OpDelElems, Set: set, Elems: []nftables.Elem{{Key: []nftables.Value{{Addr: clientPod}}}}}}, syscall.ENOENT},
+			{Kind: nftables.OpDelElems, Set: set, Elems: []nftables.Elem{{Key: []nftables.Value{{Addr: proxytest.ClientPod}}}}}}, syscall.ENOENT},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := f.Apply(tc.ops)
@@ -541,7 +388,7 @@ func TestFakeFailsLikeTheKernel(t *testing.T) {
 // what proxyd status compares with its report.
 func TestProgrammed(t *testing.T) {
 	f := nftables.NewFake()
-	apply(t, f, defaultCfg, scenario())
+	apply(t, f, defaultCfg, proxytest.Scenario())
 	p := nftables.ProgrammedOf(f.Table(ipfamily.IPv4))
 	got := map[string]string{}
 	for _, fe := range p.Frontends {
@@ -551,11 +398,11 @@ func TestProgrammed(t *testing.T) {
 		}
 		got[fe.Address+"/"+fe.Protocol] = v
 	}
-	both := localPod.String() + ":8080 " + remotePod.String() + ":8080"
+	both := proxytest.LocalPod.String() + ":8080 " + proxytest.RemotePod.String() + ":8080"
 	for fe, want := range map[string]string{
-		"10.96.0.20:80/TCP": both, "10.96.0.10:53/UDP": remotePod.String() + ":5353", ":30080/TCP": both,
+		"10.96.0.20:80/TCP": both, "10.96.0.10:53/UDP": proxytest.RemotePod.String() + ":5353", ":30080/TCP": both,
 		"192.168.30.1:80/TCP": both, ":30060/TCP": both, "10.96.0.30:80/TCP": "reject", ":30031/TCP": "reject",
-		"10.96.0.80:80/TCP": localPod.String() + ":8080",
+		"10.96.0.80:80/TCP": proxytest.LocalPod.String() + ":8080",
 	} {
 		if got[fe] != want {
 			t.Errorf("%s: %q, want %q", fe, got[fe], want)
@@ -571,35 +418,35 @@ func TestProgrammed(t *testing.T) {
 // differs; Remove leaves the Service proxy's objects.
 func TestFirewall(t *testing.T) {
 	f := nftables.NewFake()
-	apply(t, f, defaultCfg, scenario())
+	apply(t, f, defaultCfg, proxytest.Scenario())
 	fw := &nftables.Firewall{Family: ipfamily.IPv4, Kernel: f}
-	rules := hostnet.Rules{ClusterCIDR: clusterCIDR, Masquerade: true}
+	rules := hostnet.Rules{ClusterCIDR: proxytest.ClusterCIDR, Masquerade: true}
 	if changed, err := fw.Ensure(rules); err != nil || !changed {
 		t.Fatalf("first Ensure: %v, %v", changed, err)
 	}
 	if changed, err := fw.Ensure(rules); err != nil || changed {
 		t.Errorf("second Ensure of the same: %v, %v; want nothing written", changed, err)
 	}
-	out := f.Trace(nftables.Packet{Src: clientPod, Dst: a("192.0.2.1"), Proto: "tcp", DPort: 443}, localAddrs)
+	out := f.Trace(nftables.Packet{Src: proxytest.ClientPod, Dst: proxytest.A("192.0.2.1"), Proto: "tcp", DPort: 443}, proxytest.LocalAddrs)
 	if !out.Masquerade[""] {
 		t.Errorf("pod to outside: %+v, want masqueraded", out)
 	}
-	toPod := f.Trace(nftables.Packet{Src: clientPod, Dst: remotePod, Proto: "tcp", DPort: 8080}, localAddrs)
+	toPod := f.Trace(nftables.Packet{Src: proxytest.ClientPod, Dst: proxytest.RemotePod, Proto: "tcp", DPort: 8080}, proxytest.LocalAddrs)
 	if toPod.Masquerade[""] {
 		t.Errorf("pod to pod: %+v, want its source kept", toPod)
 	}
 	if err := fw.Remove(); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := f.Table(ipfamily.IPv4).String(), defaultCfg.Generate(scenario()).String(); got != want {
-		t.Errorf("after Remove, the Service proxy's objects changed:\n%s", diff(want, got))
+	if got, want := f.Table(ipfamily.IPv4).String(), defaultCfg.Generate(proxytest.Scenario()).String(); got != want {
+		t.Errorf("after Remove, the Service proxy's objects changed:\n%s", proxytest.Diff(want, got))
 	}
 	if changed, err := fw.Ensure(rules); err != nil || !changed {
 		t.Errorf("Ensure after Remove: %v, %v; want written again", changed, err)
 	}
 	// A full sync of the Service proxy leaves the firewall's chains.
-	apply(t, f, defaultCfg, scenario())
-	if out := f.Trace(nftables.Packet{Src: clientPod, Dst: a("192.0.2.1"), Proto: "tcp", DPort: 443}, localAddrs); !out.Masquerade[""] {
+	apply(t, f, defaultCfg, proxytest.Scenario())
+	if out := f.Trace(nftables.Packet{Src: proxytest.ClientPod, Dst: proxytest.A("192.0.2.1"), Proto: "tcp", DPort: 443}, proxytest.LocalAddrs); !out.Masquerade[""] {
 		t.Errorf("after a Service proxy full sync, pod to outside: %+v, want masqueraded", out)
 	}
 }
