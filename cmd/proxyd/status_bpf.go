@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -34,67 +33,14 @@ func readBPFMaps(pinDir string, services []proxy.ServiceStatus) *bpfMaps {
 	return compareBPFMaps(p, services)
 }
 
-// portRef is one Service port of the daemon's report.
-type portRef struct {
-	svc  proxy.ServiceStatus
-	port proxy.PortStatus
-}
-
-func (r portRef) name() string {
-	n := r.svc.Namespace + "/" + r.svc.Name
-	if r.port.Name != "" {
-		n += ":" + r.port.Name
-	}
-	return n
-}
-
-// compareBPFMaps joins the maps' frontends to the Service ports that claim
-// them (by address and protocol) and lists where the two disagree: a
-// frontend of the report missing from the maps, a port whose frontends'
-// backends are not its endpoints, a frontend no Service claims.
+// compareBPFMaps sets the maps' frontends against the daemon's report.
 func compareBPFMaps(p *ebpf.Programmed, services []proxy.ServiceStatus) *bpfMaps {
-	m := &bpfMaps{Programmed: p, Owners: make([][]string, len(p.Frontends))}
-	byFrontend := make(map[string][]int) // address/protocol → frontend indexes
+	fes := make([]kernelFrontend, len(p.Frontends))
 	for i, f := range p.Frontends {
-		k := f.Address + "/" + f.Protocol
-		byFrontend[k] = append(byFrontend[k], i)
+		fes[i] = kernelFrontend{Address: f.Address, Protocol: f.Protocol, Label: "(" + f.Scope + ")", Endpoints: f.Backends}
 	}
-	for _, svc := range services {
-		for _, port := range svc.Ports {
-			ref := portRef{svc, port}
-			backends := map[string]bool{}
-			for _, fe := range port.Frontends {
-				idx := byFrontend[fe+"/"+port.Protocol]
-				if len(idx) == 0 {
-					m.Differences = append(m.Differences, fmt.Sprintf("%s %s: frontend %s is not in the maps", ref.name(), port.Protocol, fe))
-				}
-				for _, i := range idx {
-					m.Owners[i] = append(m.Owners[i], ref.name())
-					for _, b := range p.Frontends[i].Backends {
-						backends[b] = true
-					}
-				}
-			}
-			var want, got []string
-			for _, e := range port.Endpoints {
-				want = append(want, e.Address)
-			}
-			for b := range backends {
-				got = append(got, b)
-			}
-			slices.Sort(want)
-			slices.Sort(got)
-			if !slices.Equal(want, got) {
-				m.Differences = append(m.Differences, fmt.Sprintf("%s %s: endpoints [%s], the maps' backends [%s]",
-					ref.name(), port.Protocol, strings.Join(want, " "), strings.Join(got, " ")))
-			}
-		}
-	}
-	for i, f := range p.Frontends {
-		if len(m.Owners[i]) == 0 {
-			m.Differences = append(m.Differences, fmt.Sprintf("frontend %s/%s (%s) is in the maps but of no Service proxyd reports", f.Address, f.Protocol, f.Scope))
-		}
-	}
+	m := &bpfMaps{Programmed: p}
+	m.Owners, m.Differences = compareWithReport(fes, services, "the maps")
 	return m
 }
 
@@ -114,10 +60,6 @@ func printBPFMaps(out io.Writer, m *bpfMaps) {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "  SERVICE\tFRONTEND\tSCOPE\tFLAGS\tBACKENDS")
 	for i, f := range p.Frontends {
-		owner := "-"
-		if len(m.Owners[i]) > 0 {
-			owner = strings.Join(m.Owners[i], ",")
-		}
 		flags := strings.Join(f.Flags, ",")
 		if f.AffinitySeconds > 0 {
 			flags += fmt.Sprintf(" %ds", f.AffinitySeconds)
@@ -132,19 +74,8 @@ func printBPFMaps(out io.Writer, m *bpfMaps) {
 		if len(f.Backends) == 0 {
 			backends = "none"
 		}
-		fmt.Fprintf(w, "  %s\t%s/%s\t%s\t%s\t%s\n", owner, f.Address, f.Protocol, f.Scope, strings.TrimSpace(flags), backends)
+		fmt.Fprintf(w, "  %s\t%s/%s\t%s\t%s\t%s\n", ownerOf(m.Owners[i]), f.Address, f.Protocol, f.Scope, strings.TrimSpace(flags), backends)
 	}
 	w.Flush()
-	for _, list := range []struct {
-		title string
-		lines []string
-	}{{"Problems in the maps", p.Problems}, {"Differences from proxyd's report", m.Differences}} {
-		if len(list.lines) == 0 {
-			continue
-		}
-		fmt.Fprintf(out, "\n%s (%d):\n", list.title, len(list.lines))
-		for _, l := range list.lines {
-			fmt.Fprintf(out, "  %s\n", l)
-		}
-	}
+	printProblems(out, "the maps", p.Problems, m.Differences)
 }

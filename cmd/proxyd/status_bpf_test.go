@@ -32,7 +32,7 @@ func TestStatusBPFMaps(t *testing.T) {
 	m := compareBPFMaps(p, services)
 	wantDiff := []string{
 		"default/gone TCP: frontend 10.96.0.30:80 is not in the maps",
-		"default/gone TCP: endpoints [10.244.4.4:80], the maps' backends []",
+		"default/gone TCP: endpoints [10.244.4.4:80], in the maps []",
 		"frontend 10.96.9.9:80/TCP (socket) is in the maps but of no Service proxyd reports",
 	}
 	if !slices.Equal(m.Differences, wantDiff) {

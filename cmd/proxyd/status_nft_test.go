@@ -31,7 +31,7 @@ func TestStatusNFTTable(t *testing.T) {
 	m := compareNFTTable(p, services)
 	wantDiff := []string{
 		"default/gone TCP: frontend 10.96.0.31:80 is not in the table",
-		"default/gone TCP: endpoints [10.244.4.4:80], the table's []",
+		"default/gone TCP: endpoints [10.244.4.4:80], in the table []",
 		"frontend 10.96.9.9:80/TCP is in the table but of no Service proxyd reports",
 	}
 	if !slices.Equal(m.Differences, wantDiff) {
