@@ -90,9 +90,8 @@ $(CONTAINERD_ROOT)/usr/bin/containerd:
 # (kube-proxy and CoreDNS in place of proxyd's Service proxy and dnsd):
 # e2e.test and agnhost of the same release, from the same tools module (go
 # test -c as upstream builds it, with its build tags; -vet=off, or go vet
-# alone takes many minutes). The whole run took 18 minutes on a loaded
-# 2-core machine (TestRealNodesEBPF adds 6); the timeout keeps it within a
-# CI job.
+# alone takes many minutes). CONFORMANCE_BUDGET and CONFORMANCE_TIMEOUT
+# below bound a run; README's conformance section has measured durations.
 E2E_TEST := $(APISERVER_CACHE)/e2e.test-$(APISERVER_VERSION)
 AGNHOST := $(APISERVER_CACHE)/agnhost-$(APISERVER_VERSION)
 $(E2E_TEST) $(AGNHOST) &:

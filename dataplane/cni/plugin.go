@@ -265,7 +265,7 @@ func (p *plugin) add(c *Config, args *skel.CmdArgs, log *slog.Logger) (*current.
 			Address:   net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(a.Addr.Bits(), ip.BitLen())},
 			Gateway:   a.Gateway.AsSlice(),
 		})
-		res.Routes = append(res.Routes, &types.Route{Dst: *defaultRoute(ip), GW: a.Gateway.AsSlice()})
+		res.Routes = append(res.Routes, &types.Route{Dst: *link.DefaultDst(ip), GW: a.Gateway.AsSlice()})
 	}
 	return res, nil
 }
@@ -433,13 +433,6 @@ func enableForwarding(v4 bool) error {
 		return fmt.Errorf("enable forwarding: %w", err)
 	}
 	return nil
-}
-
-func defaultRoute(a netip.Addr) *net.IPNet {
-	if a.Is4() {
-		return &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
-	}
-	return &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
 }
 
 func (p *plugin) cmdDel(args *skel.CmdArgs) error {

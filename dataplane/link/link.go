@@ -81,6 +81,9 @@ func Bridge(name string, mtu int, mac net.HardwareAddr) (*netlink.Bridge, error)
 			return nil, fmt.Errorf("%s exists and is a %s device, not a bridge", name, l.Type())
 		}
 		if br.Flags&net.FlagUp == 0 {
+			if err := noDAD(name); err != nil {
+				return nil, err
+			}
 			if err := netlink.LinkSetUp(br); err != nil {
 				return nil, fmt.Errorf("set %s up: %w", name, err)
 			}
@@ -94,7 +97,6 @@ func Bridge(name string, mtu int, mac net.HardwareAddr) (*netlink.Bridge, error)
 		Name:         name,
 		MTU:          mtu,
 		HardwareAddr: mac,
-		Flags:        net.FlagUp,
 		TxQLen:       -1,
 	}}
 	if err := netlink.LinkAdd(br); err != nil {
@@ -104,7 +106,27 @@ func Bridge(name string, mtu int, mac net.HardwareAddr) (*netlink.Bridge, error)
 		}
 		return nil, fmt.Errorf("create bridge %s: %w", name, err)
 	}
+	if err := noDAD(name); err != nil {
+		return nil, err
+	}
+	if err := netlink.LinkSetUp(br); err != nil {
+		return nil, fmt.Errorf("set %s up: %w", name, err)
+	}
 	return br, nil
+}
+
+// noDAD turns off IPv6 duplicate address detection on a device podnet
+// owns, before it comes up. The device's link-local address is otherwise
+// tentative for a second or two, and while it is, the kernel sends no
+// neighbour solicitation from the device (one needs a usable link-local
+// source): the first packet forwarded to a pod on a new bridge waits a
+// whole retransmit interval (1 s) for its neighbour. Without IPv6 on the
+// node there is nothing to turn off.
+func noDAD(name string) error {
+	if _, err := os.Stat("/proc/sys/net/ipv6/conf/" + name); err != nil {
+		return nil
+	}
+	return setIPv6Conf(name, "accept_dad", "0")
 }
 
 // Addrs returns the global-scope addresses of family (netlink.FAMILY_V4 or
@@ -291,7 +313,7 @@ func ConfigurePod(podNS ns.NetNS, p PodIface) error {
 			return fmt.Errorf("set %s up in pod: %w", p.Name, err)
 		}
 		for _, a := range p.Addrs {
-			route := &netlink.Route{LinkIndex: l.Attrs().Index, Gw: a.Gateway.AsSlice(), Dst: defaultDst(a.Gateway)}
+			route := &netlink.Route{LinkIndex: l.Attrs().Index, Gw: a.Gateway.AsSlice(), Dst: DefaultDst(a.Gateway)}
 			if err := netlink.RouteAdd(route); err != nil && !errors.Is(err, unix.EEXIST) {
 				return fmt.Errorf("add default route via %s in pod: %w", a.Gateway, err)
 			}
@@ -415,8 +437,10 @@ func prefixOf(n *net.IPNet) (netip.Prefix, bool) {
 	return netip.PrefixFrom(a.Unmap(), ones), true
 }
 
-func defaultDst(gw netip.Addr) *net.IPNet {
-	if gw.Is4() {
+// DefaultDst is the default route's destination in a's family: 0.0.0.0/0
+// or ::/0.
+func DefaultDst(a netip.Addr) *net.IPNet {
+	if a.Is4() {
 		return &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
 	}
 	return &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}

@@ -72,7 +72,10 @@ func newTestNode(t *testing.T) *testNode {
 	roottest.Tool(t, "ip", "iproute2")
 	n := &testNode{t: t, prefix: fmt.Sprintf("podnet-pol-%d", os.Getpid()), pods: make(map[string]ns.NetNS)}
 	n.node = n.netns("node")
-	n.in("node", "ip link set lo up", "ip link add cbr0 type bridge", "ip link set cbr0 up",
+	// No duplicate address detection on the node's links, as podnet's
+	// cbr0 has none: a tentative link-local address holds back the first
+	// neighbour solicitation to a pod for a second.
+	n.in("node", "ip link set lo up", "sysctl -qw net.ipv6.conf.default.accept_dad=0", "ip link add cbr0 type bridge", "ip link set cbr0 up",
 		"ip addr add 10.244.1.1/24 dev cbr0", "ip -6 addr add fd00:10:244:1::1/64 dev cbr0 nodad",
 		"sysctl -qw net.ipv4.ip_forward=1", "sysctl -qw net.ipv6.conf.all.forwarding=1")
 	if _, err := os.Stat("/proc/sys/net/bridge/bridge-nf-call-iptables"); err != nil {

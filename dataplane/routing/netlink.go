@@ -266,7 +266,7 @@ func (k *NetlinkKernel) CreateVXLAN(d VXLANDevice) error {
 		return nil
 	}
 	ipn := &net.IPNet{IP: d.Addr.Addr().AsSlice(), Mask: net.CIDRMask(d.Addr.Bits(), d.Addr.Addr().BitLen())}
-	if err := k.h.AddrAdd(v, &netlink.Addr{IPNet: ipn}); err != nil {
+	if err := k.h.AddrAdd(v, vxlanAddr(ipn)); err != nil {
 		return fmt.Errorf("add address %s: %w", d.Addr, err)
 	}
 	return nil
@@ -306,7 +306,7 @@ func (k *NetlinkKernel) UpdateVXLAN(d VXLANDevice) error {
 	}
 	if d.Addr.IsValid() && !found {
 		ipn := &net.IPNet{IP: d.Addr.Addr().AsSlice(), Mask: net.CIDRMask(d.Addr.Bits(), d.Addr.Addr().BitLen())}
-		if err := k.h.AddrAdd(l, &netlink.Addr{IPNet: ipn}); err != nil {
+		if err := k.h.AddrAdd(l, vxlanAddr(ipn)); err != nil {
 			return fmt.Errorf("add address %s: %w", d.Addr, err)
 		}
 	}
@@ -593,4 +593,15 @@ func subscribe(ns netns.NsHandle, done chan struct{}, errFn func(error)) (chan n
 		return nil, nil, nil, fmt.Errorf("subscribe to links: %w", err)
 	}
 	return routes, neighs, links, nil
+}
+
+// vxlanAddr is the VXLAN device's address; an IPv6 one skips duplicate
+// address detection (it is the node's own, from its podCIDR), so that the
+// node's traffic to other nodes' pods can use it as its source at once.
+func vxlanAddr(ipn *net.IPNet) *netlink.Addr {
+	a := &netlink.Addr{IPNet: ipn}
+	if ipn.IP.To4() == nil {
+		a.Flags = unix.IFA_F_NODAD
+	}
+	return a
 }

@@ -201,6 +201,20 @@ func (h *nsHandle) up(name string) error {
 	if err != nil {
 		return fmt.Errorf("find %s in %s: %w", name, h.name, err)
 	}
+	return h.setUp(link)
+}
+
+// setUp brings a lab link up with IPv6 duplicate address detection off:
+// the lab stands in for a network that has been up for a while, where
+// every link-local address finished DAD long ago. (podnet's own devices
+// are not the lab's: they get no such help here.)
+func (h *nsHandle) setUp(link netlink.Link) error {
+	name := link.Attrs().Name
+	if name != "lo" {
+		if err := sysctlIn(h.name, "net/ipv6/conf/"+name+"/accept_dad", "0"); err != nil {
+			return err
+		}
+	}
 	if err := h.nl.LinkSetUp(link); err != nil {
 		return fmt.Errorf("set %s up in %s: %w", name, h.name, err)
 	}
@@ -220,10 +234,7 @@ func (h *nsHandle) addrUp(name string, addr netip.Prefix) error {
 	if err := h.nl.AddrAdd(link, a); err != nil {
 		return fmt.Errorf("add %s to %s in %s: %w", addr, name, h.name, err)
 	}
-	if err := h.nl.LinkSetUp(link); err != nil {
-		return fmt.Errorf("set %s up in %s: %w", name, h.name, err)
-	}
-	return nil
+	return h.setUp(link)
 }
 
 func (h *nsHandle) defaultRoute(gw netip.Addr) error {

@@ -218,7 +218,7 @@ func startClusterDNS(ctx context.Context, d *demo) (upstream string, err error) 
 	if err != nil {
 		return "", err
 	}
-	args := []string{dnsd, "--state-dir", l.StateDir(), "--listen", "0.0.0.0:53"}
+	args := []string{dnsd, "--state-dir", l.StateDir(), "--listen", ":53"} // both families: the lab may be dual-stack
 	if upstream != "" {
 		args = append(args, "--upstream", upstream)
 	} else {
