@@ -296,6 +296,19 @@ func TestStaleStateProbedUntilTheAPIServerAnswers(t *testing.T) {
 		}
 		return false, nil, nil
 	})
+	// Every watch is the test's: a watch that gets through ends a stale
+	// period too (as it should), so the staleness this test sets up must
+	// come after the last watch was established.
+	type watched struct {
+		resource string
+		w        *watch.FakeWatcher
+	}
+	watchers := make(chan watched, 16)
+	client.PrependWatchReactor("*", func(a k8stesting.Action) (bool, watch.Interface, error) {
+		w := watch.NewFake()
+		watchers <- watched{a.GetResource().Resource, w}
+		return true, w, nil
+	})
 	clock := runner.NewFakeClock()
 	store := cluster.NewStore()
 	src := New(Options{Client: client, Store: store, Clock: clock})
@@ -307,6 +320,21 @@ func TestStaleStateProbedUntilTheAPIServerAnswers(t *testing.T) {
 	case <-store.Synced():
 	case <-time.After(10 * time.Second):
 		t.Fatal("store never synced")
+	}
+	// Two bookmarks through each kind's watch: the second is read only
+	// after the first was handled, long after the watch call's outcome was
+	// recorded.
+	bookmark := map[string]runtime.Object{"nodes": &corev1.Node{}, "services": &corev1.Service{},
+		"endpointslices": &discoveryv1.EndpointSlice{}, "namespaces": &corev1.Namespace{}}
+	for range bookmark {
+		select {
+		case w := <-watchers:
+			for range 2 {
+				w.w.Action(watch.Bookmark, bookmark[w.resource])
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a kind was never watched")
+		}
 	}
 	if n := clock.Advance(10 * probeInterval); n != 0 {
 		t.Fatalf("%d timers fired while the state was current, want none armed", n)
