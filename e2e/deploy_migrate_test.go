@@ -1,9 +1,6 @@
 package e2e
 
 import (
-	"bytes"
-	"errors"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,7 +10,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
 	"github.com/podnet/podnet/e2e/realnode"
 )
@@ -27,19 +23,8 @@ type migrateStage struct {
 
 func buildStage(t *testing.T, kubectl, dir string) migrateStage {
 	t.Helper()
-	out, err := exec.Command(kubectl, "kustomize", dir).CombinedOutput()
-	if err != nil {
-		t.Fatalf("kubectl kustomize %s: %v\n%s", dir, err, out)
-	}
 	st := migrateStage{daemonSets: map[string]*appsv1.DaemonSet{}, deployments: map[string]*appsv1.Deployment{}, services: map[string]bool{}}
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
-	for {
-		var doc map[string]any
-		if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
-			return st
-		} else if err != nil {
-			t.Fatalf("kubectl kustomize %s: %v", dir, err)
-		}
+	for _, doc := range kustomizeBuild(t, kubectl, dir) {
 		switch doc["kind"] {
 		case "DaemonSet":
 			var ds appsv1.DaemonSet
@@ -58,6 +43,7 @@ func buildStage(t *testing.T, kubectl, dir string) migrateStage {
 			st.services[md["name"].(string)] = true
 		}
 	}
+	return st
 }
 
 // lastFlag is the value of the last --name=value in cmd (the one proxyd

@@ -7,7 +7,6 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -369,24 +368,7 @@ func TestDeployVariants(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	build := func(dir string) []map[string]any {
-		t.Helper()
-		out, err := exec.Command(bins.Kubectl, "kustomize", dir).CombinedOutput()
-		if err != nil {
-			t.Fatalf("kubectl kustomize %s: %v\n%s", dir, err, out)
-		}
-		var docs []map[string]any
-		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
-		for {
-			var doc map[string]any
-			if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
-				return docs
-			} else if err != nil {
-				t.Fatalf("kubectl kustomize %s: %v", dir, err)
-			}
-			docs = append(docs, doc)
-		}
-	}
+	build := func(dir string) []map[string]any { return kustomizeBuild(t, bins.Kubectl, dir) }
 	proxyd := func(dir string, docs []map[string]any) (mode string, hostPID, privileged, bidirectional bool) {
 		t.Helper()
 		for _, d := range docs {

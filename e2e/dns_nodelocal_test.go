@@ -1,12 +1,8 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -18,7 +14,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
 	"github.com/podnet/podnet/dataplane/roottest"
 	"github.com/podnet/podnet/e2e/lab"
@@ -313,32 +308,7 @@ func TestDeployNodeLocalDNS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	build := func(dir string) []map[string]any {
-		t.Helper()
-		out, err := exec.Command(bins.Kubectl, "kustomize", dir).CombinedOutput()
-		if err != nil {
-			t.Fatalf("kubectl kustomize %s: %v\n%s", dir, err, out)
-		}
-		var docs []map[string]any
-		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
-		for {
-			var doc map[string]any
-			if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
-				return docs
-			} else if err != nil {
-				t.Fatalf("kubectl kustomize %s: %v", dir, err)
-			}
-			docs = append(docs, doc)
-		}
-	}
-	find := func(docs []map[string]any, kind, name string) map[string]any {
-		for _, d := range docs {
-			if md, _ := d["metadata"].(map[string]any); d["kind"] == kind && md["name"] == name {
-				return d
-			}
-		}
-		return nil
-	}
+	build := func(dir string) []map[string]any { return kustomizeBuild(t, bins.Kubectl, dir) }
 	base, nl := build("../deploy"), build("../deploy/node-local-dns")
 	var dep appsv1.Deployment
 	var ds appsv1.DaemonSet
@@ -346,7 +316,7 @@ func TestDeployNodeLocalDNS(t *testing.T) {
 	for _, c := range []struct {
 		doc map[string]any
 		out any
-	}{{find(base, "Deployment", "podnet-dns"), &dep}, {find(nl, "DaemonSet", "podnet-dns"), &ds}, {find(nl, "Service", "kube-dns"), &svc}} {
+	}{{findObject(base, "Deployment", "podnet-dns"), &dep}, {findObject(nl, "DaemonSet", "podnet-dns"), &ds}, {findObject(nl, "Service", "kube-dns"), &svc}} {
 		if c.doc == nil {
 			t.Fatalf("missing object (%T)", c.out)
 		}
@@ -354,7 +324,7 @@ func TestDeployNodeLocalDNS(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if find(nl, "Deployment", "podnet-dns") != nil || find(nl, "PodDisruptionBudget", "podnet-dns") != nil {
+	if findObject(nl, "Deployment", "podnet-dns") != nil || findObject(nl, "PodDisruptionBudget", "podnet-dns") != nil {
 		t.Error("deploy/node-local-dns still has the podnet-dns Deployment or its PodDisruptionBudget")
 	}
 	if ds.Namespace != "kube-system" || ds.Spec.Template.Labels["k8s-app"] != "kube-dns" {
@@ -375,7 +345,7 @@ func TestDeployNodeLocalDNS(t *testing.T) {
 	if svc.Spec.TrafficDistribution == nil || *svc.Spec.TrafficDistribution != "PreferSameNode" {
 		t.Errorf("kube-dns trafficDistribution %v, want PreferSameNode", svc.Spec.TrafficDistribution)
 	}
-	checkDnsdDrain(t, []map[string]any{find(nl, "DaemonSet", "podnet-dns")})
+	checkDnsdDrain(t, []map[string]any{findObject(nl, "DaemonSet", "podnet-dns")})
 	names := func(docs []map[string]any) []string {
 		var out []string
 		for _, d := range docs {
