@@ -3,11 +3,8 @@ package main
 import (
 	"bytes"
 	"fmt"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
@@ -22,18 +19,9 @@ import (
 // is refused, naming them.
 func TestInitSetsEachFamily(t *testing.T) {
 	roottest.Require(t)
-	name := fmt.Sprintf("podnet-init-%d-%d", os.Getpid(), time.Now().UnixNano()%1e6)
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	netns, err := ns.GetNS("/run/netns/" + name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer netns.Close()
+	_, netns := roottest.NetNS(t, "podnet-init")
 	var stdout, stderr bytes.Buffer
-	err = netns.Do(func(ns.NetNS) error {
+	err := netns.Do(func(ns.NetNS) error {
 		if code := runInit([]string{"--cluster-cidr", "10.244.0.0/16,fd00:10:244::/56"}, &stdout, &stderr); code != cli.ExitOK {
 			return fmt.Errorf("exit %d: %s", code, stderr.String())
 		}

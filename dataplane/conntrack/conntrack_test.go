@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -76,18 +75,9 @@ func TestMatcher(t *testing.T) {
 // deletes them selectively through netlink.
 func TestDeleteInNamespace(t *testing.T) {
 	roottest.Require(t)
-	name := fmt.Sprintf("podnet-ct-%d", os.Getpid())
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
-	netns, err := ns.GetNS("/run/netns/" + name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer netns.Close()
+	_, netns := roottest.NetNS(t, "podnet-ct")
 	lo := netip.MustParseAddr("127.0.0.1")
-	err = netns.Do(func(ns.NetNS) error {
+	err := netns.Do(func(ns.NetNS) error {
 		for _, c := range [][]string{{"ip", "link", "set", "lo", "up"}, {"iptables", "-A", "OUTPUT", "-m", "conntrack", "--ctstate", "NEW", "-j", "ACCEPT"}} {
 			if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
 				return fmt.Errorf("%v: %v: %s", c, err, out)
@@ -162,17 +152,8 @@ func TestFiltersSplitByFamily(t *testing.T) {
 // port that is gone.
 func TestDeleteByReplyPortInNamespace(t *testing.T) {
 	roottest.Require(t)
-	name := fmt.Sprintf("podnet-ctport-%d", os.Getpid())
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
-	netns, err := ns.GetNS("/run/netns/" + name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer netns.Close()
-	err = netns.Do(func(ns.NetNS) error {
+	_, netns := roottest.NetNS(t, "podnet-ctport")
+	err := netns.Do(func(ns.NetNS) error {
 		setup := [][]string{{"ip", "link", "set", "lo", "up"}}
 		for _, c := range []struct{ tool, lo string }{{"iptables", "127.0.0.1"}, {"ip6tables", "::1"}} {
 			// Port 5401 is DNATed to 5402 (the old target), 5411 to 5412.

@@ -3,11 +3,9 @@ package hostnet
 import (
 	"fmt"
 	"net/netip"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/coreos/go-iptables/iptables"
@@ -21,18 +19,9 @@ import (
 // agrees with how the rules were written), and removal leaves no trace.
 func TestRealIPTablesAndSysctls(t *testing.T) {
 	roottest.Require(t)
-	name := fmt.Sprintf("podnet-hn-%d-%d", os.Getpid(), time.Now().UnixNano()%1e6)
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	netns, err := ns.GetNS("/run/netns/" + name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer netns.Close()
+	name, netns := roottest.NetNS(t, "podnet-hn")
 
-	err = netns.Do(func(ns.NetNS) error {
+	err := netns.Do(func(ns.NetNS) error {
 		if err := EnsureSysctls(ProcSysctl{}, ExecModprobe); err != nil {
 			return err
 		}
@@ -87,18 +76,9 @@ func TestRealIPTablesAndSysctls(t *testing.T) {
 func TestRealIP6TablesAndSysctls(t *testing.T) {
 	roottest.Require(t)
 	roottest.Tool(t, "ip6tables-save", "iptables")
-	name := fmt.Sprintf("podnet-hn6-%d-%d", os.Getpid(), time.Now().UnixNano()%1e6)
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	netns, err := ns.GetNS("/run/netns/" + name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer netns.Close()
+	name, netns := roottest.NetNS(t, "podnet-hn6")
 	v6 := Rules{ClusterCIDR: netip.MustParsePrefix("fd00:10:244::/56"), Masquerade: true}
-	err = netns.Do(func(ns.NetNS) error {
+	err := netns.Do(func(ns.NetNS) error {
 		if err := EnsureSysctls(ProcSysctl{}, ExecModprobe, ipfamily.IPv4, ipfamily.IPv6); err != nil {
 			return err
 		}

@@ -19,23 +19,6 @@ import (
 	"github.com/podnet/podnet/dataplane/roottest"
 )
 
-// newNS makes a network namespace for the test, removed when it ends.
-func newNS(t *testing.T) ns.NetNS {
-	t.Helper()
-	roottest.Require(t)
-	name := fmt.Sprintf("podnet-kp-%d-%d", os.Getpid(), time.Now().UnixNano()%1e6)
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	n, err := ns.GetNS("/run/netns/" + name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { n.Close() })
-	return n
-}
-
 // TestCleanupRealNode: in a namespace holding what kube-proxy leaves on a
 // node (iptables mode's chains beside flannel's, kubelet's canaries and
 // podnet's, an nftables mode table, IPVS mode's dummy device), Cleanup
@@ -44,7 +27,7 @@ func newNS(t *testing.T) ns.NetNS {
 // Cleanup finds nothing.
 func TestCleanupRealNode(t *testing.T) {
 	roottest.Tool(t, "iptables-nft-restore", "iptables")
-	netns := newNS(t)
+	netns := netnsOf(t)
 	r := ipt.Runner{Backend: ipt.BackendNFT, Family: ipfamily.IPv4}
 	save, err := os.ReadFile("testdata/kube-proxy.save")
 	if err != nil {
@@ -197,4 +180,10 @@ func roundTrip(t *testing.T, c net.Conn, rd *bufio.Reader, msg string) {
 	if err != nil || got != msg+"\n" {
 		t.Fatalf("%s: read %q, %v", msg, got, err)
 	}
+}
+
+// netnsOf is a network namespace of the test's own.
+func netnsOf(t *testing.T) ns.NetNS {
+	_, n := roottest.NetNS(t, "podnet-kp")
+	return n
 }

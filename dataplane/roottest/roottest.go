@@ -10,7 +10,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"sync/atomic"
 	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
 )
 
 // StrictEnv is the environment variable that turns a missing root, tool or
@@ -62,3 +65,24 @@ func Optional(t testing.TB, format string, args ...any) {
 	t.Helper()
 	t.Skip("skipped: " + fmt.Sprintf(format, args...))
 }
+
+// NetNS creates a named network namespace of the test's own (prefix, the
+// process and a counter make the name unique), removed when the test ends,
+// and returns its name and an open handle. It requires root.
+func NetNS(t testing.TB, prefix string) (string, ns.NetNS) {
+	t.Helper()
+	Require(t)
+	name := fmt.Sprintf("%s-%d-%d", prefix, os.Getpid(), netnsSeq.Add(1))
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	h, err := ns.GetNS("/run/netns/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return name, h
+}
+
+var netnsSeq atomic.Int64
