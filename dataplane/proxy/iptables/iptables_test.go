@@ -50,89 +50,10 @@ func TestGoldenRules(t *testing.T) {
 func TestTrace(t *testing.T) {
 	f := iptablestest.New()
 	apply(t, f, defaultCfg, proxytest.Scenario())
-	fromPod := func(dst string, proto string, port uint16) iptablestest.Packet {
-		return iptablestest.Packet{Src: proxytest.ClientPod, Dst: proxytest.A(dst), Proto: proto, DPort: port}
-	}
-	local, remote := proxytest.LocalPod.String(), proxytest.RemotePod.String()
-	tests := []struct {
-		name    string
-		p       iptablestest.Packet
-		eps     []string // want endpoints (ip:port), sorted
-		masq    []string // endpoints reached masqueraded
-		verdict string
-	}{
-		{"clusterIP from a pod, both endpoints, source kept", fromPod("10.96.0.20", "tcp", 80),
-			[]string{local + ":8080", remote + ":8080"}, nil, "ACCEPT"},
-		{"second port of a multi-port Service", fromPod("10.96.0.20", "tcp", 443),
-			[]string{local + ":8443", remote + ":8443"}, nil, "ACCEPT"},
-		{"port not in the Service", fromPod("10.96.0.20", "tcp", 81), nil, nil, "ACCEPT"},
-		{"UDP 53 and TCP 53 are two services: UDP", fromPod("10.96.0.10", "udp", 53), []string{remote + ":5353"}, nil, "ACCEPT"},
-		{"UDP 53 and TCP 53 are two services: TCP", fromPod("10.96.0.10", "tcp", 53), []string{remote + ":5354"}, nil, "ACCEPT"},
-		{"SCTP", fromPod("10.96.0.40", "sctp", 9000), []string{remote + ":9001"}, nil, "ACCEPT"},
-		{"no endpoints: rejected", fromPod("10.96.0.30", "tcp", 80), nil, nil, "REJECT"},
-		{"clusterIP from the node itself is masqueraded",
-			iptablestest.Packet{Src: proxytest.NodeIP, Dst: proxytest.A("10.96.0.20"), Proto: "tcp", DPort: 80, FromHost: true},
-			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080", remote + ":8080"}, "ACCEPT"},
-		{"hairpin: an endpoint reaching itself is masqueraded, not when it lands elsewhere",
-			iptablestest.Packet{Src: proxytest.LocalPod, Dst: proxytest.A("10.96.0.20"), Proto: "tcp", DPort: 80},
-			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080"}, "ACCEPT"},
-		{"NodePort from outside, policy Cluster: any endpoint, masqueraded",
-			iptablestest.Packet{Src: proxytest.Outsider, Dst: proxytest.NodeIP, Proto: "tcp", DPort: 30080},
-			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080", remote + ":8080"}, "ACCEPT"},
-		{"externalIP from outside",
-			iptablestest.Packet{Src: proxytest.Outsider, Dst: proxytest.A("192.168.10.200"), Proto: "tcp", DPort: 80},
-			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080", remote + ":8080"}, "ACCEPT"},
-		{"NodePort policy Local from outside: local endpoint only, source kept",
-			iptablestest.Packet{Src: proxytest.Outsider, Dst: proxytest.NodeIP, Proto: "tcp", DPort: 30060},
-			[]string{local + ":8080"}, nil, "ACCEPT"},
-		{"NodePort policy Local from a pod: any endpoint",
-			iptablestest.Packet{Src: proxytest.ClientPod, Dst: proxytest.NodeIP, Proto: "tcp", DPort: 30060},
-			[]string{local + ":8080", remote + ":8080"}, nil, "ACCEPT"},
-		{"NodePort policy Local from the node: any endpoint, masqueraded",
-			iptablestest.Packet{Src: proxytest.NodeIP, Dst: proxytest.NodeIP, Proto: "tcp", DPort: 30060, FromHost: true},
-			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080", remote + ":8080"}, "ACCEPT"},
-		{"NodePort policy Local without a local endpoint: dropped",
-			iptablestest.Packet{Src: proxytest.Outsider, Dst: proxytest.NodeIP, Proto: "tcp", DPort: 30070}, nil, nil, "DROP"},
-		{"load balancer IP from an allowed source range",
-			iptablestest.Packet{Src: proxytest.Outsider, Dst: proxytest.A("192.168.30.1"), Proto: "tcp", DPort: 80},
-			[]string{local + ":8080"}, nil, "ACCEPT"},
-		{"load balancer IP from outside the source ranges: dropped",
-			iptablestest.Packet{Src: proxytest.A("192.168.40.1"), Dst: proxytest.A("192.168.30.1"), Proto: "tcp", DPort: 80}, nil, nil, "DROP"},
-		{"NodePort on loopback is not a NodePort (it would need route_localnet)",
-			iptablestest.Packet{Src: proxytest.A("127.0.0.1"), Dst: proxytest.A("127.0.0.1"), Proto: "tcp", DPort: 30080, FromHost: true}, nil, nil, "ACCEPT"},
-		{"NodePort on a non-local address is not a NodePort",
-			iptablestest.Packet{Src: proxytest.Outsider, Dst: proxytest.A("192.168.10.99"), Proto: "tcp", DPort: 30080}, nil, nil, "ACCEPT"},
-		{"internalTrafficPolicy Local: local endpoint only", fromPod("10.96.0.80", "tcp", 80), []string{local + ":8080"}, nil, "ACCEPT"},
-		{"internalTrafficPolicy Local without a local endpoint: dropped", fromPod("10.96.0.81", "tcp", 80), nil, nil, "DROP"},
-		{"Service of another proxy is left alone", fromPod("10.96.0.99", "tcp", 80), nil, nil, "ACCEPT"},
-		{"session affinity keeps both endpoints reachable", fromPod("10.96.0.90", "tcp", 80),
-			[]string{local + ":8080", remote + ":8080"}, nil, "ACCEPT"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			tr := f.Trace(tt.p, proxytest.LocalAddrs)
-			got := slices.Sorted(slices.Values(tr.Endpoints))
-			if !slices.Equal(got, tt.eps) {
-				t.Errorf("endpoints = %v, want %v", got, tt.eps)
-			}
-			if tr.Verdict != tt.verdict {
-				t.Errorf("verdict = %s, want %s", tr.Verdict, tt.verdict)
-			}
-			if tr.Verdict != "ACCEPT" {
-				return
-			}
-			var masq []string
-			for e, m := range tr.Masquerade {
-				if m && e != "" {
-					masq = append(masq, e)
-				}
-			}
-			slices.Sort(masq)
-			if !slices.Equal(masq, tt.masq) {
-				t.Errorf("masqueraded to %v, want %v", masq, tt.masq)
-			}
-		})
-	}
+	proxytest.CheckTraces(t, func(p proxytest.TracePacket) proxytest.Traced {
+		tr := f.Trace(iptablestest.Packet(p), proxytest.LocalAddrs)
+		return proxytest.Traced{Endpoints: tr.Endpoints, Masquerade: tr.Masquerade, Verdict: tr.Verdict}
+	})
 }
 
 func TestMasqueradeAllAndNodePortAddresses(t *testing.T) {

@@ -45,96 +45,18 @@ func TestGoldenTable(t *testing.T) {
 func TestTrace(t *testing.T) {
 	f := nftables.NewFake()
 	apply(t, f, defaultCfg, proxytest.Scenario())
-	fromPod := func(dst string, proto string, port uint16) nftables.Packet {
-		return nftables.Packet{Src: proxytest.ClientPod, Dst: proxytest.A(dst), Proto: proto, DPort: port}
-	}
-	local, remote := proxytest.LocalPod.String(), proxytest.RemotePod.String()
-	tests := []struct {
-		name    string
-		p       nftables.Packet
-		eps     []string // want endpoints (ip:port), sorted
-		masq    []string // endpoints reached masqueraded
-		verdict string
-	}{
-		{"clusterIP from a pod, both endpoints, source kept", fromPod("10.96.0.20", "tcp", 80),
-			[]string{local + ":8080", remote + ":8080"}, nil, "accept"},
-		{"second port of a multi-port Service", fromPod("10.96.0.20", "tcp", 443),
-			[]string{local + ":8443", remote + ":8443"}, nil, "accept"},
-		{"port not in the Service", fromPod("10.96.0.20", "tcp", 81), nil, nil, "accept"},
-		{"UDP 53 and TCP 53 are two services: UDP", fromPod("10.96.0.10", "udp", 53), []string{remote + ":5353"}, nil, "accept"},
-		{"UDP 53 and TCP 53 are two services: TCP", fromPod("10.96.0.10", "tcp", 53), []string{remote + ":5354"}, nil, "accept"},
-		{"SCTP", fromPod("10.96.0.40", "sctp", 9000), []string{remote + ":9001"}, nil, "accept"},
-		{"no endpoints: rejected", fromPod("10.96.0.30", "tcp", 80), nil, nil, "reject"},
-		{"no endpoints, from the node: rejected",
-			nftables.Packet{Src: proxytest.NodeIP, Dst: proxytest.A("10.96.0.30"), Proto: "tcp", DPort: 80, FromHost: true}, nil, nil, "reject"},
-		{"NodePort without endpoints: rejected",
-			nftables.Packet{Src: proxytest.Outsider, Dst: proxytest.NodeIP, Proto: "tcp", DPort: 30031}, nil, nil, "reject"},
-		{"clusterIP from the node itself is masqueraded",
-			nftables.Packet{Src: proxytest.NodeIP, Dst: proxytest.A("10.96.0.20"), Proto: "tcp", DPort: 80, FromHost: true},
-			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080", remote + ":8080"}, "accept"},
-		{"hairpin: an endpoint reaching itself is masqueraded, not when it lands elsewhere",
-			nftables.Packet{Src: proxytest.LocalPod, Dst: proxytest.A("10.96.0.20"), Proto: "tcp", DPort: 80},
-			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080"}, "accept"},
-		{"NodePort from outside, policy Cluster: any endpoint, masqueraded",
-			nftables.Packet{Src: proxytest.Outsider, Dst: proxytest.NodeIP, Proto: "tcp", DPort: 30080},
-			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080", remote + ":8080"}, "accept"},
-		{"externalIP from outside",
-			nftables.Packet{Src: proxytest.Outsider, Dst: proxytest.A("192.168.10.200"), Proto: "tcp", DPort: 80},
-			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080", remote + ":8080"}, "accept"},
-		{"NodePort policy Local from outside: local endpoint only, source kept",
-			nftables.Packet{Src: proxytest.Outsider, Dst: proxytest.NodeIP, Proto: "tcp", DPort: 30060},
-			[]string{local + ":8080"}, nil, "accept"},
-		{"NodePort policy Local from a pod: any endpoint",
-			nftables.Packet{Src: proxytest.ClientPod, Dst: proxytest.NodeIP, Proto: "tcp", DPort: 30060},
-			[]string{local + ":8080", remote + ":8080"}, nil, "accept"},
-		{"NodePort policy Local from the node: any endpoint, masqueraded",
-			nftables.Packet{Src: proxytest.NodeIP, Dst: proxytest.NodeIP, Proto: "tcp", DPort: 30060, FromHost: true},
-			[]string{local + ":8080", remote + ":8080"}, []string{local + ":8080", remote + ":8080"}, "accept"},
-		{"NodePort policy Local without a local endpoint: dropped",
-			nftables.Packet{Src: proxytest.Outsider, Dst: proxytest.NodeIP, Proto: "tcp", DPort: 30070}, nil, nil, "drop"},
-		{"load balancer IP from an allowed source range",
-			nftables.Packet{Src: proxytest.Outsider, Dst: proxytest.A("192.168.30.1"), Proto: "tcp", DPort: 80},
-			[]string{local + ":8080"}, nil, "accept"},
-		{"load balancer IP from outside the source ranges: dropped",
-			nftables.Packet{Src: proxytest.A("192.168.40.1"), Dst: proxytest.A("192.168.30.1"), Proto: "tcp", DPort: 80}, nil, nil, "drop"},
-		{"NodePort on loopback is not a NodePort (it would need route_localnet)",
-			nftables.Packet{Src: proxytest.A("127.0.0.1"), Dst: proxytest.A("127.0.0.1"), Proto: "tcp", DPort: 30080, FromHost: true}, nil, nil, "accept"},
-		{"NodePort on a non-local address is not a NodePort",
-			nftables.Packet{Src: proxytest.Outsider, Dst: proxytest.A("192.168.10.99"), Proto: "tcp", DPort: 30080}, nil, nil, "accept"},
-		{"internalTrafficPolicy Local: local endpoint only", fromPod("10.96.0.80", "tcp", 80), []string{local + ":8080"}, nil, "accept"},
-		{"internalTrafficPolicy Local without a local endpoint: dropped", fromPod("10.96.0.81", "tcp", 80), nil, nil, "drop"},
-		{"Service of another proxy is left alone", fromPod("10.96.0.99", "tcp", 80), nil, nil, "accept"},
-		{"session affinity keeps both endpoints reachable", fromPod("10.96.0.90", "tcp", 80),
-			[]string{local + ":8080", remote + ":8080"}, nil, "accept"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			checkTrace(t, f.Trace(tt.p, proxytest.LocalAddrs), tt.eps, tt.masq, tt.verdict)
-		})
-	}
+	proxytest.CheckTraces(t, func(p proxytest.TracePacket) proxytest.Traced {
+		return traced(f.Trace(nftables.Packet(p), proxytest.LocalAddrs))
+	})
+}
+
+func traced(tr nftables.Trace) proxytest.Traced {
+	return proxytest.Traced{Endpoints: tr.Endpoints, Masquerade: tr.Masquerade, Verdict: tr.Verdict}
 }
 
 func checkTrace(t *testing.T, tr nftables.Trace, eps, masqWant []string, verdict string) {
 	t.Helper()
-	if !slices.Equal(tr.Endpoints, eps) {
-		t.Errorf("endpoints = %v, want %v", tr.Endpoints, eps)
-	}
-	if tr.Verdict != verdict {
-		t.Errorf("verdict = %s, want %s", tr.Verdict, verdict)
-	}
-	if tr.Verdict != "accept" {
-		return
-	}
-	var masq []string
-	for e, m := range tr.Masquerade {
-		if m && e != "" {
-			masq = append(masq, e)
-		}
-	}
-	slices.Sort(masq)
-	if !slices.Equal(masq, masqWant) {
-		t.Errorf("masqueraded to %v, want %v", masq, masqWant)
-	}
+	proxytest.CheckTrace(t, traced(tr), eps, masqWant, verdict)
 }
 
 // TestAffinityFollowsTheClient: a client the affinity map holds goes back
