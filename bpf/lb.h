@@ -101,7 +101,10 @@ static __always_inline int addr_is4(const __u8 *addr)
 }
 
 // lb_frontend finds the frontend (slot 0) for key, trying the NodePort
-// wildcard when the address is one of the node's. key->slot must be 0.
+// wildcard of the address's family when the address is one of the node's:
+// ::ffff:0.0.0.0 for IPv4, :: for IPv6, so a dual-stack Service's two
+// ports (one per family, each with its own endpoints) both hold the
+// NodePort. key->slot must be 0.
 static __always_inline struct svc_val *lb_frontend(struct svc_key *key)
 {
 	struct svc_val *fe = bpf_map_lookup_elem(&services_v1, key);
@@ -109,7 +112,10 @@ static __always_inline struct svc_val *lb_frontend(struct svc_key *key)
 		return fe;
 	if (!bpf_map_lookup_elem(&nodeaddrs_v1, key->addr))
 		return 0;
+	int is4 = addr_is4(key->addr);
 	__builtin_memset(key->addr, 0, sizeof(key->addr));
+	if (is4)
+		addr_set4(key->addr, 0);
 	return bpf_map_lookup_elem(&services_v1, key);
 }
 

@@ -37,7 +37,7 @@ func readBPFMaps(pinDir string, services []proxy.ServiceStatus) *bpfMaps {
 func compareBPFMaps(p *ebpf.Programmed, services []proxy.ServiceStatus) *bpfMaps {
 	fes := make([]kernelFrontend, len(p.Frontends))
 	for i, f := range p.Frontends {
-		fes[i] = kernelFrontend{Address: f.Address, Protocol: f.Protocol, Label: "(" + f.Scope + ")", Endpoints: f.Backends}
+		fes[i] = kernelFrontend{Address: f.Address, Family: f.Family, Protocol: f.Protocol, Label: "(" + f.Scope + ")", Endpoints: f.Backends}
 	}
 	m := &bpfMaps{Programmed: p}
 	m.Owners, m.Differences = compareWithReport(fes, services, "the maps")

@@ -86,3 +86,30 @@ func TestStatusNamesTheVXLANConflict(t *testing.T) {
 		}
 	}
 }
+
+// A dual-stack Service's two ports each hold the NodePort in their family:
+// proxyd status joins each map frontend ":port" to the port of its family
+// only, so neither reports the other's endpoints.
+func TestStatusBPFMapsDualStackNodePort(t *testing.T) {
+	v4, v6 := "10.244.1.5:8080", "[fd00:244:1::5]:8080"
+	p := &ebpf.Programmed{PinDir: "/pins", Frontends: []ebpf.ProgrammedFrontend{
+		{Address: "10.96.0.20:80", Family: "IPv4", Protocol: "TCP", Scope: "socket", Backends: []string{v4}},
+		{Address: ":30080", Family: "IPv4", Protocol: "TCP", Scope: "socket", Backends: []string{v4}},
+		{Address: "[fd00:96::20]:80", Family: "IPv6", Protocol: "TCP", Scope: "socket", Backends: []string{v6}},
+		{Address: ":30080", Family: "IPv6", Protocol: "TCP", Scope: "socket", Backends: []string{v6}},
+	}}
+	port := func(cip, ep string) proxy.PortStatus {
+		return proxy.PortStatus{Name: "http", Protocol: "TCP", Frontends: []string{cip, ":30080"},
+			Endpoints: []proxy.EndpointStatus{{Address: ep, Cluster: true}}}
+	}
+	services := []proxy.ServiceStatus{{Namespace: "default", Name: "web", Ports: []proxy.PortStatus{
+		port("10.96.0.20:80", v4), port("[fd00:96::20]:80", v6)}}}
+	m := compareBPFMaps(p, services)
+	if len(m.Differences) > 0 {
+		t.Errorf("differences: %v", m.Differences)
+	}
+	want := [][]string{{"default/web:http"}, {"default/web:http"}, {"default/web:http"}, {"default/web:http"}}
+	if !slices.EqualFunc(m.Owners, want, slices.Equal) {
+		t.Errorf("owners %v, want one port each", m.Owners)
+	}
+}

@@ -3,9 +3,11 @@ package main
 import (
 	"fmt"
 	"io"
+	"net/netip"
 	"slices"
 	"strings"
 
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/proxy"
 )
 
@@ -13,6 +15,10 @@ import (
 // ebpf maps, the nftables table), in the terms the daemon's report uses.
 type kernelFrontend struct {
 	Address, Protocol string
+	// Family is the address's family ("IPv4", "IPv6"), when the mode
+	// tells: a NodePort (":port") then belongs only to the ports of that
+	// family. Empty: any.
+	Family string
 	// Label follows the frontend in messages, e.g. "(socket)"; may be empty.
 	Label string
 	// Endpoints are the addresses the frontend sends to.
@@ -52,9 +58,12 @@ func compareWithReport(fes []kernelFrontend, services []proxy.ServiceStatus, whe
 	for _, svc := range services {
 		for _, port := range svc.Ports {
 			ref := portRef{svc, port}
+			family := portFamily(port)
 			got := map[string]bool{}
 			for _, fe := range port.Frontends {
-				idx := byFrontend[fe+"/"+port.Protocol]
+				idx := slices.DeleteFunc(slices.Clone(byFrontend[fe+"/"+port.Protocol]), func(i int) bool {
+					return fes[i].Family != "" && family != "" && fes[i].Family != family
+				})
 				if len(idx) == 0 {
 					diffs = append(diffs, fmt.Sprintf("%s %s: frontend %s is not in %s", ref.name(), port.Protocol, fe, where))
 				}
@@ -122,4 +131,15 @@ func printProblems(out io.Writer, where string, problems, diffs []string) {
 			fmt.Fprintf(out, "  %s\n", l)
 		}
 	}
+}
+
+// portFamily is the family of a report port's first frontend with an
+// address (its cluster IP), as kernelFrontend.Family writes it; "" if none.
+func portFamily(port proxy.PortStatus) string {
+	for _, fe := range port.Frontends {
+		if ap, err := netip.ParseAddrPort(fe); err == nil {
+			return ipfamily.Of(ap.Addr()).String()
+		}
+	}
+	return ""
 }

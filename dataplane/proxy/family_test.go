@@ -129,3 +129,29 @@ func TestPerFamilyHandsEachBackendItsFamily(t *testing.T) {
 		t.Errorf("rules = %v, want the sum 3", res.Rules)
 	}
 }
+
+// TestAllFamiliesModeGetsOneBackend: a mode with AllFamilies is built once
+// for a dual-stack daemon, told both families, and its Backend is not
+// wrapped in PerFamily (it gets every family's ports); a mode without it
+// gets one Backend per family.
+func TestAllFamiliesModeGetsOneBackend(t *testing.T) {
+	both := []ipfamily.Family{ipfamily.IPv4, ipfamily.IPv6}
+	for _, all := range []bool{true, false} {
+		var calls []Config
+		o := ServiceOptions{Mode: Mode{Name: "m", AllFamilies: all, New: func(c Config) (Backend, error) {
+			calls = append(calls, c)
+			return &recordingBackend{}, nil
+		}}}
+		b, err := o.newBackend(Config{}, both)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, per := b.(PerFamily)
+		switch {
+		case all && (len(calls) != 1 || per || calls[0].Family != ipfamily.IPv4 || !slices.Equal(calls[0].Families, both)):
+			t.Errorf("AllFamilies: %d New calls %+v, PerFamily %v; want one, Family IPv4, Families both, no PerFamily", len(calls), calls, per)
+		case !all && (len(calls) != 2 || !per || calls[1].Family != ipfamily.IPv6):
+			t.Errorf("per family: %d New calls, PerFamily %v; want two and a PerFamily", len(calls), per)
+		}
+	}
+}

@@ -50,6 +50,13 @@ type Mode struct {
 	// lives in this mode (nftables: the mode's own table) instead of
 	// podnet's iptables chains, which are then removed.
 	NodeFirewall func(f ipfamily.Family) hostnet.NodeFirewall
+	// AllFamilies: one Backend serves every family the daemon serves. New
+	// is called once (Config.Families lists them, Config.Family is the
+	// first) and its Backend gets the ServicePorts of all of them. ebpf
+	// sets it: its maps hold both families' entries side by side (16-byte
+	// addresses, IPv4 as ::ffff:a.b.c.d), so two Backends filling them
+	// would each see the other's entries as stale.
+	AllFamilies bool
 }
 
 // Hook is a jump the Service proxy keeps in a built-in chain: from Chain of
@@ -75,6 +82,9 @@ type Config struct {
 	// Family is the address family the Backend serves: New is called once
 	// per family the daemon serves (see PerFamily).
 	Family ipfamily.Family
+	// Families are every family the daemon serves, in its order (the
+	// first is the primary); Family is one of them.
+	Families []ipfamily.Family
 	// ClusterCIDR is the pod network of Family; ClusterCIDRs holds one
 	// per family the daemon serves (the daemon's --cluster-cidr), from
 	// which each family's Backend gets its ClusterCIDR.
@@ -268,8 +278,13 @@ func (o ServiceOptions) newBackend(cfg Config, families []ipfamily.Family) (Back
 	if o.Mode.New == nil {
 		return nil, fmt.Errorf("proxy mode %q: no backend", o.Mode.Name)
 	}
+	cfg.Families = families
+	each := families
+	if o.Mode.AllFamilies {
+		each = families[:1]
+	}
 	per := make(PerFamily, len(families))
-	for _, f := range families {
+	for _, f := range each {
 		c := cfg
 		c.Family = f
 		if ps := f.Prefixes(cfg.ClusterCIDRs); len(ps) > 0 {
@@ -286,7 +301,7 @@ func (o ServiceOptions) newBackend(cfg Config, families []ipfamily.Family) (Back
 		per[f] = b
 	}
 	if len(per) == 1 {
-		return per[families[0]], nil
+		return per[each[0]], nil
 	}
 	return per, nil
 }

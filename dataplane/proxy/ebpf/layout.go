@@ -21,6 +21,7 @@ import (
 
 	"github.com/podnet/podnet/bpf"
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/proxy"
 )
 
@@ -66,7 +67,7 @@ func protoNum(p cluster.Protocol) uint8 {
 func be16(p uint16) uint16 { return p<<8 | p>>8 }
 
 // addr16 is addr in the maps' 16-byte form (IPv4 as ::ffff:a.b.c.d); the
-// zero address (NodePort wildcard) is all zeroes.
+// zero address is all zeroes.
 func addr16(a netip.Addr) [16]byte {
 	if !a.IsValid() {
 		return [16]byte{}
@@ -74,12 +75,24 @@ func addr16(a netip.Addr) [16]byte {
 	return netip.AddrFrom16(a.As16()).As16()
 }
 
-// addrFrom16 is the inverse of addr16.
+// addrFrom16 is the inverse of addr16, but for the NodePort wildcards
+// (nodePortKeyAddr): both read as the zero address.
 func addrFrom16(b [16]byte) netip.Addr {
-	if b == [16]byte{} {
+	a := netip.AddrFrom16(b).Unmap()
+	if a.IsUnspecified() {
 		return netip.Addr{}
 	}
-	return netip.AddrFrom16(b).Unmap()
+	return a
+}
+
+// nodePortKeyAddr is the address of a NodePort frontend of family f: any
+// of the node's addresses of that family (bpf/lb.h, lb_frontend):
+// ::ffff:0.0.0.0 for IPv4, :: for IPv6.
+func nodePortKeyAddr(f ipfamily.Family) netip.Addr {
+	if f == ipfamily.IPv4 {
+		return netip.IPv4Unspecified()
+	}
+	return netip.IPv6Unspecified()
 }
 
 // frontendSpec is one frontend of a ServicePort: where clients connect and
@@ -147,7 +160,8 @@ func frontends(sp *proxy.ServicePort) []frontendSpec {
 		out = append(out, mk(scopeExt, a, sp.Port, fromOutside, local|ranged))
 	}
 	if sp.NodePort != 0 {
-		out = append(out, mk(scopeSock, netip.Addr{}, sp.NodePort, fromPods, 0), mk(scopeExt, netip.Addr{}, sp.NodePort, fromOutside, local))
+		wild := nodePortKeyAddr(sp.Family())
+		out = append(out, mk(scopeSock, wild, sp.NodePort, fromPods, 0), mk(scopeExt, wild, sp.NodePort, fromOutside, local))
 	}
 	return out
 }

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/spf13/pflag"
 
+	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/proxy"
 )
@@ -26,28 +28,28 @@ var Mode = proxy.Mode{
 		_, err := cgroupOf(cfg)
 		return err
 	},
+	// One Proxier serves every family: the maps key both by 16-byte
+	// addresses (bpf/lb.h).
+	AllFamilies: true,
 	New: func(cfg proxy.Config) (proxy.Backend, error) {
-		if cfg.Family != ipfamily.IPv4 {
-			// bpf/ parses IPv4 packets and keys its maps by 32-bit
-			// addresses.
-			return nil, fmt.Errorf("ebpf mode serves IPv4 only, not %v", cfg.Family)
-		}
 		cg, err := cgroupOf(cfg)
 		if err != nil {
 			return nil, err
 		}
-		cfg.Logger.Info("service proxy: ebpf mode", "cgroup", cg, "pinDir", pinDirOf(cfg))
+		families := cfg.Families
+		if len(families) == 0 {
+			families = []ipfamily.Family{cfg.Family}
+		}
+		cfg.Logger.Info("service proxy: ebpf mode", "cgroup", cg, "pinDir", pinDirOf(cfg), "families", families)
+		if slices.Contains(families, ipfamily.IPv6) {
+			cfg.Logger.Warn("ebpf mode: IPv6 Services are served to the node's pods and processes (socket LB); IPv6 traffic from outside the node to NodePorts, externalIPs and load-balancer IPs is not: the tc programs translate IPv4 only")
+		}
 		return NewProxier(Config{
 			PinDir:            pinDirOf(cfg),
 			Cgroup:            cg,
 			NodePortAddresses: cfg.NodePortAddresses,
 			NodeIP: func() netip.Addr {
-				if n := cfg.Node(); n != nil {
-					if ip, ok := n.InternalIP(cfg.Family); ok {
-						return ip
-					}
-				}
-				return netip.Addr{}
+				return internalIP(cfg.Node, families)
 			},
 			Uplinks: cfg.Uplinks,
 			Logger:  cfg.Logger,
@@ -59,6 +61,30 @@ var Mode = proxy.Mode{
 }
 
 const modeName = "ebpf"
+
+// internalIP is the node's InternalIP of the first of families it has one of
+// (invalid while the node is unknown): the SNAT address and where the
+// uplink is found. The tc programs translate IPv4 only, so a dual-stack
+// node's is its IPv4 one when IPv4 is served.
+func internalIP(node func() *cluster.Node, families []ipfamily.Family) netip.Addr {
+	var n *cluster.Node
+	if node != nil {
+		n = node()
+	}
+	if n == nil {
+		return netip.Addr{}
+	}
+	order := families
+	if slices.Contains(families, ipfamily.IPv4) {
+		order = append([]ipfamily.Family{ipfamily.IPv4}, families...)
+	}
+	for _, f := range order {
+		if ip, ok := n.InternalIP(f); ok {
+			return ip
+		}
+	}
+	return netip.Addr{}
+}
 
 func init() { proxy.Register(Mode) }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/podnet/podnet/bpf"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 )
 
 // Programmed is what the maps hold, read back and resolved the way the
@@ -37,7 +38,11 @@ type Programmed struct {
 type ProgrammedFrontend struct {
 	// Address is "IP:port", or ":port" for a NodePort on every node
 	// address.
-	Address  string `json:"address"`
+	Address string `json:"address"`
+	// Family is the frontend's address family, "IPv4" or "IPv6" (a
+	// NodePort's wildcard has one too: a dual-stack Service holds one per
+	// family).
+	Family   string `json:"family"`
 	Protocol string `json:"protocol"`
 	// Scope is "socket" (pods and the node, socket LB) or "external"
 	// (traffic from outside, the tc programs).
@@ -159,7 +164,7 @@ func Describe(m *Maps) (*Programmed, error) {
 // reaches in used and recording what a program would trip over.
 func (c *mapContents) frontend(k svcKey, v svcVal, used map[uint32]bool, problems *[]string) ProgrammedFrontend {
 	f := ProgrammedFrontend{
-		Address: feAddress(k), Protocol: protoName(k.Proto), Scope: "socket",
+		Address: feAddress(k), Family: keyFamily(k).String(), Protocol: protoName(k.Proto), Scope: "socket",
 		ServiceID: v.Id, AffinitySeconds: v.Affinity, Backends: []string{},
 	}
 	if k.Scope == scopeExt {
@@ -223,6 +228,15 @@ func feAddress(k svcKey) string {
 		return fmt.Sprintf(":%d", be16(k.Port))
 	}
 	return netip.AddrPortFrom(a, be16(k.Port)).String()
+}
+
+// keyFamily is the family of a frontend key's address, the NodePort
+// wildcards included (::ffff:0.0.0.0 is IPv4's).
+func keyFamily(k svcKey) ipfamily.Family {
+	if netip.AddrFrom16(k.Addr).Is4In6() {
+		return ipfamily.IPv4
+	}
+	return ipfamily.IPv6
 }
 
 func feName(k svcKey) string {

@@ -64,7 +64,7 @@ func clientMain(nsPath, ops string) int {
 		case "lat":
 			fmt.Println(connectLatency(nsPath, addr, n))
 		case "hold":
-			holdUDP(nsPath, "udp4", addr)
+			holdUDP(nsPath, netOf("udp", addr), addr)
 		case "hold6":
 			holdUDP(nsPath, "udp6", addr)
 		default:
@@ -271,7 +271,7 @@ func clientOnce(kind, addr string) (string, error) {
 	case "tcp6":
 		return dialMapped(addr)
 	case "tcp", "cudp":
-		network := map[string]string{"tcp": "tcp4", "cudp": "udp4"}[kind]
+		network := netOf(map[string]string{"tcp": "tcp", "cudp": "udp"}[kind], addr)
 		c, err := net.DialTimeout(network, addr, 2*time.Second)
 		if err != nil {
 			return "", err
@@ -289,12 +289,13 @@ func clientOnce(kind, addr string) (string, error) {
 		}
 		return strings.TrimSpace(line) + " " + c.RemoteAddr().String(), nil
 	case "udp":
-		pc, err := net.ListenPacket("udp4", ":0")
+		network := netOf("udp", addr)
+		pc, err := net.ListenPacket(network, ":0")
 		if err != nil {
 			return "", err
 		}
 		defer pc.Close()
-		ua, err := net.ResolveUDPAddr("udp4", addr)
+		ua, err := net.ResolveUDPAddr(network, addr)
 		if err != nil {
 			return "", err
 		}
@@ -310,6 +311,16 @@ func clientOnce(kind, addr string) (string, error) {
 		return strings.TrimSpace(string(buf[:n])) + " " + from.String(), nil
 	}
 	return "", fmt.Errorf("unknown op %s", kind)
+}
+
+// netOf is base ("tcp", "udp") with the family of addr's IP: "tcp4" or
+// "tcp6", so an IPv4 address gets an AF_INET socket and an IPv6 one an
+// AF_INET6 socket, never a dual-stack one.
+func netOf(base, addr string) string {
+	if ap, err := netip.ParseAddrPort(addr); err == nil && ap.Addr().Is6() {
+		return base + "6"
+	}
+	return base + "4"
 }
 
 type sockEnv struct {
@@ -336,7 +347,7 @@ func newSockEnv(t testing.TB) *sockEnv {
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
 	run("ip", "-n", name, "link", "set", "lo", "up")
 	run("ip", "-n", name, "link", "add", "up0", "type", "veth", "peer", "name", "up1")
-	for _, a := range []string{"10.244.1.2/32", "10.244.1.3/32", "192.168.77.1/32"} {
+	for _, a := range []string{"10.244.1.2/32", "10.244.1.3/32", "192.168.77.1/32", "fd00:244:1::2/128", "fd00:244:1::3/128", "fd00:77::1/128"} {
 		run("ip", "-n", name, "addr", "add", a, "dev", "lo")
 	}
 	e := &sockEnv{t: t, nsPath: "/var/run/netns/" + name}
@@ -357,8 +368,8 @@ func newSockEnv(t testing.TB) *sockEnv {
 		// Open mounted a bpffs there; Cleanup leaves mounts alone.
 		_ = unix.Unmount(e.pinDir, unix.MNT_DETACH)
 	})
-	for _, ip := range []string{"10.244.1.2", "10.244.1.3"} {
-		e.serve(ip + ":8080")
+	for _, ip := range []string{"10.244.1.2", "10.244.1.3", "fd00:244:1::2", "fd00:244:1::3"} {
+		e.serve(netip.AddrPortFrom(netip.MustParseAddr(ip), 8080).String())
 	}
 	return e
 }
@@ -385,10 +396,10 @@ func (e *sockEnv) serve(addr string) {
 	var pc net.PacketConn
 	err := ns.WithNetNSPath(e.nsPath, func(ns.NetNS) error {
 		var err error
-		if ln, err = net.Listen("tcp4", addr); err != nil {
+		if ln, err = net.Listen(netOf("tcp", addr), addr); err != nil {
 			return err
 		}
-		pc, err = net.ListenPacket("udp4", addr)
+		pc, err = net.ListenPacket(netOf("udp", addr), addr)
 		return err
 	})
 	if err != nil {
@@ -746,7 +757,7 @@ type held struct {
 	t     *testing.T
 }
 
-// hold starts a held client of addr ("hold" IPv4 sockets, "hold6" IPv6
+// hold starts a held client of addr ("hold": sockets of addr's family; "hold6": AF_INET6
 // ones) and waits until both its sockets had an answer from backend.
 func (e *sockEnv) hold(t *testing.T, op, addr, backend string) *held {
 	t.Helper()
