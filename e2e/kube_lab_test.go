@@ -254,14 +254,22 @@ func within(t *testing.T, limit time.Duration, what string, cond func() bool) ti
 }
 
 func (k *kubeLab) reaches(addr, want string) bool {
+	return k.reachesWithin(addr, want, 300*time.Millisecond) == nil
+}
+
+// reachesWithin is reaches with a timeout of the caller's, saying what
+// went wrong.
+func (k *kubeLab) reachesWithin(addr, want string, timeout time.Duration) error {
 	var out string
 	err := ns.WithNetNSPath(k.client.NSPath(), func(ns.NetNS) error {
 		var err error
-		out, err = lab.Probe(context.Background(), "tcp", addr, 300*time.Millisecond)
+		out, err = lab.Probe(context.Background(), "tcp", addr, timeout)
 		return err
 	})
-	name, _, _ := strings.Cut(out, " ")
-	return err == nil && name == want
+	if name, _, _ := strings.Cut(out, " "); err == nil && name != want {
+		err = fmt.Errorf("answered by %q, want %s", name, want)
+	}
+	return err
 }
 
 // livenessProbe is the httpGet liveness probe of proxyd's DaemonSet.
@@ -457,9 +465,13 @@ func TestKubeLab(t *testing.T) {
 				}
 				probes.Add(1)
 				var what string
+				// A client's connect survives a lost SYN (retransmitted
+				// after 1 s): so does the probe's, not a timing check.
+				if err := k.reachesWithin("10.96.100.20:80", "web2", 1500*time.Millisecond); err != nil {
+					what = "new connection to steady: " + err.Error()
+				}
 				switch {
-				case !k.reaches("10.96.100.20:80", "web2"):
-					what = "new connection to steady"
+				case what != "":
 				case !k.resolves("steady.default.svc.cluster.local.", "10.96.100.20"):
 					what = "lookup of steady"
 				case !echoes(conn):
