@@ -111,7 +111,7 @@ func askAAndAAAA(nsPath, cgroup string, timeout time.Duration) error {
 // move. The log also gives clashres, the clashes the kernel resolved: on
 // this lab (kernel 6.18, two CPUs) it stayed 0 in both modes, so the race
 // itself was not provoked here and the test guards the outcome;
-// TestConntrackClashOfOneSocket (proxy/iptables) provokes it with two
+// TestConntrackClashOfOneSocket (dataplane/proxy) provokes it with two
 // pinned threads and shows the kernel resolving it.
 func TestDnsdParallelAAndAAAA(t *testing.T) {
 	for _, mode := range []string{"iptables", "ebpf"} {

@@ -1,4 +1,4 @@
-package iptables_test
+package proxy_test
 
 import (
 	"errors"
@@ -18,7 +18,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/ipfamily"
+	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/proxy/iptables"
+	"github.com/podnet/podnet/dataplane/proxy/nftables"
 	"github.com/podnet/podnet/dataplane/proxy/proxytest"
 	"github.com/podnet/podnet/dataplane/roottest"
 )
@@ -179,30 +182,24 @@ func clashRounds(t *testing.T, l *proxytest.NetnsLab, s *pinnedSenders, vip stri
 }
 
 // TestConntrackClashOfOneSocket provokes the race of kubernetes#56903 on
-// podnet's iptables rules: two packets of one new UDP flow, sent at once
-// by two threads pinned to two CPUs, DNATed by the node to a Service of
-// one endpoint (both packets get the same choice) and of two endpoints
-// (each packet drawn at random, so about half the clashing pairs get
-// different choices). On the running kernel the race must show in
-// conntrack's clash counter (clashres, else the test proves nothing and
-// says so) and cost nothing: insert_failed and drop stay unchanged and
-// every pair gets both answers. Kernels since 5.0 merge a clash whose
-// two entries agree; since 5.6 a UDP clash whose DNAT differs is kept as
-// a short-lived extra entry instead of being dropped. podnet therefore
-// keeps the random choice (kube-proxy's) rather than a per-source hash,
-// which iptables can only express with HMARK, which overwrites the
-// packet mark podnet's masquerading uses.
+// podnet's rules, in iptables and nftables mode: two packets of one new
+// UDP flow, sent at once by two threads pinned to two CPUs, DNATed by the
+// node to a Service of one endpoint (both packets get the same choice)
+// and of two endpoints (each packet drawn at random, so about half the
+// clashing pairs get different choices). On the running kernel the race
+// shows in conntrack's clash counter (clashres; the log says when timing
+// kept it from happening) and costs nothing: insert_failed and drop stay
+// unchanged and every pair gets both answers. Kernels since 5.0 merge a
+// clash whose two entries agree; since 5.6 a UDP clash whose DNAT differs
+// is kept as a short-lived extra entry instead of being dropped. podnet
+// therefore keeps the random choice (kube-proxy's) rather than a
+// per-source hash, which iptables can only express with HMARK, which
+// overwrites the packet mark podnet's masquerading uses.
 func TestConntrackClashOfOneSocket(t *testing.T) {
 	roottest.Require(t)
 	if runtime.NumCPU() < 2 {
 		roottest.Unavailable(t, "the race needs two CPUs, this machine has %d", runtime.NumCPU())
 	}
-	roottest.Tool(t, "iptables-nft-restore", "iptables")
-	l := proxytest.NewNetnsLab(t, "clash")
-	proxytest.Sh(t, "ip", "netns", "exec", pathName(t, l.Server), "ip", "addr", "add", "10.244.1.6/24", "dev", "eth0")
-	serveUDPEcho(t, l, "10.244.1.5:5353")
-	serveUDPEcho(t, l, "10.244.1.6:5353")
-
 	dnsPort := []cluster.ServicePort{proxytest.Port("dns", cluster.UDP, 53)}
 	one := proxytest.Svc("one", "10.96.0.10", dnsPort)
 	two := proxytest.Svc("two", "10.96.0.11", dnsPort)
@@ -211,13 +208,38 @@ func TestConntrackClashOfOneSocket(t *testing.T) {
 		one, proxytest.Slice(one, epPort, proxytest.EP(proxytest.A("10.244.1.5"), "node-b", true)),
 		two, proxytest.Slice(two, epPort, proxytest.EP(proxytest.A("10.244.1.5"), "node-b", true),
 			proxytest.EP(proxytest.A("10.244.1.6"), "node-b", true)))
-	p := iptables.NewProxier(defaultCfg, iptables.ExecRunner{Backend: iptables.BackendNFT})
-	if err := l.Node.Do(func(ns.NetNS) error { _, err := p.Sync(ports, nil, true); return err }); err != nil {
-		t.Fatal(err)
+	modes := []struct {
+		name string
+		new  func(node ns.NetNS) proxy.Backend
+	}{
+		{"iptables", func(ns.NetNS) proxy.Backend {
+			roottest.Tool(t, "iptables-nft-restore", "iptables")
+			return iptables.NewProxier(iptables.Config{ClusterCIDR: proxytest.ClusterCIDR}, iptables.ExecRunner{Backend: iptables.BackendNFT})
+		}},
+		{"nftables", func(node ns.NetNS) proxy.Backend {
+			return nftables.NewProxier(nftables.Config{Family: ipfamily.IPv4, ClusterCIDR: proxytest.ClusterCIDR},
+				nftables.Netlink{NetNS: int(node.Fd())})
+		}},
 	}
+	for _, mode := range modes {
+		t.Run(mode.name, func(t *testing.T) {
+			l := proxytest.NewNetnsLab(t, "clash"+mode.name[:2])
+			proxytest.Sh(t, "ip", "netns", "exec", pathName(t, l.Server), "ip", "addr", "add", "10.244.1.6/24", "dev", "eth0")
+			serveUDPEcho(t, l, "10.244.1.5:5353")
+			serveUDPEcho(t, l, "10.244.1.6:5353")
+			p := mode.new(l.Node)
+			if err := l.Node.Do(func(ns.NetNS) error { _, err := p.Sync(ports, nil, true); return err }); err != nil {
+				t.Fatal(err)
+			}
+			clashCases(t, l)
+		})
+	}
+}
 
+// clashCases sends the pairs to both Services and checks the counters.
+func clashCases(t *testing.T, l *proxytest.NetnsLab) {
 	s := startPinnedSenders(t)
-	rounds := 2000
+	const rounds = 2000
 	for _, c := range []struct{ name, vip string }{{"one endpoint", "10.96.0.10:53"}, {"two endpoints", "10.96.0.11:53"}} {
 		before := ctStats(t, l.Node)
 		lost, split := clashRounds(t, l, s, c.vip, rounds)
