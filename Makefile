@@ -84,7 +84,8 @@ $(CONTAINERD_ROOT)/usr/bin/containerd:
 # router): TestRealNodes (pod to pod over host-gw and VXLAN, ClusterIP,
 # NodePort, kubectl exec and logs, a DaemonSet rolling update under traffic,
 # kubelet and containerd killed and restarted with a pod's containers lost;
-# TestRealNodesEBPF the same with deploy/ebpf),
+# TestRealNodesEBPF the same with deploy/ebpf; TestRealNodeHelm: one node
+# installed from the Helm chart, deploy/helm/podnet, in nftables mode),
 # then the Kubernetes network conformance tests (e2e/conformance_test.go)
 # against such a lab and, at the same time, against the baseline lab
 # (kube-proxy and CoreDNS in place of proxyd's Service proxy and dnsd):
@@ -156,7 +157,7 @@ conformance: deps build apiserver image kube-node $(E2E_TEST) $(AGNHOST) $(KUBE_
 	PODNET_CONFORMANCE_PROCS=$(CONFORMANCE_PROCS) PODNET_CONFORMANCE_BUDGET=$(CONFORMANCE_BUDGET) \
 	PODNET_CONFORMANCE_ONE_LAB=$(CONFORMANCE_ONE_LAB) \
 	PODNET_KUBE_PROXY=$(KUBE_PROXY) PODNET_COREDNS=$(COREDNS) \
-		$(GO) test -tags conformance -count=1 -timeout $(CONFORMANCE_TIMEOUT) -v -run '^(TestRealNodes|TestRealNodesEBPF|TestConformance)$$' ./e2e/
+		$(GO) test -tags conformance -count=1 -timeout $(CONFORMANCE_TIMEOUT) -v -run '^(TestRealNodes|TestRealNodesEBPF|TestRealNodeHelm|TestConformance)$$' ./e2e/
 
 # podnet's image as a docker-archive tarball (`ctr images import`, `docker
 # load`), without a Docker engine: the final stage of the Dockerfile read by

@@ -384,11 +384,7 @@ func (c *realCluster) installPodnet(ctx context.Context, imageTar string, varian
 func (c *realCluster) applyPodnet(ctx context.Context, imageTar string, variant string, moreKustomization string) {
 	t := c.t
 	t.Helper()
-	m, err := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(imageTar) })
-	if err != nil || len(m) != 1 || len(m[0].RepoTags) != 1 {
-		t.Fatalf("podnet image manifest %v: %v", m, err)
-	}
-	repo, tag, _ := strings.Cut(m[0].RepoTags[0], ":")
+	repo, tag := imageRepoTag(t, imageTar)
 	deploy, err := filepath.Abs(filepath.Join("../deploy", variant))
 	if err != nil {
 		t.Fatal(err)
@@ -405,15 +401,35 @@ func (c *realCluster) applyPodnet(ctx context.Context, imageTar string, variant 
 	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust+moreKustomization), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	c.createAPIServerConfigMap(ctx)
+	if out, err := c.kubectl(ctx, "apply", "-k", overlay); err != nil {
+		t.Fatalf("kubectl apply -k: %v\n%s", err, out)
+	}
+}
+
+// imageRepoTag is the repository and tag of the one image in a
+// docker-archive tarball.
+func imageRepoTag(t *testing.T, imageTar string) (repo, tag string) {
+	t.Helper()
+	m, err := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(imageTar) })
+	if err != nil || len(m) != 1 || len(m[0].RepoTags) != 1 {
+		t.Fatalf("podnet image manifest %v: %v", m, err)
+	}
+	repo, tag, _ = strings.Cut(m[0].RepoTags[0], ":")
+	return repo, tag
+}
+
+// createAPIServerConfigMap does what README's prerequisites say: podnet's
+// namespace and the podnet-apiserver ConfigMap telling proxyd where the
+// API server is.
+func (c *realCluster) createAPIServerConfigMap(ctx context.Context) {
+	c.t.Helper()
 	if out, err := c.kubectl(ctx, "create", "namespace", "podnet-system"); err != nil {
-		t.Fatalf("%v\n%s", err, out)
+		c.t.Fatalf("%v\n%s", err, out)
 	}
 	if out, err := c.kubectl(ctx, "-n", "podnet-system", "create", "configmap", "podnet-apiserver",
 		"--from-literal=KUBERNETES_SERVICE_HOST="+kubeAPIAddr.Addr().String(), "--from-literal=KUBERNETES_SERVICE_PORT=6443"); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	if out, err := c.kubectl(ctx, "apply", "-k", overlay); err != nil {
-		t.Fatalf("kubectl apply -k: %v\n%s", err, out)
+		c.t.Fatalf("%v\n%s", err, out)
 	}
 }
 
