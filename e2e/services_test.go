@@ -1208,8 +1208,8 @@ func pinnedFrontends(t *testing.T, pinDir string) []string {
 		if k.Slot != 0 {
 			continue
 		}
-		addr := ""
-		if a := netip.AddrFrom16(k.Addr).Unmap(); k.Addr != [16]byte{} {
+		addr := "" // a NodePort's wildcard: :: or, for IPv4, ::ffff:0.0.0.0
+		if a := netip.AddrFrom16(k.Addr).Unmap(); !a.IsUnspecified() {
 			addr = a.String()
 		}
 		var backends []string
