@@ -389,7 +389,9 @@ int nodeport_in(struct __sk_buff *skb)
 	struct svc_val *fe = lb_frontend(&key);
 	if (!fe)
 		return TC_ACT_UNSPEC;
-	int nodeport = key.addr[10] == 0; // the wildcard: reached at a node address
+	// The NodePort wildcard (::ffff:0.0.0.0) answered: reached at a node
+	// address, which the flow is SNATed to.
+	int nodeport = addr4(key.addr) != f.daddr;
 	if ((fe->flags & FE_SRCRANGE) && !srcrange_ok(fe, f.saddr))
 		return TC_ACT_SHOT;
 

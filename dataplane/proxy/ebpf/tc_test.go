@@ -123,6 +123,10 @@ type tcEnv struct {
 
 const nodeIP = "192.168.10.11"
 
+// nodeIP2 is the node's second address: NodePorts answer there too, and
+// SNAT to it (the SNAT address, nodeIP, is for externalIPs and LB IPs).
+const nodeIP2 = "192.168.10.12"
+
 func newTCEnv(t *testing.T, ports map[cluster.Key][]*proxy.ServicePort) *tcEnv {
 	t.Helper()
 	roottest.Require(t)
@@ -131,7 +135,9 @@ func newTCEnv(t *testing.T, ports map[cluster.Key][]*proxy.ServicePort) *tcEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { dp.Close() })
-	sy := NewSyncer(dp.Maps, func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr(nodeIP)}, nil })
+	sy := NewSyncer(dp.Maps, func() ([]netip.Addr, error) {
+		return []netip.Addr{netip.MustParseAddr(nodeIP), netip.MustParseAddr(nodeIP2)}, nil
+	})
 	if _, err := sy.Sync(ports, nil, true); err != nil {
 		t.Fatal(err)
 	}
@@ -194,6 +200,10 @@ func TestTCNodePort(t *testing.T) {
 	}
 	if !backends[out.dst] || out.src.Addr() != netip.MustParseAddr(nodeIP) {
 		t.Fatalf("NodePort SYN left as %v -> %v; want DNAT to a backend and SNAT to %s", out.src, out.dst, nodeIP)
+	}
+	// At the node's other address: SNAT to that one, not the SNAT address.
+	if _, out2 := e.run(TCNodePort, pkt{src: client, dst: ap(nodeIP2 + ":30080"), proto: 6}); !backends[out2.dst] || out2.src.Addr() != netip.MustParseAddr(nodeIP2) {
+		t.Errorf("NodePort SYN to %s left as %v -> %v; want SNAT to %s", nodeIP2, out2.src, out2.dst, nodeIP2)
 	}
 	// The flow's next packet meets the conntrack entry: same backend, same
 	// source port.
