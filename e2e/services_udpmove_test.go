@@ -62,14 +62,6 @@ func testUDPFlowsMove(t *testing.T, mode string) {
 			func(target int) svcDef { return udpSvc("udpmove-np-pod", "10.96.25.14", "NodePort", target, 30727) }},
 	} {
 		t.Run("UDP flow follows a targetPort change: "+tt.name, func(t *testing.T) {
-			if mode == "ebpf" && tt.from != l.OutsideHost.NSPath() {
-				// Known regression, not a pass: on main at 90567aa a pod's
-				// connected socket (socket LB) stays on backend1 in ebpf
-				// mode; it passed at 1f8d6c5. Skipped, named in the issue
-				// note, to be fixed first.
-				t.Log("NOT RUN, known regression: ebpf: a pod's connected UDP socket is not moved after a targetPort change (after 1f8d6c5, issue 25)")
-				return
-			}
 			c.apply(tt.def(6001))
 			// Socket LB translates a socket when it connects: one that
 			// connected before the Service existed would never be.

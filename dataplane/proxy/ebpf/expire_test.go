@@ -74,11 +74,19 @@ func TestExpireFlows(t *testing.T) {
 	}
 }
 
-// TestSyncerMovedUDP: a partial sync that takes a UDP backend away from a
+// TestSyncerMovedUDP: a sync that takes a UDP backend away from a
 // Service's frontends reports each (frontend, backend) pair, the tc
 // programs' and socket LB's apart, even when another Service still uses
-// the endpoint (so it is not removed).
+// the endpoint (so it is not removed); a full sync carrying the change (the
+// periodic one, due when it came) as a partial one does: the lab's 2 s
+// full syncs took it about every other run, and the socket stayed.
 func TestSyncerMovedUDP(t *testing.T) {
+	for _, full := range []bool{false, true} {
+		t.Run(map[bool]string{false: "partial", true: "full"}[full], func(t *testing.T) { testSyncerMovedUDP(t, full) })
+	}
+}
+
+func testSyncerMovedUDP(t *testing.T, full bool) {
 	maps, _, _ := NewFakeMaps()
 	sy := NewSyncer(maps, func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("192.168.10.11")}, nil })
 	a := ep("10.244.2.3", 6001, false)
@@ -94,8 +102,11 @@ func TestSyncerMovedUDP(t *testing.T) {
 	if _, err := sy.Sync(ports, nil, true); err != nil {
 		t.Fatal(err)
 	}
+	if f, s := sy.TakeMovedUDP(); len(f)+len(s) != 0 {
+		t.Errorf("first sync moved %v %v, want nothing", f, s)
+	}
 	ports[key("np")] = []*proxy.ServicePort{np(ep("10.244.2.3", 6002, false))}
-	if _, err := sy.Sync(ports, map[cluster.Key]bool{key("np"): true}, false); err != nil {
+	if _, err := sy.Sync(ports, map[cluster.Key]bool{key("np"): true}, full); err != nil {
 		t.Fatal(err)
 	}
 	if removed := sy.TakeRemovedUDP(); len(removed) != 0 {
@@ -118,5 +129,26 @@ func TestSyncerMovedUDP(t *testing.T) {
 	}
 	if f, s := sy.TakeMovedUDP(); len(f)+len(s) != 0 {
 		t.Errorf("moved again %v %v, want nothing", f, s)
+	}
+	// A periodic full sync with nothing changed moves nothing.
+	if _, err := sy.Sync(ports, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	if f, s := sy.TakeMovedUDP(); len(f)+len(s) != 0 {
+		t.Errorf("an unchanged full sync moved %v %v, want nothing", f, s)
+	}
+	// The Service deleted in a full sync: its pairs move too (the other
+	// Service keeps the endpoint).
+	delete(ports, key("np"))
+	if _, err := sy.Sync(ports, map[cluster.Key]bool{key("np"): true}, full); err != nil {
+		t.Fatal(err)
+	}
+	_, sockets = sy.TakeMovedUDP()
+	moved6002 := FlowTarget{Frontend: clusterIP.Frontend, Backend: netip.MustParseAddrPort("10.244.2.3:6002")}
+	if removed := sy.TakeRemovedUDP(); len(removed) != 1 || removed[0] != moved6002.Backend {
+		t.Errorf("Service deleted: removed %v, want [%v]", removed, moved6002.Backend)
+	}
+	if len(sockets) != 0 {
+		t.Errorf("Service deleted: moved socket pairs %v, want none (its endpoint is removed whole)", sockets)
 	}
 }

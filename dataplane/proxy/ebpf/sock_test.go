@@ -667,44 +667,53 @@ func TestSocketLB(t *testing.T) {
 		}
 		h.checkDestroyed(t, "10.244.1.3:8080")
 	})
-	t.Run("a connected UDP socket whose frontend moved off its endpoint is destroyed, one through a frontend still sending there is not", func(t *testing.T) {
-		// Two Services share the endpoint; one moves away from it (as a
-		// targetPort change does), so the endpoint is not removed.
-		a := clusterIPPort("udpa", "10.96.0.19", 53, cluster.UDP, both[:1]...)
-		b := clusterIPPort("udpb", "10.96.0.20", 53, cluster.UDP, both[:1]...)
-		ports[key("udpa")], ports[key("udpb")] = []*proxy.ServicePort{a}, []*proxy.ServicePort{b}
-		if _, err := sy.Sync(ports, map[cluster.Key]bool{key("udpa"): true, key("udpb"): true}, false); err != nil {
-			t.Fatal(err)
-		}
-		sy.TakeRemovedUDP()
-		sy.TakeMovedUDP()
-		ha := e.hold(t, "hold", "10.96.0.19:53", "10.244.1.2:8080")
-		ha6 := e.hold(t, "hold6", "10.96.0.19:53", "10.244.1.2:8080")
-		hb := e.hold(t, "hold", "10.96.0.20:53", "10.244.1.2:8080")
-		a2 := *a
-		a2.ClusterEndpoints = both[1:]
-		ports[key("udpa")] = []*proxy.ServicePort{&a2}
-		if _, err := sy.Sync(ports, map[cluster.Key]bool{key("udpa"): true}, false); err != nil {
-			t.Fatal(err)
-		}
-		if removed := sy.TakeRemovedUDP(); len(removed) != 0 {
-			t.Fatalf("removed %v; want none, udpb still uses the endpoint", removed)
-		}
-		_, sockets := sy.TakeMovedUDP()
-		want := FlowTarget{Frontend: netip.MustParseAddrPort("10.96.0.19:53"), Backend: netip.MustParseAddrPort("10.244.1.2:8080")}
-		if len(sockets) != 1 || sockets[0] != want {
-			t.Fatalf("moved socket pairs %v, want [%v]", sockets, want)
-		}
-		if n, err := dp.Terminate(sockets, e.cgroup); err != nil || n == 0 {
-			t.Fatalf("terminate: %d namespaces, %v", n, err)
-		}
-		ha.checkDestroyed(t, "10.244.1.3:8080")
-		ha6.checkDestroyed(t, "10.244.1.3:8080")
-		hb.stdin.Write([]byte("go\n"))
-		if l := hb.next(); !strings.HasPrefix(l, "ok 10.244.1.2:8080") {
-			t.Errorf("connected socket of the Service that kept its endpoint: %q, want an answer from it", l)
-		}
-	})
+	// The move comes in a partial sync, or in a full one (the periodic
+	// full sync due when the change came: e2e's ebpf UDP-move test lost
+	// its socket move about every other run when it did, issue 25).
+	for i, full := range []bool{false, true} {
+		fa := fmt.Sprintf("10.96.0.%d", 19+2*i)
+		fb := fmt.Sprintf("10.96.0.%d", 20+2*i)
+		kind := map[bool]string{false: "partial", true: "full"}[full]
+		t.Run("a connected UDP socket whose frontend moved off its endpoint is destroyed, one through a frontend still sending there is not: "+kind+" sync", func(t *testing.T) {
+			// Two Services share the endpoint; one moves away from it (as
+			// a targetPort change does), so the endpoint is not removed.
+			ka, kb := key("udpa-"+kind), key("udpb-"+kind)
+			a := clusterIPPort(ka.Name, fa, 53, cluster.UDP, both[:1]...)
+			b := clusterIPPort(kb.Name, fb, 53, cluster.UDP, both[:1]...)
+			ports[ka], ports[kb] = []*proxy.ServicePort{a}, []*proxy.ServicePort{b}
+			if _, err := sy.Sync(ports, map[cluster.Key]bool{ka: true, kb: true}, false); err != nil {
+				t.Fatal(err)
+			}
+			sy.TakeRemovedUDP()
+			sy.TakeMovedUDP()
+			ha := e.hold(t, "hold", fa+":53", "10.244.1.2:8080")
+			ha6 := e.hold(t, "hold6", fa+":53", "10.244.1.2:8080")
+			hb := e.hold(t, "hold", fb+":53", "10.244.1.2:8080")
+			a2 := *a
+			a2.ClusterEndpoints = both[1:]
+			ports[ka] = []*proxy.ServicePort{&a2}
+			if _, err := sy.Sync(ports, map[cluster.Key]bool{ka: true}, full); err != nil {
+				t.Fatal(err)
+			}
+			if removed := sy.TakeRemovedUDP(); len(removed) != 0 {
+				t.Fatalf("removed %v; want none, %s still uses the endpoint", removed, kb.Name)
+			}
+			_, sockets := sy.TakeMovedUDP()
+			want := FlowTarget{Frontend: netip.MustParseAddrPort(fa + ":53"), Backend: netip.MustParseAddrPort("10.244.1.2:8080")}
+			if len(sockets) != 1 || sockets[0] != want {
+				t.Fatalf("moved socket pairs %v, want [%v]", sockets, want)
+			}
+			if n, err := dp.Terminate(sockets, e.cgroup); err != nil || n == 0 {
+				t.Fatalf("terminate: %d namespaces, %v", n, err)
+			}
+			ha.checkDestroyed(t, "10.244.1.3:8080")
+			ha6.checkDestroyed(t, "10.244.1.3:8080")
+			hb.stdin.Write([]byte("go\n"))
+			if l := hb.next(); !strings.HasPrefix(l, "ok 10.244.1.2:8080") {
+				t.Errorf("connected socket of the Service that kept its endpoint: %q, want an answer from it", l)
+			}
+		})
+	}
 
 	t.Run("restart: a second loader updates the links in place and keeps the maps", func(t *testing.T) {
 		dp.Close()

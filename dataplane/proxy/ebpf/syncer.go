@@ -357,6 +357,9 @@ func (s *Syncer) full(ports map[cluster.Key][]*proxy.ServicePort) error {
 	owner := make(map[svcKey]*portEntries, len(ports))
 	f := &fullSync{bySvc: make(map[uint32]*portEntries, len(ports)), udpRefs: make(map[netip.AddrPort]int)}
 	var all, scratch []*portEntries
+	// The UDP ports rebuilt, as they were and as they are: a change a
+	// full sync carries moves UDP clients as a partial sync's does.
+	udpOld, udpNew := newEntries(), newEntries()
 	for _, k := range sortedKeys(ports) {
 		pes := scratch[:0]
 		for _, sp := range ports[k] {
@@ -365,6 +368,9 @@ func (s *Syncer) full(ports map[cluster.Key][]*proxy.ServicePort) error {
 			pe := s.held(k, sp.Name)
 			if !pe.reuse(sp, owner) {
 				pe = desiredPort(sp, previous{s: s, port: pe, kernel: kernel}, owner, s.lose(sp))
+				if sp.Protocol == cluster.UDP {
+					udpNew.add(pe)
+				}
 			}
 			pe.seen = 0
 			for _, st := range pe.sets {
@@ -401,7 +407,6 @@ func (s *Syncer) full(ports map[cluster.Key][]*proxy.ServicePort) error {
 	if err := s.syncNodeAddrs(); err != nil {
 		return err
 	}
-	s.byKey, s.owner = byKey, owner
 	s.services, s.backends = f.services, f.backends
 	for _, ap := range f.staleUDP {
 		if f.udpRefs[ap] == 0 {
@@ -410,6 +415,15 @@ func (s *Syncer) full(ports map[cluster.Key][]*proxy.ServicePort) error {
 	}
 	s.removedUDP = slices.Compact(sortedAddrPorts(s.removedUDP))
 	s.udpRefs = f.udpRefs
+	for k, pes := range s.byKey {
+		for _, pe := range pes {
+			if pe.sp.Protocol == cluster.UDP && !slices.Contains(byKey[k], pe) {
+				udpOld.add(pe)
+			}
+		}
+	}
+	s.moveUDP(udpOld, udpNew)
+	s.byKey, s.owner = byKey, owner
 	return nil
 }
 
