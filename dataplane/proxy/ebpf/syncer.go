@@ -359,7 +359,7 @@ func (s *Syncer) full(ports map[cluster.Key][]*proxy.ServicePort) error {
 	var all, scratch []*portEntries
 	// The UDP ports rebuilt, as they were and as they are: a change a
 	// full sync carries moves UDP clients as a partial sync's does.
-	udpOld, udpNew := newEntries(), newEntries()
+	udpNew := newEntries()
 	for _, k := range sortedKeys(ports) {
 		pes := scratch[:0]
 		for _, sp := range ports[k] {
@@ -415,16 +415,23 @@ func (s *Syncer) full(ports map[cluster.Key][]*proxy.ServicePort) error {
 	}
 	s.removedUDP = slices.Compact(sortedAddrPorts(s.removedUDP))
 	s.udpRefs = f.udpRefs
+	s.moveUDP(s.replacedUDP(byKey), udpNew)
+	s.byKey, s.owner = byKey, owner
+	return nil
+}
+
+// replacedUDP is the UDP ports of the last sync a full sync did not keep
+// (its byKey holds other entries for them, or none).
+func (s *Syncer) replacedUDP(byKey map[cluster.Key][]*portEntries) entries {
+	old := newEntries()
 	for k, pes := range s.byKey {
 		for _, pe := range pes {
 			if pe.sp.Protocol == cluster.UDP && !slices.Contains(byKey[k], pe) {
-				udpOld.add(pe)
+				old.add(pe)
 			}
 		}
 	}
-	s.moveUDP(udpOld, udpNew)
-	s.byKey, s.owner = byKey, owner
-	return nil
+	return old
 }
 
 // sortedKeys orders a full sync, which decides who gets a frontend two
