@@ -27,7 +27,9 @@ cd "$(dirname "$0")/.."
 if [[ ${1:-} != --measure ]]; then
 	SERVICES=${1:-1000}
 	SECONDS_PER_RUN=${2:-10}
-	COREDNS_VERSION=${COREDNS_VERSION:-v1.15.0}
+	# The version kubeadm v1.36 installs, as the Makefile's COREDNS_VERSION
+	# (the baseline of make conformance).
+	COREDNS_VERSION=${COREDNS_VERSION:-v1.14.2}
 	CACHE_DIR=/var/cache/podnet
 	COREDNS=${COREDNS:-$CACHE_DIR/coredns-$COREDNS_VERSION}
 	export PODNET_KUBE_APISERVER=${PODNET_KUBE_APISERVER:-$CACHE_DIR/kube-apiserver-v1.36.3}
@@ -177,7 +179,10 @@ rss() { awk '/VmRSS/ {printf "%.1f", $2/1024}' "/proc/$1/status"; }
 # dnsd's Go heap in use, from its /metrics.
 heap() { curl -s http://127.0.0.1:29153/metrics | awk '/^go_memstats_heap_inuse_bytes/ {printf "%.1f", $2/1048576}'; }
 
-echo "## $SERVICES Services from kube-apiserver, ${SECONDS_PER_RUN}s per run, servers on CPU $SERVER_CPU, dnsperf on CPU $CLIENT_CPU"
+# CoreDNS names its own version ("CoreDNS-1.14.2"); the summary table's
+# anchor is read from this header.
+coredns_version=$("$COREDNS" -version | awk -F- '/^CoreDNS-/ {print $2; exit}')
+echo "## $SERVICES Services from kube-apiserver, ${SECONDS_PER_RUN}s per run, servers on CPU $SERVER_CPU, dnsperf on CPU $CLIENT_CPU, CoreDNS $coredns_version"
 echo
 echo "| server | RSS before the runs |"
 echo "|---|---:|"

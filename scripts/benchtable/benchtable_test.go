@@ -102,7 +102,7 @@ const dns1000Out = `## 1000 Services from kube-apiserver, 10s per run, servers o
 | nxdomain | coredns | 70357 | 14.1 µs | 99 % | 80 % | 1.389 ms | 0.147 ms |
 `
 
-const dns10000Out = `## 10000 Services from kube-apiserver, 10s per run, servers on CPU 1, dnsperf on CPU 0
+const dns10000Out = `## 10000 Services from kube-apiserver, 10s per run, servers on CPU 1, dnsperf on CPU 0, CoreDNS 1.14.2
 
 | server | RSS before the runs |
 |---|---:|
@@ -208,6 +208,14 @@ func TestExtractDNS(t *testing.T) {
 		t.Fatalf("10,000 Services: got %+v, want the RSS row alone", rows)
 	}
 	check(t, rows[0], "118.9 MiB (Go heap in use 88.5 MiB)", "145.2 MiB", "0.82× (dnsd ÷ CoreDNS, same run)")
+	// A run names the CoreDNS it measured; one that does not predates the
+	// header and used 1.15.0.
+	if rows[0].Anchor != "CoreDNS 1.14.2" {
+		t.Errorf("10,000 Services, a run of CoreDNS 1.14.2: anchor %q", rows[0].Anchor)
+	}
+	if r := rowOf(t, Extract("dns-1000", dns1000Out, testMeta), "dns-qps-cluster", ""); r.Anchor != "CoreDNS 1.15.0" {
+		t.Errorf("1,000 Services, a run without a version: anchor %q", r.Anchor)
+	}
 }
 
 func TestExtractGo(t *testing.T) {

@@ -259,9 +259,27 @@ func extractThroughput(ts []mdTable, lab string) []Row {
 	return rows
 }
 
+// corednsVersion is the CoreDNS version a bench-dns.sh run names in its
+// header; runs before it named one used CoreDNS 1.15.0.
+var corednsVersion = regexp.MustCompile(`(?m)^## .*, CoreDNS ([0-9][0-9.]*)$`)
+
 // extractDNS reads one scripts/bench-dns.sh run: at 1,000 Services its
-// QPS and CPU per query against CoreDNS and echodns, at 10,000 its memory.
+// QPS and CPU per query against CoreDNS and echodns, at 10,000 its memory,
+// each CoreDNS row anchored on the version the run used.
 func extractDNS(out string) []Row {
+	rows := extractDNSFigures(out)
+	if m := corednsVersion.FindStringSubmatch(out); m != nil {
+		for i := range rows {
+			if rows[i].Anchor == anchorCoreDN {
+				rows[i].Anchor = "CoreDNS " + m[1]
+			}
+		}
+	}
+	return rows
+}
+
+// extractDNSFigures is extractDNS with the catalogue's anchors.
+func extractDNSFigures(out string) []Row {
 	ts := tables(out)
 	var rows []Row
 	if strings.Contains(out, "## 10000 Services") {
