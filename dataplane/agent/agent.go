@@ -29,6 +29,7 @@ import (
 	"github.com/podnet/podnet/dataplane/hostnet"
 	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/ipt"
+	"github.com/podnet/podnet/dataplane/nftmsg"
 	"github.com/podnet/podnet/dataplane/nodenet"
 	"github.com/podnet/podnet/dataplane/nodestatus"
 	"github.com/podnet/podnet/dataplane/podcidr"
@@ -265,7 +266,8 @@ const StatusPolicy = "networkPolicy"
 // goPolicy runs the NetworkPolicy controller over the node's own nftables
 // table.
 func goPolicy(g *app.Group, o Options, store *cluster.Store, checker *health.Checker, board *status.Board, reg prometheus.Registerer) error {
-	conn, err := nftables.New()
+	// A first sync of a large cluster is one batch of megabytes.
+	conn, err := nftables.New(nftmsg.Buffers())
 	if err != nil {
 		return fmt.Errorf("network policy: nftables: %w", err)
 	}

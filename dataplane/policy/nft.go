@@ -13,6 +13,7 @@ import (
 
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/ipfamily"
+	"github.com/podnet/podnet/dataplane/nftmsg"
 )
 
 // TableName is podnet's policy table, family inet: one table for both
@@ -235,15 +236,10 @@ func (t *Table) writeDiff(set *nftables.Set, was, is []nftables.SetElement) erro
 			add = append(add, e)
 		}
 	}
-	if len(del) > 0 {
-		if err := t.conn.SetDeleteElements(set, del); err != nil {
-			return err
-		}
+	if err := nftmsg.DeleteElements(t.conn, set, del); err != nil {
+		return err
 	}
-	if len(add) > 0 {
-		return t.conn.SetAddElements(set, add)
-	}
-	return nil
+	return nftmsg.AddElements(t.conn, set, add)
 }
 
 func addrType(f ipfamily.Family) nftables.SetDatatype {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/ipfamily"
+	"github.com/podnet/podnet/dataplane/nftmsg"
 )
 
 // setContent is one set of a policy instance and what it should hold. Fixed
@@ -112,8 +113,13 @@ func (t *Table) addInstance(pp *PolicyProgram) error {
 	id := t.nextID
 	t.nextID++
 	for _, sc := range t.instanceSets(id, pp) {
-		if err := t.conn.AddSet(sc.set, sc.elems); err != nil {
+		// The elements go in messages of their own: AddSet would put
+		// them all in one attribute, which wraps past 64 KiB.
+		if err := t.conn.AddSet(sc.set, nil); err != nil {
 			return fmt.Errorf("add set %s: %w", sc.set.Name, err)
+		}
+		if err := nftmsg.AddElements(t.conn, sc.set, sc.elems); err != nil {
+			return fmt.Errorf("add elements to set %s: %w", sc.set.Name, err)
 		}
 	}
 	allowed, dropped := CounterNames(pp.Key)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/ipfamily"
+	"github.com/podnet/podnet/dataplane/nftmsg"
 	"github.com/podnet/podnet/dataplane/roottest"
 )
 
@@ -203,7 +204,7 @@ func (n *testNode) expect(step string, probes ...probe) {
 }
 
 func (n *testNode) table() *Table {
-	conn, err := nftables.New(nftables.WithNetNSFd(int(n.node.Fd())))
+	conn, err := nftables.New(nftables.WithNetNSFd(int(n.node.Fd())), nftmsg.Buffers())
 	if err != nil {
 		n.t.Fatal(err)
 	}

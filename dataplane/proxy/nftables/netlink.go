@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/dataplane/ipfamily"
+	"github.com/podnet/podnet/dataplane/nftmsg"
 )
 
 // Netlink is the Kernel over nf_tables netlink, in the network namespace
@@ -26,18 +27,8 @@ type Netlink struct {
 
 var _ Kernel = Netlink{}
 
-// sendBuffer is the send buffer asked for: a full sync is one batch, and
-// the default (212,992 bytes here) refused the batch of 500 Services × 10
-// endpoints with EMSGSIZE. The kernel caps it at net.core.wmem_max.
-const sendBuffer = 64 << 20
-
 func (k Netlink) conn() (*nft.Conn, error) {
-	opts := []nft.ConnOption{nft.WithSockOptions(func(c *netlink.Conn) error {
-		if err := c.SetWriteBuffer(sendBuffer); err != nil {
-			return err
-		}
-		return c.SetReadBuffer(sendBuffer)
-	})}
+	opts := []nft.ConnOption{nftmsg.Buffers()}
 	if k.NetNS != 0 {
 		opts = append(opts, nft.WithNetNSFd(k.NetNS))
 	}
@@ -375,62 +366,18 @@ func (tx *txn) addSetOp(op Op) error {
 			return err
 		}
 		tx.sets[ns.Name] = ns
-		for _, part := range elemMessages(nftElems(op.Set, op.Set.Elems)) {
-			if err := tx.c.SetAddElements(ns, part); err != nil {
-				return err
-			}
-		}
+		return nftmsg.AddElements(tx.c, ns, nftElems(op.Set, op.Set.Elems))
 	case OpFlushSet:
 		tx.c.FlushSet(s)
 	case OpDelSet:
 		tx.c.DelSet(s)
 		delete(tx.sets, s.Name)
 	case OpAddElems:
-		for _, part := range elemMessages(nftElems(op.Set, op.Elems)) {
-			if err := tx.c.SetAddElements(s, part); err != nil {
-				return err
-			}
-		}
+		return nftmsg.AddElements(tx.c, s, nftElems(op.Set, op.Elems))
 	case OpDelElems:
-		for _, part := range elemMessages(nftElems(op.Set, op.Elems)) {
-			if err := tx.c.SetDeleteElements(s, part); err != nil {
-				return err
-			}
-		}
+		return nftmsg.DeleteElements(tx.c, s, nftElems(op.Set, op.Elems))
 	}
 	return nil
-}
-
-// maxElemBytes bounds the elements of one set-element message. The list
-// is one netlink attribute with a 16-bit length, and google/nftables
-// v0.3.0 puts every element it is given into one list: past 64 KiB (~900
-// elements of a verdict map) the length wraps, the kernel reads the first
-// elements and takes the rest for other attributes, and the transaction
-// fails with ENOENT or, worse, succeeds with elements missing.
-const maxElemBytes = 48 << 10
-
-// elemMessages splits elems into lists of at most maxElemBytes, keeping
-// an interval's end with its start.
-func elemMessages(elems []nft.SetElement) [][]nft.SetElement {
-	var out [][]nft.SetElement
-	start, size := 0, 0
-	for i, e := range elems {
-		// An upper bound of the element's encoding: its nests and
-		// headers, key, data and chain name.
-		n := 64 + len(e.Key) + len(e.KeyEnd) + len(e.Val)
-		if e.VerdictData != nil {
-			n += len(e.VerdictData.Chain)
-		}
-		if size+n > maxElemBytes && i > start && !e.IntervalEnd {
-			out = append(out, elems[start:i])
-			start, size = i, 0
-		}
-		size += n
-	}
-	if start < len(elems) {
-		out = append(out, elems[start:])
-	}
-	return out
 }
 
 // Cleanup deletes podnet's table in the calling thread's network

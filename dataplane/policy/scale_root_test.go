@@ -1,0 +1,153 @@
+package policy
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/nftables"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/cluster/convert"
+	"github.com/podnet/podnet/dataplane/ipfamily"
+	"github.com/podnet/podnet/dataplane/nftmsg"
+	"github.com/podnet/podnet/dataplane/roottest"
+)
+
+// scalePods are pods i in [from, to) as the benchmark makes them: 100
+// namespaces over 50 nodes, an address per family, a named port http.
+func scalePods(t testing.TB, from, to int) []*cluster.Pod {
+	var out []*cluster.Pod
+	for i := range to - from {
+		p, err := convert.FromV1Pod(apiPod(from + i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// scalePolicies select node0's pods of ns0 and take every pod of the
+// cluster as a peer (ingress), as a named-port destination (egress), and an
+// ipBlock per family less 2,000 excepts (an interval set of ~4,000
+// elements).
+func scalePolicies(t testing.TB) []*cluster.NetworkPolicy {
+	var ex4, ex6 []string
+	for i := range 2000 {
+		ex4 = append(ex4, fmt.Sprintf("10.1.%d.%d/32", i/250, i%250+1))
+		ex6 = append(ex6, fmt.Sprintf("\"2001:db8::%x/128\"", 2*i+1))
+	}
+	return mustPolicies(t, `
+metadata: {namespace: ns0, name: from-all}
+spec:
+  podSelector: {}
+  ingress: [{from: [{namespaceSelector: {}}]}]`, `
+metadata: {namespace: ns0, name: to-all-http}
+spec:
+  podSelector: {}
+  policyTypes: [Egress]
+  egress: [{to: [{namespaceSelector: {}}], ports: [{port: http}]}]`, fmt.Sprintf(`
+metadata: {namespace: ns0, name: blocks}
+spec:
+  podSelector: {}
+  ingress: [{from: [{ipBlock: {cidr: 10.0.0.0/8, except: [%s]}}, {ipBlock: {cidr: "2001:db8::/64", except: [%s]}}]}]`,
+		strings.Join(ex4, ", "), strings.Join(ex6, ", ")))
+}
+
+// TestRealKernelSetsAtScale: sets of 5,000 and more pods outgrow one
+// netlink attribute (5,000 IPv6 peers are ~180 KiB of elements, an
+// attribute's length is 16 bits). A first full apply, one after a restart
+// (a new Table over the old table), an incremental one adding 2,500 pods
+// and one removing them each leave every set holding what the program says,
+// read back from the kernel.
+func TestRealKernelSetsAtScale(t *testing.T) {
+	_, h := roottest.NetNS(t, "podnet-polscale")
+	conn, err := nftables.New(nftables.WithNetNSFd(int(h.Fd())), nftmsg.Buffers())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := Options{Families: ipfamily.All, LogGroup: 24}
+	tbl := NewTable(conn, opts)
+	t.Cleanup(func() { tbl.Remove() })
+	nss := scaleNamespaces()
+	pols := scalePolicies(t)
+	base := scalePods(t, 0, 5000)
+	compile := func(pods []*cluster.Pod) *Program { return NewModel(pods, nss, pols).Compile(onNode("node0")) }
+	apply := func(step string, prog *Program) {
+		t.Helper()
+		if err := tbl.Apply(prog); err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		kernelHolds(t, step, conn, tbl)
+	}
+	apply("first apply", compile(base))
+	tbl = NewTable(conn, opts)
+	apply("after a restart", compile(base))
+	more := append(slices.Clone(base), scalePods(t, 5000, 7500)...)
+	apply("2,500 pods more", compile(more))
+	apply("2,500 pods fewer", compile(base))
+}
+
+func scaleNamespaces() []*cluster.Namespace {
+	var nss []*cluster.Namespace
+	for n := range 100 {
+		nss = append(nss, &cluster.Namespace{Name: fmt.Sprintf("ns%d", n)})
+	}
+	return nss
+}
+
+// kernelHolds compares every set of the applied policies, and the isolated
+// sets, with the kernel's.
+func kernelHolds(t *testing.T, step string, conn *nftables.Conn, tbl *Table) {
+	t.Helper()
+	want := map[string][]nftables.SetElement{}
+	var all []*PolicyProgram
+	for _, inst := range tbl.applied {
+		all = append(all, inst.prog)
+		for _, sc := range tbl.instanceSets(inst.id, inst.prog) {
+			want[sc.set.Name] = sc.elems
+		}
+	}
+	for d := range dirNames {
+		for _, f := range tbl.opts.Families {
+			want[isoSet(Direction(d), f)] = addrElems(f, isolated(&Program{Policies: all}, Direction(d)))
+		}
+	}
+	big := 0
+	for name, elems := range want {
+		got, err := conn.GetSetElements(&nftables.Set{Table: tbl.table, Name: name})
+		if err != nil {
+			t.Fatalf("%s: read set %s: %v", step, name, err)
+		}
+		if g, w := elemKeys(got), elemKeys(elems); !slices.Equal(g, w) {
+			t.Errorf("%s: set %s holds %d elements, want %d (%s)", step, name, len(g), len(w), firstDiff(g, w))
+		}
+		if len(elems) >= 5000 {
+			big++
+		}
+	}
+	if big == 0 {
+		t.Fatalf("%s: no set of 5,000 elements or more: the test proves nothing", step)
+	}
+}
+
+func elemKeys(es []nftables.SetElement) []string {
+	var out []string
+	for _, e := range es {
+		out = append(out, fmt.Sprintf("%x/%v", e.Key, e.IntervalEnd))
+	}
+	slices.Sort(out)
+	return out
+}
+
+func firstDiff(got, want []string) string {
+	for i := range min(len(got), len(want)) {
+		if got[i] != want[i] {
+			return fmt.Sprintf("first difference: %s, want %s", got[i], want[i])
+		}
+	}
+	return "one is a prefix of the other"
+}
+
