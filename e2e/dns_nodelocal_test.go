@@ -22,7 +22,7 @@ import (
 
 // nodeLocalDNSState is dnsTestState with kube-dns's trafficDistribution
 // PreferSameNode, as deploy/node-local-dns sets it.
-func nodeLocalDNSState(t *testing.T) string {
+func nodeLocalDNSState(t testing.TB) string {
 	t.Helper()
 	const vip = "    clusterIP: 10.96.0.10\n"
 	if strings.Count(dnsTestState, vip) != 1 {
@@ -32,7 +32,7 @@ func nodeLocalDNSState(t *testing.T) string {
 }
 
 // dnsdRequests is the sum of a dnsd's coredns_dns_requests_total.
-func dnsdRequests(t *testing.T, p *lab.Pod) float64 {
+func dnsdRequests(t testing.TB, p *lab.Pod) float64 {
 	t.Helper()
 	code, body := httpGetIn(p.NSPath(), "127.0.0.1:9153", "/metrics")
 	if code != 200 {
@@ -238,7 +238,7 @@ func TestDnsdNodeLocal(t *testing.T) {
 }
 
 // waitDNSAnswers waits until the client gets answers over UDP and TCP.
-func waitDNSAnswers(t *testing.T, client *lab.Pod, procs ...*lab.Proc) {
+func waitDNSAnswers(t testing.TB, client *lab.Pod, procs ...*lab.Proc) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for askVIPIn(client.NSPath(), "udp") != nil || askVIPIn(client.NSPath(), "tcp") != nil {
@@ -270,7 +270,7 @@ func waitReady(ctx context.Context, t *testing.T, p *lab.Pod, d *lab.Proc) {
 
 // waitLocalAnswers waits until the dnsd in p answers the client's lookups
 // (proxyd sent them to it).
-func waitLocalAnswers(ctx context.Context, t *testing.T, client, p *lab.Pod) {
+func waitLocalAnswers(ctx context.Context, t testing.TB, client, p *lab.Pod) {
 	t.Helper()
 	for {
 		before := dnsdRequests(t, p)
