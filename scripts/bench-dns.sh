@@ -154,10 +154,14 @@ for q in "$last A" "kubernetes.default.svc.cluster.local A" "$(head -1 "$work/q-
 	[[ $a == "$b" ]] || { echo "bench-dns: $q: dnsd says $a, CoreDNS $b" >&2; exit 1; }
 done
 
-# run PORT FILE QUERIES_IN_FLIGHT -> "qps avg_latency_ms lost"
+# run PORT FILE QUERIES_IN_FLIGHT -> "qps avg_latency_ms lost client_ticks",
+# the last dnsperf's own CPU time (utime + stime of the child the shell
+# around it waited for), to tell whether the client was the limit.
 run() {
-	taskset -c "$CLIENT_CPU" dnsperf -s 127.0.0.1 -p "$1" -d "$2" -l "$SECONDS_PER_RUN" -q "$3" -c 1 -t 2 2>/dev/null |
-		awk '/Queries per second/ {q=$4} /Average Latency/ {l=$4*1000} /Queries lost/ {lost=$3} END {printf "%.0f %.3f %s\n", q, l, lost}'
+	taskset -c "$CLIENT_CPU" bash -c 'dnsperf "$@" >"$0" 2>/dev/null; awk "{print \$16 + \$17}" /proc/$$/stat' \
+		"$work/dnsperf.out" -s 127.0.0.1 -p "$1" -d "$2" -l "$SECONDS_PER_RUN" -q "$3" -c 1 -t 2 >"$work/dnsperf.cpu"
+	awk -v c="$(cat "$work/dnsperf.cpu")" '/Queries per second/ {q=$4} /Average Latency/ {l=$4*1000} /Queries lost/ {lost=$3}
+		END {printf "%.0f %.3f %s %s\n", q, l, lost, c}' "$work/dnsperf.out"
 }
 
 # run1 PORT FILE -> "median_ms p99_ms" of single queries, one in flight
@@ -189,8 +193,8 @@ echo "|---|---:|"
 echo "| dnsd | $(rss $dnsd_pid) MiB (Go heap in use $(heap) MiB) |"
 echo "| coredns | $(rss $coredns_pid) MiB |"
 echo
-echo "| mix | server | QPS (100 in flight) | server CPU per query | server busy | client core busy | avg latency (100 in flight) | median latency (1 in flight) |"
-echo "|---|---|---:|---:|---:|---:|---:|---:|"
+echo "| mix | server | QPS (100 in flight) | server CPU per query | server busy | client core busy | avg latency (100 in flight) | median latency (1 in flight) | client CPU per query |"
+echo "|---|---|---:|---:|---:|---:|---:|---:|---:|"
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 for mix in cluster nxdomain cached; do
 	# Warm both caches (the cached mix) and page everything in.
@@ -199,13 +203,13 @@ for mix in cluster nxdomain cached; do
 	done
 	# The two servers alternate, three rounds each; the median is reported,
 	# so a burst of background load does not decide the comparison.
-	declare -A qps lat lat1 us busy cbusy
+	declare -A qps lat lat1 us busy cbusy cus
 	for round in 1 2 3; do
 		for server in dnsd coredns echodns; do
 			pid=${spid[$server]}
 			c0=$(cpu $pid)
 			read -r k0 t0 < <(core "$CLIENT_CPU")
-			read -r q l _ < <(run "${port[$server]}" "$work/q-$mix" 100)
+			read -r q l _ cc < <(run "${port[$server]}" "$work/q-$mix" 100)
 			c1=$(cpu $pid)
 			read -r k1 t1 < <(core "$CLIENT_CPU")
 			# How much of its core the server used, and of the client's
@@ -217,6 +221,10 @@ for mix in cluster nxdomain cached; do
 			# CPU microseconds per answered query: immune to the client
 			# being the bottleneck and to other load on the box.
 			us[$server]+="$(awk -v c=$((c1 - c0)) -v hz="$HZ" -v q="$q" -v s="$SECONDS_PER_RUN" 'BEGIN {printf "%.1f", c / hz * 1e6 / (q * s)}') "
+			# dnsperf's CPU per query: when it is at or above the server's,
+			# one client core cannot keep the server's core busy, and the
+			# QPS of a server as cheap as echodns is the client's.
+			cus[$server]+="$(awk -v c="$cc" -v hz="$HZ" -v q="$q" -v s="$SECONDS_PER_RUN" 'BEGIN {printf "%.1f", c / hz * 1e6 / (q * s)}') "
 			read -r l1 _ < <(run1 "${port[$server]}" "$work/q-$mix")
 			qps[$server]+="$q "
 			lat[$server]+="$l "
@@ -225,9 +233,9 @@ for mix in cluster nxdomain cached; do
 	done
 	for server in dnsd coredns echodns; do
 		m() { tr ' ' '\n' <<<"$1" | grep . | median; }
-		echo "| $mix | $server | $(m "${qps[$server]}") | $(m "${us[$server]}") µs | $(m "${busy[$server]}") % | $(m "${cbusy[$server]}") % | $(m "${lat[$server]}") ms | $(m "${lat1[$server]}") ms |"
+		echo "| $mix | $server | $(m "${qps[$server]}") | $(m "${us[$server]}") µs | $(m "${busy[$server]}") % | $(m "${cbusy[$server]}") % | $(m "${lat[$server]}") ms | $(m "${lat1[$server]}") ms | $(m "${cus[$server]}") µs |"
 	done
-	unset qps lat lat1 us busy cbusy
+	unset qps lat lat1 us busy cbusy cus
 done
 echo
 echo "| server | RSS after the runs |"
