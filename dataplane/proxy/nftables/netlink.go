@@ -293,6 +293,11 @@ func (k Netlink) Apply(ops []Op) error {
 	if err != nil {
 		return err
 	}
+	return applyOn(c, ops)
+}
+
+// applyOn writes ops into c's batch and sends it.
+func applyOn(c *nft.Conn, ops []Op) error {
 	tx := &txn{c: c, sets: make(map[string]*nft.Set)}
 	for _, op := range ops {
 		if err := tx.add(op); err != nil {

@@ -1,0 +1,285 @@
+package nftables_test
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	nft "github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/ipfamily"
+	"github.com/podnet/podnet/dataplane/proxy"
+	"github.com/podnet/podnet/dataplane/proxy/nftables"
+	"github.com/podnet/podnet/dataplane/proxy/proxytest"
+	"github.com/podnet/podnet/dataplane/roottest"
+)
+
+// benchState is n ClusterIP Services × eps endpoints in a Store and the
+// proxy State proxyd keeps, so one endpoint can change as in a cluster.
+func benchState(n, eps int) (*cluster.Store, *proxy.State) {
+	var objs []cluster.Object
+	for i := range n {
+		s := proxytest.Svc(fmt.Sprintf("s%05d", i), fmt.Sprintf("10.%d.%d.%d", 96+i/65000, i/250%260, i%250+1),
+			[]cluster.ServicePort{proxytest.TCP(80, 0)})
+		var e []proxytest.Endpoint
+		for j := range eps {
+			e = append(e, proxytest.EP(proxytest.A(fmt.Sprintf("10.%d.%d.%d", 245+j, i/250, i%250+1)), "node-b", true))
+		}
+		objs = append(objs, s, proxytest.Slice(s, []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8080)}, e...))
+	}
+	st := cluster.NewStore()
+	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, objs)
+	state := proxy.NewState(ipfamily.IPv4)
+	state.Update(st, proxytest.NodeName, nil, true)
+	return st, state
+}
+
+// recorder is a Kernel that keeps the ops of the last transaction instead
+// of applying them (an empty table): the Go side of a sync alone.
+type recorder struct{ ops []nftables.Op }
+
+func (r *recorder) Objects() ([]*nftables.Chain, []*nftables.Set, error) { return nil, nil, nil }
+func (r *recorder) Apply(ops []nftables.Op) error                        { r.ops = ops; return nil }
+
+// wire is what a batch is on the wire: messages and bytes.
+type wire struct{ msgs, bytes int }
+
+func dryRun(ops []nftables.Op) (wire, error) {
+	var w wire
+	err := nftables.ApplyDry(ops, func(req []netlink.Message) ([]netlink.Message, error) {
+		if req == nil {
+			return nil, io.EOF
+		}
+		for _, m := range req {
+			w.msgs++
+			w.bytes += 16 + len(m.Data)
+		}
+		return nil, nil
+	})
+	return w, err
+}
+
+// objectCount counts what ops create: chains, sets, elements, rules.
+func objectCount(ops []nftables.Op) (chains, sets, elems, rules int) {
+	for _, op := range ops {
+		switch op.Kind {
+		case nftables.OpAddChain:
+			chains++
+		case nftables.OpAddSet:
+			sets++
+			elems += len(op.Set.Elems)
+		case nftables.OpAddElems:
+			elems += len(op.Elems)
+		case nftables.OpAddRule:
+			rules++
+		}
+	}
+	return
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func sysTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Stime.Nano())
+}
+
+// timed runs f and returns its wall time and the process's CPU time
+// (user and system: the kernel runs a netlink batch in the sender's
+// system call) while it ran; on a machine shared with other work the CPU
+// time is the figure to compare.
+func timed(f func()) (wall, cpu time.Duration) {
+	c0, w0 := cpuTime(), time.Now()
+	f()
+	return time.Since(w0), cpuTime() - c0
+}
+
+func benchSizes() []int {
+	sizes := []int{1000, 10000}
+	if s := os.Getenv("PODNET_BENCH_SIZES"); s != "" {
+		sizes = nil
+		for _, f := range strings.Fields(s) {
+			n, _ := strconv.Atoi(f)
+			sizes = append(sizes, n)
+		}
+	}
+	return sizes
+}
+
+func benchRounds() int {
+	if r, err := strconv.Atoi(os.Getenv("PODNET_BENCH_ROUNDS")); err == nil && r > 0 {
+		return r
+	}
+	return 1
+}
+
+func median(d []time.Duration) time.Duration {
+	d = slices.Clone(d)
+	slices.Sort(d)
+	if len(d)%2 == 0 {
+		return (d[len(d)/2-1] + d[len(d)/2]) / 2
+	}
+	return d[len(d)/2]
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// syncRound is one round's figures at one size: CPU time (wall time) of
+// each phase.
+type syncRound struct {
+	cpu, wall                         map[string]time.Duration
+	wire, changeWire                  wire
+	chains, sets, elems, rules, chOps int
+}
+
+func (r *syncRound) time(phase string, f func()) {
+	r.wall[phase], r.cpu[phase] = timed(f)
+}
+
+// phases of a round, in the order of the table's columns.
+var phases = []string{"gen", "dry", "full", "bare", "change"}
+
+// BenchmarkSyncAtScale breaks the first full sync and one endpoint change
+// of n ClusterIP Services × 10 endpoints down: the Go side building the
+// table and its ops, the Go side turning them into netlink messages (sent
+// to a fake socket), the real transaction in a namespace's kernel, and the
+// same numbers of chains, sets, elements and rules written by
+// google/nftables alone in one transaction (the kernel's and the library's
+// floor). Each figure is the process's CPU time (wall time in
+// parentheses), median of the rounds. PODNET_BENCH=1 only (root).
+func BenchmarkSyncAtScale(b *testing.B) {
+	if os.Getenv("PODNET_BENCH") == "" {
+		roottest.Optional(b, "set PODNET_BENCH=1")
+	}
+	roottest.Require(b)
+	const eps = 10
+	fmt.Printf("| Services × endpoints | chains / sets / elements / rules | messages (MiB) | Go: table and ops | Go: netlink messages | full sync | bare library, same objects | one endpoint changed (messages) |\n|---|---|---|---|---|---|---|---|\n")
+	for _, n := range benchSizes() {
+		var rs []syncRound
+		for r := range benchRounds() {
+			rs = append(rs, syncRoundAt(b, n, eps, r))
+		}
+		r := rs[0]
+		fmt.Printf("| %d × %d | %d / %d / %d / %d | %d (%.1f) |", n, eps, r.chains, r.sets, r.elems, r.rules, r.wire.msgs, float64(r.wire.bytes)/(1<<20))
+		for _, ph := range phases {
+			var c, w []time.Duration
+			for _, r := range rs {
+				c, w = append(c, r.cpu[ph]), append(w, r.wall[ph])
+			}
+			fmt.Printf(" %.1f ms (%.1f ms)", ms(median(c)), ms(median(w)))
+			if ph == "change" {
+				fmt.Printf(" (%d)", r.changeWire.msgs)
+			}
+			fmt.Printf(" |")
+		}
+		fmt.Println()
+	}
+}
+
+func syncRoundAt(b *testing.B, n, eps, round int) syncRound {
+	out := syncRound{cpu: map[string]time.Duration{}, wall: map[string]time.Duration{}}
+	st, state := benchState(n, eps)
+	var err error
+	rec := &recorder{}
+	out.time("gen", func() { _, err = nftables.NewProxier(defaultCfg, rec).Sync(state.Ports, nil, true) })
+	if err != nil {
+		b.Fatal(err)
+	}
+	out.chains, out.sets, out.elems, out.rules = objectCount(rec.ops)
+	out.time("dry", func() { out.wire, err = dryRun(rec.ops) })
+	if err != nil {
+		b.Fatal(err)
+	}
+
+	l := proxytest.NewNetnsLab(b, fmt.Sprintf("ns%d-%d", n, round))
+	spy := &spyKernel{Kernel: nftables.Netlink{NetNS: int(l.Node.Fd())}}
+	p := nftables.NewProxier(defaultCfg, spy)
+	out.time("full", func() { _, err = p.Sync(state.Ports, nil, true) })
+	if err != nil {
+		b.Fatal(err)
+	}
+
+	key := cluster.Key{Namespace: "default", Name: fmt.Sprintf("s%05d", n/2)}
+	s := st.Service(key)
+	st.Upsert(proxytest.Slice(s, []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8080)}, proxytest.EP(proxytest.A("10.250.250.250"), "node-c", true)))
+	changed := state.Update(st, proxytest.NodeName, map[cluster.Key]bool{key: true}, false)
+	out.time("change", func() { _, err = p.Sync(state.Ports, changed, false) })
+	if err != nil {
+		b.Fatal(err)
+	}
+	out.changeWire, _ = dryRun(spy.ops)
+	out.chOps = p.LastOps
+
+	l2 := proxytest.NewNetnsLab(b, fmt.Sprintf("bare%d-%d", n, round))
+	out.time("bare", func() { bareWrite(b, int(l2.Node.Fd()), out.chains, out.sets, out.elems, out.rules) })
+	return out
+}
+
+// spyKernel keeps the ops it applies.
+type spyKernel struct {
+	nftables.Kernel
+	ops []nftables.Op
+}
+
+func (s *spyKernel) Apply(ops []nftables.Op) error { s.ops = ops; return s.Kernel.Apply(ops) }
+
+// bareWrite writes a table of chains regular chains holding rules rules
+// (one accept each), sets sets of 32-bit keys holding elems elements, in
+// one transaction through google/nftables alone, and returns its time.
+func bareWrite(b *testing.B, netns, chains, sets, elems, rules int) {
+	c, err := nft.New(nft.WithNetNSFd(netns), nft.WithSockOptions(func(c *netlink.Conn) error {
+		if err := c.SetWriteBuffer(64 << 20); err != nil {
+			return err
+		}
+		return c.SetReadBuffer(64 << 20)
+	}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	t := c.AddTable(&nft.Table{Name: "bare", Family: nft.TableFamilyINet})
+	var chs []*nft.Chain
+	for i := range chains {
+		chs = append(chs, c.AddChain(&nft.Chain{Name: fmt.Sprintf("c%d", i), Table: t}))
+	}
+	for i := range rules {
+		c.AddRule(&nft.Rule{Table: t, Chain: chs[i%len(chs)], Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}})
+	}
+	per := elems / max(sets, 1)
+	for i := range sets {
+		s := &nft.Set{Table: t, Name: fmt.Sprintf("s%d", i), KeyType: nft.TypeInteger}
+		var el []nft.SetElement
+		if i == sets-1 {
+			per = elems - per*(sets-1)
+		}
+		for j := range per {
+			el = append(el, nft.SetElement{Key: []byte{byte(j), byte(j >> 8), byte(j >> 16), 0}})
+		}
+		if err := c.AddSet(s, nil); err != nil {
+			b.Fatal(err)
+		}
+		for len(el) > 0 {
+			part := el[:min(len(el), 1000)]
+			el = el[len(part):]
+			if err := c.SetAddElements(s, part); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	if err := c.Flush(); err != nil {
+		b.Fatal(err)
+	}
+}
