@@ -190,12 +190,15 @@ func BenchmarkSyncAtScale(b *testing.B) {
 	}
 }
 
+// benchCfg is proxyd's configuration: the default number of endpoint maps.
+var benchCfg = nftables.Config{Family: defaultCfg.Family, ClusterCIDR: defaultCfg.ClusterCIDR}
+
 func syncRoundAt(b *testing.B, n, eps, round int) syncRound {
 	out := syncRound{cpu: map[string]time.Duration{}, wall: map[string]time.Duration{}}
 	st, state := benchState(n, eps)
 	var err error
 	rec := &recorder{}
-	out.time("gen", func() { _, err = nftables.NewProxier(defaultCfg, rec).Sync(state.Ports, nil, true) })
+	out.time("gen", func() { _, err = nftables.NewProxier(benchCfg, rec).Sync(state.Ports, nil, true) })
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -207,7 +210,7 @@ func syncRoundAt(b *testing.B, n, eps, round int) syncRound {
 
 	l := proxytest.NewNetnsLab(b, fmt.Sprintf("ns%d-%d", n, round))
 	spy := &spyKernel{Kernel: nftables.Netlink{NetNS: int(l.Node.Fd())}}
-	p := nftables.NewProxier(defaultCfg, spy)
+	p := nftables.NewProxier(benchCfg, spy)
 	out.time("full", func() { _, err = p.Sync(state.Ports, nil, true) })
 	if err != nil {
 		b.Fatal(err)

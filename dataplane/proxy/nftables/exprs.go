@@ -48,6 +48,10 @@ func loadKey(f ipfamily.Family, fields []Field) []expr.Any {
 	return out
 }
 
+// nftDynsetOpDelete is NFT_DYNSET_OP_DELETE (Linux 5.13), which
+// golang.org/x/sys does not name.
+const nftDynsetOpDelete = 2
+
 func native32(v uint32) []byte { return binary.NativeEndian.AppendUint32(nil, v) }
 
 // bitsSet tests reg & mask != 0 (host byte order, 32 bits).
@@ -121,9 +125,30 @@ func dnat(f ipfamily.Family) expr.Any {
 	return &expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(f.AF()), RegAddrMin: regValue, RegProtoMin: reg32Val + n/4, Specified: true}
 }
 
-func remember(f ipfamily.Family, set string) []expr.Any {
-	e, _ := load(f, FieldSaddr, regKey)
-	return []expr.Any{e, &expr.Dynset{SrcRegKey: regKey, SrcRegData: regValue, SetName: set, Operation: unix.NFT_DYNSET_OP_UPDATE}}
+// Registers of the affinity statements (32-bit registers): the key
+// (id . address) from reg32Key, the endpoint found at reg32Val, a copy
+// of the id right before it (id . endpoint, the key of the set of live
+// endpoints), and the key the dynamic map is written with from
+// reg32Remember (apart from the others, IPv6 keys are 20 bytes).
+const (
+	reg32IDCopy   = reg32Val - 2
+	reg32Remember = unix.NFT_REG32_00 + 10
+)
+
+func idBytes(id uint64) []byte { return binary.BigEndian.AppendUint64(nil, id) }
+
+// idKey loads (id . field) from the 32-bit register reg32.
+func idKey(f ipfamily.Family, id uint64, fl Field, reg32 uint32) []expr.Any {
+	e, _ := load(f, fl, reg32+2)
+	return []expr.Any{&expr.Immediate{Register: reg32, Data: idBytes(id)}, e}
+}
+
+// remember writes (id . client address) → the endpoint in the value
+// register into the dynamic map set (op add or update: an element there
+// keeps its endpoint, its timeout is refreshed; op delete).
+func remember(f ipfamily.Family, s Stmt, op uint32) []expr.Any {
+	return append(idKey(f, s.ID, FieldSaddr, reg32Remember),
+		&expr.Dynset{SrcRegKey: reg32Remember, SrcRegData: regValue, SetName: s.Affinity, Operation: op, Timeout: s.Timeout})
 }
 
 func stmtExprs(f ipfamily.Family, s Stmt) []expr.Any {
@@ -150,18 +175,28 @@ func stmtExprs(f ipfamily.Family, s Stmt) []expr.Any {
 		return []expr.Any{&expr.Masq{FullyRandom: s.Random}}
 	case StmtDNATRandom:
 		out := []expr.Any{
-			&expr.Numgen{Register: regKey, Modulus: s.N, Type: unix.NFT_NG_RANDOM},
-			&expr.Lookup{SourceRegister: regKey, DestRegister: regValue, IsDestRegSet: true, SetName: s.Map},
+			&expr.Immediate{Register: reg32Key, Data: idBytes(s.ID)},
+			&expr.Numgen{Register: reg32Key + 2, Modulus: s.N, Type: unix.NFT_NG_RANDOM},
+			&expr.Lookup{SourceRegister: reg32Key, DestRegister: regValue, IsDestRegSet: true, SetName: s.Map},
 		}
 		if s.Affinity != "" {
-			out = append(out, remember(f, s.Affinity)...)
+			out = append(out, remember(f, s, unix.NFT_DYNSET_OP_UPDATE)...)
 		}
 		return append(out, dnat(f))
 	case StmtDNATAffinity:
-		e, _ := load(f, FieldSaddr, regKey)
-		out := []expr.Any{e, &expr.Lookup{SourceRegister: regKey, DestRegister: regValue, IsDestRegSet: true, SetName: s.Affinity}}
-		out = append(out, remember(f, s.Affinity)...)
+		out := append(idKey(f, s.ID, FieldSaddr, reg32Key),
+			&expr.Lookup{SourceRegister: reg32Key, DestRegister: regValue, IsDestRegSet: true, SetName: s.Affinity},
+			&expr.Immediate{Register: reg32IDCopy, Data: idBytes(s.ID)},
+			&expr.Lookup{SourceRegister: reg32IDCopy, SetName: s.Map})
+		out = append(out, remember(f, s, unix.NFT_DYNSET_OP_UPDATE)...)
 		return append(out, dnat(f))
+	case StmtForget:
+		// The lookup first: a client there only, and the map's value
+		// register written (a kernel refuses a rule reading a register
+		// no expression before wrote: ENODATA).
+		out := append(idKey(f, s.ID, FieldSaddr, reg32Key),
+			&expr.Lookup{SourceRegister: reg32Key, DestRegister: regValue, IsDestRegSet: true, SetName: s.Affinity})
+		return append(out, remember(f, s, nftDynsetOpDelete)...)
 	}
 	return nil
 }

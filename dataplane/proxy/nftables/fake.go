@@ -256,12 +256,17 @@ func (s *fakeState) checkRule(c *fakeChain, r Rule) error {
 			}
 			err = s.lookup(st.Map, key, []Type{TypeVerdict}, false)
 		case StmtDNATRandom:
-			err = s.lookup(st.Map, []Type{TypeIndex}, []Type{TypeAddr, TypePort}, false)
+			err = s.lookup(st.Map, []Type{TypeID, TypeIndex}, []Type{TypeAddr, TypePort}, false)
 			if err == nil && st.Affinity != "" {
-				err = s.lookup(st.Affinity, []Type{TypeAddr}, []Type{TypeAddr, TypePort}, true)
+				err = s.lookup(st.Affinity, []Type{TypeID, TypeAddr}, []Type{TypeAddr, TypePort}, true)
 			}
 		case StmtDNATAffinity:
-			err = s.lookup(st.Affinity, []Type{TypeAddr}, []Type{TypeAddr, TypePort}, true)
+			err = s.lookup(st.Affinity, []Type{TypeID, TypeAddr}, []Type{TypeAddr, TypePort}, true)
+			if err == nil {
+				err = s.lookup(st.Map, []Type{TypeID, TypeAddr, TypePort}, nil, false)
+			}
+		case StmtForget:
+			err = s.lookup(st.Affinity, []Type{TypeID, TypeAddr}, []Type{TypeAddr, TypePort}, true)
 		case StmtMasquerade:
 			if c.Hook != nil && c.Hook.Hook != "postrouting" {
 				err = fmt.Errorf("masquerade outside postrouting: %w", syscall.EOPNOTSUPP)

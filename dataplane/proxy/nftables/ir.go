@@ -35,6 +35,10 @@ const (
 	TypePort                    // inet_service
 	TypeIndex                   // integer, host byte order (numgen)
 	TypeVerdict                 // map value only
+	// TypeID is a target's id (64 bits, two nft integers): the key prefix
+	// that keeps one target's elements apart from another's in the
+	// family's shared endpoint and affinity maps.
+	TypeID
 )
 
 // MatchKind says what a Match tests.
@@ -88,13 +92,17 @@ const (
 	StmtMarkXor
 	// StmtMasquerade (fully random when Random).
 	StmtMasquerade
-	// StmtDNATRandom: DNAT to the value of Map at numgen random mod N;
-	// with Affinity, the client's address is recorded in that dynamic map
-	// with the endpoint chosen.
+	// StmtDNATRandom: DNAT to the value of Map at (ID . numgen random
+	// mod N); with Affinity, (ID . client address) is recorded in that
+	// dynamic map with the endpoint chosen, for Timeout.
 	StmtDNATRandom
-	// StmtDNATAffinity: DNAT to the endpoint Affinity holds for the
-	// client's address, refreshing its timeout; no element: no match.
+	// StmtDNATAffinity: DNAT to the endpoint Affinity holds for (ID .
+	// client address) if (ID . endpoint) is still in the set Map,
+	// refreshing its Timeout; no element or an endpoint gone: no match.
 	StmtDNATAffinity
+	// StmtForget: delete (ID . client address) from Affinity (what
+	// StmtDNATAffinity did not take is an endpoint that left).
+	StmtForget
 )
 
 // Stmt is one statement of a rule.
@@ -107,6 +115,8 @@ type Stmt struct {
 	N        uint32
 	Affinity string
 	Random   bool
+	ID       uint64
+	Timeout  time.Duration
 }
 
 // Rule is matches, then statements.
@@ -160,6 +170,7 @@ type Value struct {
 	Addr   netip.Addr
 	Prefix netip.Prefix // interval sets
 	Num    uint32       // proto, port, index
+	ID     uint64
 }
 
 // Elem is an element of a set, or a key and its value in a map.
@@ -224,9 +235,13 @@ func typeName(f ipfamily.Family, t Type) string {
 		return "integer"
 	case TypeVerdict:
 		return "verdict"
+	case TypeID:
+		return "integer . integer"
 	}
 	return "?"
 }
+
+func idString(id uint64) string { return fmt.Sprintf("%#016x", id) }
 
 func (m Match) render(f ipfamily.Family) string {
 	switch m.Kind {
@@ -294,13 +309,16 @@ func (s Stmt) render(f ipfamily.Family) string {
 		}
 		return "masquerade"
 	case StmtDNATRandom:
-		out := fmt.Sprintf("dnat %s addr . port to numgen random mod %d map @%s", ip, s.N, s.Map)
+		out := fmt.Sprintf("dnat %s addr . port to %s . numgen random mod %d map @%s", ip, idString(s.ID), s.N, s.Map)
 		if s.Affinity != "" {
-			out += fmt.Sprintf(" (update @%s { %s saddr : the endpoint })", s.Affinity, ip)
+			out += fmt.Sprintf(" (update @%s { %s . %s saddr timeout %s : the endpoint })", s.Affinity, idString(s.ID), ip, s.Timeout)
 		}
 		return out
 	case StmtDNATAffinity:
-		return fmt.Sprintf("dnat %s addr . port to %s saddr map @%s (update @%s { %s saddr })", ip, ip, s.Affinity, s.Affinity, ip)
+		return fmt.Sprintf("dnat %s addr . port to %s . %s saddr map @%s (if %s . the endpoint is in @%s; update @%s { %s . %s saddr timeout %s })",
+			ip, idString(s.ID), ip, s.Affinity, idString(s.ID), s.Map, s.Affinity, idString(s.ID), ip, s.Timeout)
+	case StmtForget:
+		return fmt.Sprintf("delete @%s { %s . %s saddr }", s.Affinity, idString(s.ID), ip)
 	}
 	return "?"
 }
@@ -318,6 +336,8 @@ func (r Rule) render(f ipfamily.Family) string {
 
 func (v Value) render(t Type) string {
 	switch t {
+	case TypeID:
+		return idString(v.ID)
 	case TypeAddr:
 		if v.Prefix.IsValid() {
 			return v.Prefix.Masked().String()

@@ -13,15 +13,28 @@
 //     (or fw-<f>-<hash>, which lets loadBalancerSourceRanges, a set, in);
 //     NodePorts are (l4proto . dport) in service-nodeports-<f>, matched on
 //     destinations of type local (fib).
-//   - A port's chain picks its endpoint with one rule: DNAT to the value of
-//     numgen random mod N in the endpoint map ep-<f>-<hash> (index →
-//     address . port), or lep-<f>-<hash> for local endpoints. An endpoint
-//     change rewrites elements of that map (and the one rule when N
-//     changes); nothing else.
-//   - Session affinity is a dynamic map per port (client address →
-//     endpoint, with the Service's timeout): a client found there goes back
-//     to its endpoint and refreshes the timeout; a new client is recorded
-//     with the endpoint numgen picked.
+//   - A port's chain picks its endpoint with one rule: DNAT to the value
+//     of (target id . numgen random mod N) in endpoints-<f>-<shard>, one
+//     of the family's Shards endpoint maps. A target is a port's endpoints
+//     for one scope (all of them, or the node's own for a traffic policy
+//     Local); its id is 64 bits of the port's hash, the last bit telling
+//     the scope, and its shard the id modulo Shards. Neither one map a
+//     port nor one map for all: the kernel finds a set by name by walking
+//     the table's list of sets (a map a port: a full sync grows with the
+//     square of the ports, 16.5 s CPU at 10,000 Services × 10 endpoints),
+//     and it walks every element of a map for each chain a rule looking it
+//     up is added to (one map: 309 s CPU at the same size); with Shards
+//     maps both walks are short (BENCHMARKS.md). An endpoint change
+//     rewrites elements of one map (and the one rule when N changes);
+//     nothing else.
+//   - Session affinity is one dynamic map of the family, affinity-<f>
+//     ((target id . client address) → endpoint, each element with its
+//     port's timeout): a client found there whose endpoint is still one of
+//     the target's (affinity-endpoints-<f>, (target id . endpoint)) goes
+//     back to it and refreshes the timeout; a client whose endpoint left is
+//     deleted from the map and, like a new client, recorded with the
+//     endpoint numgen picks. So an endpoint leaving moves its own clients
+//     only, and nothing of the map is written by a sync.
 //   - Ports without any endpoint are elements of no-endpoint-services-<f>
 //     and no-endpoint-nodeports-<f>, which filter chains answer with a
 //     reject; no chain of their own.
@@ -40,6 +53,8 @@ package nftables
 import (
 	"crypto/sha256"
 	"encoding/base32"
+	"encoding/binary"
+	"fmt"
 	"net/netip"
 	"slices"
 	"time"
@@ -48,6 +63,10 @@ import (
 	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/proxy"
 )
+
+// MaxAffinity is the affinity map's timeout, the longest a Service may
+// ask for (each rule sets its port's own).
+const MaxAffinity = 24 * time.Hour
 
 // MarkMasq marks packets to masquerade in postrouting, kube-proxy's bit.
 const MarkMasq = 0x4000
@@ -77,6 +96,32 @@ type Config struct {
 	// prefixes; empty: every local address but loopback.
 	NodePortAddresses []netip.Prefix
 	MasqueradeAll     bool
+	// Shards is the number of endpoint maps of the family; 0:
+	// DefaultShards.
+	Shards int
+}
+
+// DefaultShards is the number of endpoint maps: at 10,000 Services × 10
+// endpoints a map holds ~430 elements, bound by ~40 chains.
+const DefaultShards = 256
+
+func (c Config) shards() int {
+	if c.Shards <= 0 || c.Shards > DefaultShards {
+		return DefaultShards
+	}
+	return c.Shards
+}
+
+// endpointMap names the endpoint map of target id.
+func (c Config) endpointMap(id uint64) string {
+	return fmt.Sprintf("%s%s-%02x", endpointMapPrefix, c.sfx(), id%uint64(c.shards()))
+}
+
+const endpointMapPrefix = "endpoints-"
+
+// endpointMapSpec declares an endpoint map.
+func endpointMapSpec(f ipfamily.Family, name string) *Set {
+	return &Set{Name: name, Key: []Type{TypeID, TypeIndex}, Data: []Type{TypeAddr, TypePort}}
 }
 
 func (c Config) sfx() string {
@@ -89,6 +134,7 @@ func (c Config) sfx() string {
 // names of the family's shared objects.
 type names struct {
 	services, nodePorts, noEndpoints, noEndpointNodePorts, hairpin string
+	affinity, affinityEndpoints                                    string
 	servicesChain, masqChain, rejectChain, forwardChain            string
 }
 
@@ -97,7 +143,8 @@ func (c Config) names() names {
 	return names{
 		services: "service-ips-" + s, nodePorts: "service-nodeports-" + s,
 		noEndpoints: "no-endpoint-services-" + s, noEndpointNodePorts: "no-endpoint-nodeports-" + s,
-		hairpin:       "hairpin-" + s,
+		hairpin:  "hairpin-" + s,
+		affinity: "affinity-" + s, affinityEndpoints: "affinity-endpoints-" + s,
 		servicesChain: "services-" + s, masqChain: "masquerading-" + s,
 		rejectChain: "reject-" + s, forwardChain: "forward-" + s,
 	}
@@ -114,6 +161,12 @@ func (c Config) Static() *Table {
 	t.Sets[n.noEndpoints] = &Set{Name: n.noEndpoints, Key: []Type{addr, TypeProto, TypePort}}
 	t.Sets[n.noEndpointNodePorts] = &Set{Name: n.noEndpointNodePorts, Key: []Type{TypeProto, TypePort}}
 	t.Sets[n.hairpin] = &Set{Name: n.hairpin, Key: []Type{addr, addr}}
+	for i := range c.shards() {
+		name := c.endpointMap(uint64(i))
+		t.Sets[name] = endpointMapSpec(c.Family, name)
+	}
+	t.Sets[n.affinity] = &Set{Name: n.affinity, Key: []Type{TypeID, addr}, Data: []Type{addr, TypePort}, Timeout: MaxAffinity}
+	t.Sets[n.affinityEndpoints] = &Set{Name: n.affinityEndpoints, Key: []Type{TypeID, addr, TypePort}}
 
 	guard := func(kind StmtKind, chain string) Rule {
 		return Rule{Match: []Match{{Kind: MatchFamily}}, Do: []Stmt{{Kind: kind, Chain: chain}}}
@@ -195,6 +248,21 @@ func portHash(n proxy.PortName) string {
 	return b32.EncodeToString(sum[:])[:16]
 }
 
+// targetID is the id of a port's target: the first 64 bits of the hash in
+// the port's chain names (hash, 16 base32 digits, 80 bits), the last bit
+// set for the local endpoints. false when hash is not one.
+func targetID(hash string, local bool) (uint64, bool) {
+	b, err := b32.DecodeString(hash)
+	if err != nil || len(b) < 8 {
+		return 0, false
+	}
+	id := binary.BigEndian.Uint64(b) &^ 1
+	if local {
+		id |= 1
+	}
+	return id, true
+}
+
 func protoNum(p cluster.Protocol) uint32 {
 	switch p {
 	case cluster.UDP:
@@ -207,11 +275,14 @@ func protoNum(p cluster.Protocol) uint32 {
 
 // portCtx is what every part of one ServicePort's objects shares.
 type portCtx struct {
-	c   Config
-	n   names
-	sp  *proxy.ServicePort
-	id  string // <family>-<hash>, in the port's objects' names
-	out *portObjects
+	c    Config
+	n    names
+	sp   *proxy.ServicePort
+	id   string // <family>-<hash>, in the port's objects' names
+	hash string
+	out  *portObjects
+	// targets written, by id
+	targets map[uint64]bool
 }
 
 func (p *portCtx) frontend(a netip.Addr) []Value {
@@ -224,7 +295,8 @@ func (p *portCtx) share(set string, e Elem) {
 
 // Port returns the objects of one ServicePort.
 func (c Config) port(sp *proxy.ServicePort) *portObjects {
-	p := &portCtx{c: c, n: c.names(), sp: sp, id: c.sfx() + "-" + portHash(sp.Name), out: &portObjects{}}
+	h := portHash(sp.Name)
+	p := &portCtx{c: c, n: c.names(), sp: sp, id: c.sfx() + "-" + h, hash: h, out: &portObjects{}, targets: map[uint64]bool{}}
 	if !sp.HasEndpoints {
 		for _, a := range p.frontends() {
 			p.share(p.n.noEndpoints, Elem{Key: p.frontend(a)})
@@ -354,34 +426,32 @@ func mergePrefixes(ps []netip.Prefix) []netip.Prefix {
 
 // target returns the rules that send traffic (meeting pre) to one of eps:
 // one DNAT through the endpoint map (with affinity, a lookup of the
-// client first), or a drop when eps is empty (the port has endpoints, none
-// for this traffic).
+// client first, and the client forgotten when its endpoint left), or a
+// drop when eps is empty (the port has endpoints, none for this traffic).
 func (p *portCtx) target(eps []proxy.Endpoint, local bool, pre []Match) []Rule {
 	if len(eps) == 0 {
 		return []Rule{{Match: pre, Do: []Stmt{{Kind: StmtDrop}}}}
 	}
-	name, aff := "ep-"+p.id, "aff-"+p.id
-	if local {
-		name, aff = "lep-"+p.id, "laff-"+p.id
-	}
-	if !slices.ContainsFunc(p.out.sets, func(s *Set) bool { return s.Name == name }) {
-		m := &Set{Name: name, Key: []Type{TypeIndex}, Data: []Type{TypeAddr, TypePort}}
+	id, _ := targetID(p.hash, local)
+	affinity := p.sp.AffinityTimeout > 0
+	timeout := p.sp.AffinityTimeout.Round(time.Second)
+	if !p.targets[id] {
+		p.targets[id] = true
 		for i, e := range eps {
-			m.Elems = append(m.Elems, Elem{Key: []Value{{Num: uint32(i)}}, To: e.AddrPort()})
-		}
-		p.out.sets = append(p.out.sets, m)
-		if p.sp.AffinityTimeout > 0 {
-			p.out.sets = append(p.out.sets, &Set{Name: aff, Key: []Type{TypeAddr}, Data: []Type{TypeAddr, TypePort},
-				Timeout: p.sp.AffinityTimeout.Round(time.Second)})
+			p.share(p.c.endpointMap(id), Elem{Key: []Value{{ID: id}, {Num: uint32(i)}}, To: e.AddrPort()})
+			if affinity {
+				p.share(p.n.affinityEndpoints, Elem{Key: []Value{{ID: id}, {Addr: e.Addr()}, {Num: uint32(e.Port)}}})
+			}
 		}
 	}
-	pick := Stmt{Kind: StmtDNATRandom, Map: name, N: uint32(len(eps))}
-	if p.sp.AffinityTimeout <= 0 {
+	pick := Stmt{Kind: StmtDNATRandom, Map: p.c.endpointMap(id), ID: id, N: uint32(len(eps))}
+	if !affinity {
 		return []Rule{{Match: pre, Do: []Stmt{pick}}}
 	}
-	pick.Affinity = aff
+	pick.Affinity, pick.Timeout = p.n.affinity, timeout
 	return []Rule{
-		{Match: pre, Do: []Stmt{{Kind: StmtDNATAffinity, Affinity: aff}}},
+		{Match: pre, Do: []Stmt{{Kind: StmtDNATAffinity, Affinity: p.n.affinity, Map: p.n.affinityEndpoints, ID: id, Timeout: timeout}}},
+		{Match: pre, Do: []Stmt{{Kind: StmtForget, Affinity: p.n.affinity, ID: id}}},
 		{Match: pre, Do: []Stmt{pick}},
 	}
 }

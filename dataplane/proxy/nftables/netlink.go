@@ -142,21 +142,23 @@ func setSpec(s *nft.Set) *Set {
 	if s.IsMap {
 		out.Data = types(s.DataType.Name)
 	}
-	if s.IsMap && s.KeyType.Name == TypeVerdictName {
-		// google/nftables v0.3.0 reads a verdict map's data type into
-		// KeyType, losing the key: the only verdict maps are the shared
-		// ones, whose declaration their name gives.
-		f := ipfamily.IPv4
-		if strings.HasSuffix(s.Name, "-ip6") {
-			f = ipfamily.IPv6
-		}
-		out.Key, out.Data = nil, []Type{TypeVerdict}
-		if st := (Config{Family: f}).Static().Sets[s.Name]; st != nil {
-			out.Key = st.Key
-		}
-	}
 	if s.HasTimeout {
 		out.Timeout = s.Timeout
+	}
+	// The family's shared sets are read as declared: google/nftables
+	// v0.3.0 reads a verdict map's data type into KeyType, losing the key,
+	// and a target id reads as two integers.
+	f := ipfamily.IPv4
+	if strings.HasSuffix(s.Name, "-ip6") {
+		f = ipfamily.IPv6
+	}
+	if strings.HasPrefix(s.Name, endpointMapPrefix) {
+		st := endpointMapSpec(f, s.Name)
+		out.Key, out.Data = st.Key, st.Data
+	} else if st := (Config{Family: f, Shards: 1}).Static().Sets[s.Name]; st != nil {
+		out.Key, out.Data = st.Key, st.Data
+	} else if s.IsMap && s.KeyType.Name == TypeVerdictName {
+		out.Key, out.Data = nil, []Type{TypeVerdict}
 	}
 	return out
 }
@@ -176,8 +178,8 @@ func nftType(f ipfamily.Family, t Type) nft.SetDatatype {
 		return nft.TypeInetProto
 	case TypePort:
 		return nft.TypeInetService
-	case TypeIndex:
-		return nft.TypeInteger
+	case TypeIndex, TypeID:
+		return nft.TypeInteger // TypeID: the first of two
 	}
 	return nft.TypeVerdict
 }
@@ -190,9 +192,12 @@ func nftSet(f ipfamily.Family, s *Set) (*nft.Set, error) {
 		out.KeyType = nftType(f, s.Key[0])
 	} else {
 		out.Concatenation = true
-		types := make([]nft.SetDatatype, len(s.Key))
-		for i, t := range s.Key {
-			types[i] = nftType(f, t)
+		var types []nft.SetDatatype
+		for _, t := range s.Key {
+			types = append(types, nftType(f, t))
+			if t == TypeID {
+				types = append(types, nft.TypeInteger)
+			}
 		}
 		if out.KeyType, err = nft.ConcatSetType(types...); err != nil {
 			return nil, err
@@ -233,6 +238,8 @@ func fieldBytes(t Type, v Value, pad bool) []byte {
 		b = binary.BigEndian.AppendUint16(nil, uint16(v.Num))
 	case TypeIndex:
 		b = binary.NativeEndian.AppendUint32(nil, v.Num)
+	case TypeID:
+		b = idBytes(v.ID)
 	}
 	if pad {
 		for len(b)%4 != 0 {
@@ -516,6 +523,12 @@ func decodeKey(types []Type, b []byte, padded bool, alen int) []Value {
 			out[i].Num = uint32(binary.BigEndian.Uint16(b[:2]))
 		case TypeIndex:
 			out[i].Num = binary.NativeEndian.Uint32(b[:4])
+		case TypeID:
+			n = 8
+			if len(b) < n {
+				return out
+			}
+			out[i].ID = binary.BigEndian.Uint64(b[:8])
 		}
 		if padded {
 			n = (n + 3) &^ 3

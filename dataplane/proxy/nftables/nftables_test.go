@@ -19,7 +19,9 @@ import (
 	"github.com/podnet/podnet/dataplane/proxy/proxytest"
 )
 
-var defaultCfg = nftables.Config{Family: ipfamily.IPv4, ClusterCIDR: proxytest.ClusterCIDR}
+// defaultCfg has 4 endpoint maps, so the golden tables stay short and
+// targets share maps.
+var defaultCfg = nftables.Config{Family: ipfamily.IPv4, ClusterCIDR: proxytest.ClusterCIDR, Shards: 4}
 
 func apply(t *testing.T, f *nftables.Fake, cfg nftables.Config, ports map[cluster.Key][]*proxy.ServicePort) *nftables.Proxier {
 	t.Helper()
@@ -54,6 +56,26 @@ func traced(tr nftables.Trace) proxytest.Traced {
 	return proxytest.Traced{Endpoints: tr.Endpoints, Masquerade: tr.Masquerade, Verdict: tr.Verdict}
 }
 
+// affinityTarget is the id of the target whose affinity lasts timeout
+// (the only one in the table).
+func affinityTarget(t *testing.T, tbl *nftables.Table, timeout time.Duration) uint64 {
+	t.Helper()
+	var ids []uint64
+	for _, c := range tbl.Chains {
+		for _, r := range c.Rules {
+			for _, s := range r.Do {
+				if s.Kind == nftables.StmtDNATAffinity && s.Timeout == timeout && !slices.Contains(ids, s.ID) {
+					ids = append(ids, s.ID)
+				}
+			}
+		}
+	}
+	if len(ids) != 1 {
+		t.Fatalf("targets with an affinity of %v: %x, want one", timeout, ids)
+	}
+	return ids[0]
+}
+
 func checkTrace(t *testing.T, tr nftables.Trace, eps, masqWant []string, verdict string) {
 	t.Helper()
 	proxytest.CheckTrace(t, traced(tr), eps, masqWant, verdict)
@@ -64,17 +86,9 @@ func checkTrace(t *testing.T, tr nftables.Trace, eps, masqWant []string, verdict
 func TestAffinityFollowsTheClient(t *testing.T) {
 	f := nftables.NewFake()
 	apply(t, f, defaultCfg, proxytest.Scenario())
-	var aff string
-	for name, s := range f.Table(ipfamily.IPv4).Sets {
-		if strings.HasPrefix(name, "aff-") && s.Timeout == 3*time.Hour {
-			aff = name
-		}
-	}
-	if aff == "" {
-		t.Fatal("no affinity map of 3h for the sticky Service")
-	}
+	id := affinityTarget(t, f.Table(ipfamily.IPv4), 3*time.Hour)
 	to := netip.AddrPortFrom(proxytest.RemotePod, 8080)
-	f.AddAffinity(aff, nftables.Elem{Key: []nftables.Value{{Addr: proxytest.ClientPod}}, To: to})
+	f.AddAffinity("affinity-ip4", nftables.Elem{Key: []nftables.Value{{ID: id}, {Addr: proxytest.ClientPod}}, To: to})
 	tr := f.Trace(nftables.Packet{Src: proxytest.ClientPod, Dst: proxytest.A("10.96.0.90"), Proto: "tcp", DPort: 80}, proxytest.LocalAddrs)
 	if !slices.Equal(tr.Endpoints, []string{to.String()}) {
 		t.Errorf("client with affinity reached %v, want only %v", tr.Endpoints, to)
@@ -110,7 +124,7 @@ func TestIPv6(t *testing.T) {
 		ClusterIPs: []netip.Addr{proxytest.A("fd00:10:96::30")}, Ports: []cluster.ServicePort{proxytest.TCP(80, 0)}}
 	f := nftables.NewFake()
 	apply(t, f, defaultCfg, proxytest.Scenario())
-	cfg6 := nftables.Config{Family: ipfamily.IPv6, ClusterCIDR: netip.MustParsePrefix("fd00:10:244::/56")}
+	cfg6 := nftables.Config{Family: ipfamily.IPv6, ClusterCIDR: netip.MustParsePrefix("fd00:10:244::/56"), Shards: 4}
 	apply(t, f, cfg6, proxytest.WorldOf(ipfamily.IPv6, web, eps, empty))
 	node6 := proxytest.A("fd00:192:168:10::11")
 	local := append(slices.Clone(proxytest.LocalAddrs), node6, proxytest.A("::1"))
@@ -245,13 +259,9 @@ func TestRestartKeepsAffinityAndDeletesLeftovers(t *testing.T) {
 	ms := mutations()
 	f := nftables.NewFake()
 	apply(t, f, defaultCfg, ms[5]())
-	var aff string
-	for name, s := range f.Table(ipfamily.IPv4).Sets {
-		if strings.HasPrefix(name, "aff-") && s.Timeout == time.Hour {
-			aff = name
-		}
-	}
-	client := nftables.Elem{Key: []nftables.Value{{Addr: proxytest.ClientPod}}, To: netip.AddrPortFrom(proxytest.LocalPod, 8080)}
+	aff := "affinity-ip4"
+	id := affinityTarget(t, f.Table(ipfamily.IPv4), time.Hour)
+	client := nftables.Elem{Key: []nftables.Value{{ID: id}, {Addr: proxytest.ClientPod}}, To: netip.AddrPortFrom(proxytest.LocalPod, 8080)}
 	f.AddAffinity(aff, client)
 	apply(t, f, defaultCfg, ms[1]())
 	got := f.Table(ipfamily.IPv4)
@@ -370,5 +380,43 @@ func TestFirewall(t *testing.T) {
 	apply(t, f, defaultCfg, proxytest.Scenario())
 	if out := f.Trace(nftables.Packet{Src: proxytest.ClientPod, Dst: proxytest.A("192.0.2.1"), Proto: "tcp", DPort: 443}, proxytest.LocalAddrs); !out.Masquerade[""] {
 		t.Errorf("after a Service proxy full sync, pod to outside: %+v, want masqueraded", out)
+	}
+}
+
+// TestAffinityKeptWhenAnotherEndpointLeaves: a partial sync taking away an
+// endpoint leaves the affinity map alone, a client of another endpoint
+// stays with it, and a client whose endpoint left is traced to the others.
+func TestAffinityKeptWhenAnotherEndpointLeaves(t *testing.T) {
+	third := proxytest.A("10.244.2.8")
+	sticky := proxytest.Svc("sticky", "10.96.0.90", []cluster.ServicePort{proxytest.TCP(80, 0)}, func(s *cluster.Service) { s.SessionAffinityTimeout = time.Hour })
+	world := func(eps ...netip.Addr) map[cluster.Key][]*proxy.ServicePort {
+		var e []proxytest.Endpoint
+		for _, a := range eps {
+			e = append(e, proxytest.EP(a, "node-b", true))
+		}
+		return proxytest.World(sticky, proxytest.Slice(sticky, []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8080)}, e...))
+	}
+	f := nftables.NewFake()
+	p := apply(t, f, defaultCfg, world(proxytest.LocalPod, proxytest.RemotePod, third))
+	id := affinityTarget(t, f.Table(ipfamily.IPv4), time.Hour)
+	mine := netip.AddrPortFrom(proxytest.RemotePod, 8080)
+	f.AddAffinity("affinity-ip4", nftables.Elem{Key: []nftables.Value{{ID: id}, {Addr: proxytest.ClientPod}}, To: mine})
+	trace := func() []string {
+		return f.Trace(nftables.Packet{Src: proxytest.ClientPod, Dst: proxytest.A("10.96.0.90"), Proto: "tcp", DPort: 80}, proxytest.LocalAddrs).Endpoints
+	}
+	if _, err := p.Sync(world(proxytest.LocalPod, proxytest.RemotePod), nil, false); err != nil {
+		t.Fatal(err)
+	}
+	if s := f.Table(ipfamily.IPv4).Sets["affinity-ip4"]; s == nil || len(s.Elems) != 1 {
+		t.Errorf("affinity map after another endpoint left: %+v, want the client kept", s)
+	}
+	if got := trace(); !slices.Equal(got, []string{mine.String()}) {
+		t.Errorf("another endpoint left: the client reaches %v, want only %v", got, mine)
+	}
+	if _, err := p.Sync(world(proxytest.LocalPod, third), nil, false); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := trace(), []string{netip.AddrPortFrom(proxytest.LocalPod, 8080).String(), netip.AddrPortFrom(third, 8080).String()}; !slices.Equal(got, want) {
+		t.Errorf("its own endpoint left: the client reaches %v, want %v", got, want)
 	}
 }

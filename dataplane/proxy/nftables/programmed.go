@@ -111,19 +111,33 @@ func (t *Table) setElems(name string) []Elem {
 	return nil
 }
 
-// endpointsOf lists the endpoints of the maps beside a port's chain
-// (svc-, ext- or fw-<family>-<hash>: ep- and lep-<family>-<hash>).
+// endpointsOf lists the endpoints of the targets of a port's chain
+// (svc-, ext- or fw-<family>-<hash>): the elements of the endpoint map
+// under either of the ids the hash gives.
 func (t *Table) endpointsOf(chain string) []string {
 	_, id, ok := strings.Cut(chain, "-")
 	if !ok {
 		return nil
 	}
+	_, hash, _ := strings.Cut(id, "-")
+	cluster, ok1 := targetID(hash, false)
+	local, ok2 := targetID(hash, true)
+	if !ok1 || !ok2 {
+		return nil
+	}
 	var out []string
-	for _, m := range []string{"ep-" + id, "lep-" + id} {
-		for _, e := range t.setElems(m) {
-			if s := e.To.String(); !slices.Contains(out, s) {
-				out = append(out, s)
-			}
+	var elems []Elem
+	for name, s := range t.Sets {
+		if strings.HasPrefix(name, endpointMapPrefix) {
+			elems = append(elems, s.Elems...)
+		}
+	}
+	for _, e := range elems {
+		if id := e.Key[0].ID; id != cluster && id != local {
+			continue
+		}
+		if s := e.To.String(); !slices.Contains(out, s) {
+			out = append(out, s)
 		}
 	}
 	slices.Sort(out)

@@ -219,9 +219,13 @@ func (p *Proxier) fullOps(ports map[cluster.Key][]*proxy.ServicePort) ([]Op, err
 	return append(ops, dels...), nil
 }
 
-// fillOps creates what want holds and have lacks, and fills it.
+// fillOps creates what want holds and have lacks, and fills it: chains,
+// sets, rules, then elements. Elements go last because the kernel checks
+// a map's elements when a rule of a chain first looks it up, every one
+// of them, and checks an element added later against each chain looking
+// the map up: the latter is a short loop, the former a walk of the map.
 func fillOps(f ipfamily.Family, want *Table, have, keep map[string]bool) []Op {
-	var ops []Op
+	var ops, elems []Op
 	for _, name := range sortedKeys(want.Chains) {
 		if !have["chain "+name] {
 			ops = append(ops, Op{Kind: OpAddChain, Family: f, Chain: want.Chains[name]})
@@ -229,14 +233,15 @@ func fillOps(f ipfamily.Family, want *Table, have, keep map[string]bool) []Op {
 	}
 	for _, name := range sortedKeys(want.Sets) {
 		s := want.Sets[name]
-		switch {
-		case keep[name]:
-		case have["set "+name]:
-			if len(s.Elems) > 0 {
-				ops = append(ops, Op{Kind: OpAddElems, Family: f, Set: s, Elems: s.Elems})
-			}
-		default:
-			ops = append(ops, Op{Kind: OpAddSet, Family: f, Set: s})
+		if keep[name] {
+			continue
+		}
+		if !have["set "+name] {
+			spec := s.Spec()
+			ops = append(ops, Op{Kind: OpAddSet, Family: f, Set: &spec})
+		}
+		if len(s.Elems) > 0 {
+			elems = append(elems, Op{Kind: OpAddElems, Family: f, Set: s, Elems: s.Elems})
 		}
 	}
 	for _, name := range sortedKeys(want.Chains) {
@@ -244,7 +249,7 @@ func fillOps(f ipfamily.Family, want *Table, have, keep map[string]bool) []Op {
 			ops = append(ops, Op{Kind: OpAddRule, Family: f, Chain: want.Chains[name], Rule: r})
 		}
 	}
-	return ops
+	return append(ops, elems...)
 }
 
 // change is what the partial sync writes, collected per kind so the
@@ -256,7 +261,6 @@ type change struct {
 	newChains, flushChains []*Chain
 	delChains              []*Chain
 	delSets, addSets       []*Set
-	flushSets              []*Set
 	delElems, addElems     []Op
 	rewriteChains          []*Chain
 	touched                map[[2]string]bool // shared (set, element key) claims changed
@@ -369,26 +373,11 @@ func (c *change) diffSets(oldSets, newSets map[string]*Set) map[string]bool {
 			c.delSets = append(c.delSets, os)
 			c.addSets = append(c.addSets, s)
 			gone[name] = true
-		case c.diffElems(os, s):
-			// A client must not stick to an endpoint that left: the
-			// port's clients choose again.
-			if aff := affinityOf(name); newSets[aff] != nil && oldSets[aff] != nil && SameSpec(oldSets[aff], newSets[aff]) {
-				c.flushSets = append(c.flushSets, newSets[aff])
-			}
+		default:
+			c.diffElems(os, s)
 		}
 	}
 	return gone
-}
-
-// affinityOf names the affinity map beside an endpoint map.
-func affinityOf(endpointMap string) string {
-	if rest, ok := strings.CutPrefix(endpointMap, "lep-"); ok {
-		return "laff-" + rest
-	}
-	if rest, ok := strings.CutPrefix(endpointMap, "ep-"); ok {
-		return "aff-" + rest
-	}
-	return ""
 }
 
 func usesAny(ch *Chain, sets map[string]bool) bool {
@@ -419,31 +408,37 @@ func (c *change) noteShared(sh *shared, e sharedElem) {
 	}
 }
 
-// settleShared writes the shared elements whose winner changed.
+// settleShared writes the shared elements whose winner changed: one
+// deletion and one addition per set.
 func (p *Proxier) settleShared(c *change) {
+	del, add := map[string][]Elem{}, map[string][]Elem{}
 	for k := range c.touched {
 		old := c.oldWinners[k]
 		nw, ok := p.shared.winner(k[0], k[1])
-		set := c.sharedByName[k[0]]
 		switch {
 		case old != nil && ok && sameElem(*old, nw):
 		case old != nil && ok:
-			c.delShared = append(c.delShared, Op{Kind: OpDelElems, Family: c.f, Set: set, Elems: []Elem{*old}})
-			c.addShared = append(c.addShared, Op{Kind: OpAddElems, Family: c.f, Set: set, Elems: []Elem{nw}})
+			del[k[0]] = append(del[k[0]], *old)
+			add[k[0]] = append(add[k[0]], nw)
 		case old != nil:
-			c.delShared = append(c.delShared, Op{Kind: OpDelElems, Family: c.f, Set: set, Elems: []Elem{*old}})
+			del[k[0]] = append(del[k[0]], *old)
 		case ok:
-			c.addShared = append(c.addShared, Op{Kind: OpAddElems, Family: c.f, Set: set, Elems: []Elem{nw}})
+			add[k[0]] = append(add[k[0]], nw)
 		}
+	}
+	for _, set := range sortedKeys(del) {
+		c.delShared = append(c.delShared, Op{Kind: OpDelElems, Family: c.f, Set: c.sharedByName[set], Elems: del[set]})
+	}
+	for _, set := range sortedKeys(add) {
+		c.addShared = append(c.addShared, Op{Kind: OpAddElems, Family: c.f, Set: c.sharedByName[set], Elems: add[set]})
 	}
 }
 
-// diffElems records the element changes of a set kept (an affinity map's
-// elements belong to the kernel); it reports whether elements were
-// deleted or changed.
-func (c *change) diffElems(old, nw *Set) bool {
+// diffElems records the element changes of a set kept (a dynamic set's
+// elements belong to the kernel).
+func (c *change) diffElems(old, nw *Set) {
 	if nw.Timeout > 0 {
-		return false
+		return
 	}
 	had := make(map[string]Elem, len(old.Elems))
 	for _, e := range old.Elems {
@@ -471,7 +466,6 @@ func (c *change) diffElems(old, nw *Set) bool {
 	if len(add) > 0 {
 		c.addElems = append(c.addElems, Op{Kind: OpAddElems, Family: c.f, Set: nw, Elems: add})
 	}
-	return len(del) > 0
 }
 
 func sameRules(a, b []Rule) bool {
@@ -482,7 +476,8 @@ func sameRules(a, b []Rule) bool {
 		if !slices.EqualFunc(a[i].Match, b[i].Match, func(x, y Match) bool {
 			return x.Kind == y.Kind && x.Field == y.Field && x.Neg == y.Neg && x.Prefix == y.Prefix && x.Set == y.Set && x.Mark == y.Mark && slices.Equal(x.Key, y.Key)
 		}) || !slices.EqualFunc(a[i].Do, b[i].Do, func(x, y Stmt) bool {
-			return x.Kind == y.Kind && x.Chain == y.Chain && x.Map == y.Map && x.Mark == y.Mark && x.N == y.N && x.Affinity == y.Affinity && x.Random == y.Random && slices.Equal(x.Key, y.Key)
+			return x.Kind == y.Kind && x.Chain == y.Chain && x.Map == y.Map && x.Mark == y.Mark && x.N == y.N && x.Affinity == y.Affinity && x.Random == y.Random &&
+				x.ID == y.ID && x.Timeout == y.Timeout && slices.Equal(x.Key, y.Key)
 		}) {
 			return false
 		}
@@ -508,9 +503,6 @@ func (c *change) ops() []Op {
 	}
 	for _, s := range c.addSets {
 		ops = append(ops, Op{Kind: OpAddSet, Family: c.f, Set: s})
-	}
-	for _, s := range c.flushSets {
-		ops = append(ops, Op{Kind: OpFlushSet, Family: c.f, Set: s})
 	}
 	ops = append(ops, c.delElems...)
 	ops = append(ops, c.addElems...)

@@ -1,9 +1,8 @@
 package nftables
 
 import (
-	"fmt"
 	"slices"
-	"strings"
+	"strconv"
 
 	"github.com/podnet/podnet/dataplane/cluster"
 )
@@ -26,11 +25,20 @@ func newShared() *shared { return &shared{m: make(map[string]map[string][]claim)
 
 // elemKey is an element's key as text, for identity.
 func elemKey(e Elem) string {
-	var b strings.Builder
+	b := make([]byte, 0, 48)
 	for _, v := range e.Key {
-		fmt.Fprintf(&b, "%v/%v/%d ", v.Addr, v.Prefix, v.Num)
+		b = v.Addr.AppendTo(b)
+		b = append(b, '/')
+		if v.Prefix.IsValid() {
+			b = v.Prefix.AppendTo(b)
+		}
+		b = append(b, '/')
+		b = strconv.AppendUint(b, uint64(v.Num), 10)
+		b = append(b, '/')
+		b = strconv.AppendUint(b, v.ID, 16)
+		b = append(b, ' ')
 	}
-	return b.String()
+	return string(b)
 }
 
 func (s *shared) add(k cluster.Key, elems []sharedElem) {

@@ -184,21 +184,37 @@ func (t *tracer) do(r Rule) (verdict, bool) {
 		case StmtMasquerade:
 			t.masq = true
 			return vAccept, false
-		case StmtDNATRandom:
-			for _, e := range t.s.sets[st.Map].elems {
-				t.addEndpoint(e.To.String())
-			}
-			return vAccept, false
-		case StmtDNATAffinity:
-			e, ok := t.s.sets[st.Affinity].elems[elemKey(Elem{Key: []Value{{Addr: t.p.Src}}})]
-			if !ok {
-				return vContinue, true
-			}
-			t.addEndpoint(e.To.String())
-			return vAccept, false
+		case StmtDNATRandom, StmtDNATAffinity:
+			return t.pick(st)
+		case StmtForget:
+			// The packet deletes a stale element; the trace leaves the
+			// map as it is (the next rule lists every endpoint anyway).
 		}
 	}
 	return vContinue, true
+}
+
+// pick runs a DNAT statement: every endpoint numgen may choose, or the
+// one the affinity map holds for the client if it is still the target's.
+func (t *tracer) pick(st Stmt) (verdict, bool) {
+	if st.Kind == StmtDNATRandom {
+		for _, e := range t.s.sets[st.Map].elems {
+			if e.Key[0].ID == st.ID && e.Key[1].Num < st.N {
+				t.addEndpoint(e.To.String())
+			}
+		}
+		return vAccept, false
+	}
+	e, ok := t.s.sets[st.Affinity].elems[elemKey(Elem{Key: []Value{{ID: st.ID}, {Addr: t.p.Src}}})]
+	if !ok {
+		return vContinue, true
+	}
+	live := Elem{Key: []Value{{ID: st.ID}, {Addr: e.To.Addr()}, {Num: uint32(e.To.Port())}}}
+	if _, ok := t.s.sets[st.Map].elems[elemKey(live)]; !ok {
+		return vContinue, true
+	}
+	t.addEndpoint(e.To.String())
+	return vAccept, false
 }
 
 func (t *tracer) addEndpoint(ep string) {
