@@ -92,12 +92,6 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-func sysTime() time.Duration {
-	var ru syscall.Rusage
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Stime.Nano())
-}
-
 // timed runs f and returns its wall time and the process's CPU time
 // (user and system: the kernel runs a netlink batch in the sender's
 // system call) while it ran; on a machine shared with other work the CPU
