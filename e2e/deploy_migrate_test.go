@@ -9,6 +9,8 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/podnet/podnet/e2e/realnode"
@@ -156,10 +158,28 @@ func TestDeployMigrationStages(t *testing.T) {
 			checkCommandsAccepted(t, binDir, stage, d.Spec.Template.Spec)
 		}
 	}
-	// The two DaemonSets of stage 4 never claim each other's pods.
-	a, b := stages["4-pod-network"].daemonSets["podnet-node"], stages["4-pod-network"].daemonSets["podnet-node-on-flannel"]
-	if a != nil && b != nil && b.Spec.Selector.MatchLabels["podnet.io/stage"] != "on-flannel" {
-		t.Errorf("podnet-node-on-flannel selects %v, as podnet-node does", b.Spec.Selector.MatchLabels)
+	for stage, st := range stages {
+		checkSelectorsDisjoint(t, stage, st.daemonSets)
+	}
+}
+
+// checkSelectorsDisjoint fails when a DaemonSet's selector matches another
+// one's pods (stage 4 runs two): the two would then both claim them.
+func checkSelectorsDisjoint(t *testing.T, stage string, daemonSets map[string]*appsv1.DaemonSet) {
+	t.Helper()
+	for _, a := range daemonSets {
+		sel, err := metav1.LabelSelectorAsSelector(a.Spec.Selector)
+		if err != nil {
+			t.Fatalf("%s: %s: %v", stage, a.Name, err)
+		}
+		if !sel.Matches(labels.Set(a.Spec.Template.Labels)) {
+			t.Errorf("%s: %s does not select its own pods (%v)", stage, a.Name, a.Spec.Template.Labels)
+		}
+		for _, b := range daemonSets {
+			if a != b && sel.Matches(labels.Set(b.Spec.Template.Labels)) {
+				t.Errorf("%s: %s selects %s's pods: %v matches %v", stage, a.Name, b.Name, a.Spec.Selector.MatchLabels, b.Spec.Template.Labels)
+			}
+		}
 	}
 }
 

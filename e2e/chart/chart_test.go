@@ -277,7 +277,50 @@ func TestChartMatchesKustomize(t *testing.T) {
 			if d := compare(h, k); d != "" {
 				t.Errorf("the chart (values %v) and kustomize differ (-kustomize +chart):\n%s", c.values, d)
 			}
+			checkSelectorsDisjoint(t, h)
 		})
+	}
+}
+
+// checkSelectorsDisjoint fails when a DaemonSet's selector matches the
+// pods of another one (stage pod-network renders two): both would claim
+// them.
+func checkSelectorsDisjoint(t *testing.T, objs objects) {
+	t.Helper()
+	type ds struct{ selector, podLabels map[string]any }
+	sets := map[string]ds{}
+	for key, o := range objs {
+		if o["kind"] != "DaemonSet" {
+			continue
+		}
+		spec, _ := o["spec"].(map[string]any)
+		sel, _ := spec["selector"].(map[string]any)
+		tmpl, _ := spec["template"].(map[string]any)
+		md, _ := tmpl["metadata"].(map[string]any)
+		ml, _ := sel["matchLabels"].(map[string]any)
+		pl, _ := md["labels"].(map[string]any)
+		if len(ml) == 0 || len(sel) != 1 {
+			t.Fatalf("%s: selector %v: want matchLabels alone", key, sel)
+		}
+		sets[key] = ds{ml, pl}
+	}
+	matches := func(sel, labels map[string]any) bool {
+		for k, v := range sel {
+			if labels[k] != v {
+				return false
+			}
+		}
+		return true
+	}
+	for a, da := range sets {
+		if !matches(da.selector, da.podLabels) {
+			t.Errorf("%s does not select its own pods: %v, %v", a, da.selector, da.podLabels)
+		}
+		for b, db := range sets {
+			if a != b && matches(da.selector, db.podLabels) {
+				t.Errorf("%s selects %s's pods: %v matches %v", a, b, da.selector, db.podLabels)
+			}
+		}
 	}
 }
 
