@@ -19,7 +19,7 @@ import (
 func TestImportCorefile(t *testing.T) {
 	path := filepath.Join("..", "..", "dataplane", "corefile", "testdata", "kubeadm-stub.Corefile")
 	var out, errOut bytes.Buffer
-	if code := runImportCorefile([]string{path}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "line 19: loadbalance") {
+	if code := runImportCorefile([]string{path}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "line 22: loadbalance") {
 		t.Errorf("exit %d, stderr %q; want 1 naming loadbalance", code, errOut.String())
 	}
 	out.Reset()

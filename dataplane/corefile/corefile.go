@@ -202,6 +202,8 @@ type converter struct {
 	drop    []string
 	out     Result
 	refused []string
+	// clusterZones are the root block's kubernetes plugin's zones.
+	clusterZones []string
 }
 
 func (c *converter) refuse(d Directive, why string) {

@@ -8,7 +8,8 @@ import (
 	"testing"
 )
 
-// TestConvertKubeadmCorefile: kubeadm's Corefile with a hosts entry and a
+// TestConvertKubeadmCorefile: kubeadm's Corefile (v1.36's: its cache
+// block disables caching for cluster.local, which dnsd never caches) with a hosts entry and a
 // stub domain becomes dnsd's config (the stub domain, the host, the
 // default upstreams of /etc/resolv.conf) and flags (the kubernetes
 // plugin's ttl and pods, errors, prometheus, max_concurrent); its
@@ -26,7 +27,7 @@ func TestConvertKubeadmCorefile(t *testing.T) {
 	if len(blocks) != 2 || blocks[1].Keys[0] != "corp.example:53" || len(blocks[0].Directives) != 11 {
 		t.Fatalf("parsed %+v", blocks)
 	}
-	if _, err := Convert(blocks, nil); err == nil || !strings.Contains(err.Error(), "line 19: loadbalance") {
+	if _, err := Convert(blocks, nil); err == nil || !strings.Contains(err.Error(), "line 22: loadbalance") {
 		t.Errorf("err = %v, want loadbalance refused with its line", err)
 	}
 	res, err := Convert(blocks, []string{"loadbalance"})
@@ -57,6 +58,8 @@ func TestConvertRefusesEachPlugin(t *testing.T) {
   }
   cache 30 {
     disable success
+    disable denial example.org
+    disable success cluster.local
   }
 }
 `
@@ -65,10 +68,13 @@ func TestConvertRefusesEachPlugin(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = Convert(blocks, nil)
-	for _, want := range []string{"line 2: rewrite", "line 3: hosts", "line 4: forward (tls://9.9.9.9: only plain DNS upstreams)", "line 8: endpoint_pod_names", "line 11: disable"} {
+	for _, want := range []string{"line 2: rewrite", "line 3: hosts", "line 4: forward (tls://9.9.9.9: only plain DNS upstreams)", "line 8: endpoint_pod_names", "line 11: disable", "line 12: disable"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("err = %v, want it to name %q", err, want)
 		}
+	}
+	if err == nil || strings.Contains(err.Error(), "line 13") {
+		t.Errorf("err = %v: disable for the kubernetes plugin's own zone is what dnsd does, not refused", err)
 	}
 }
 

@@ -2,6 +2,7 @@ package corefile
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -16,6 +17,11 @@ var builtin = map[string]string{
 
 // root converts the root zone's server block.
 func (c *converter) root(b ServerBlock) {
+	for _, d := range b.Directives {
+		if d.Name == "kubernetes" {
+			c.clusterZones = append(c.clusterZones, d.Args...)
+		}
+	}
 	for _, d := range b.Directives {
 		switch d.Name {
 		case "health", "ready", "loop", "reload":
@@ -123,8 +129,13 @@ func (c *converter) hosts(d Directive) {
 	}
 }
 
-// cache [TTL] {success N; denial N; prefetch N; serve_stale}: dnsd's cache
-// flags (its defaults are kubeadm's cache 30).
+// cache [TTL] {success N; denial N; prefetch N; serve_stale; disable
+// success|denial ZONES}: dnsd's cache flags (its defaults are kubeadm's
+// cache 30). disable for zones the kubernetes plugin serves (kubeadm's
+// Corefile since v1.36 says `disable success cluster.local` and `disable
+// denial cluster.local`) is what dnsd does anyway: it answers its own zones
+// from its index and caches forwarded answers only; any other zone is
+// refused.
 func (c *converter) cache(d Directive) {
 	if len(d.Args) > 0 && d.Args[0] != "30" {
 		c.flag("--cache-max-ttl=" + d.Args[0] + "s")
@@ -144,6 +155,8 @@ func (c *converter) cache(d Directive) {
 			if n, err := strconv.Atoi(o.Args[0]); err == nil && o.Name == "success" {
 				c.flag(fmt.Sprintf("--cache-size=%d", n))
 			}
+		case o.Name == "disable" && len(o.Args) >= 2 && (o.Args[0] == "success" || o.Args[0] == "denial") && c.inClusterZones(o.Args[1:]):
+			c.note(o, "dnsd never caches the answers of its own zones")
 		default:
 			c.refuse(o, "cache option dnsd does not have")
 		}
@@ -167,4 +180,19 @@ func (c *converter) kubernetes(d Directive) {
 			c.refuse(o, "kubernetes option dnsd does not have")
 		}
 	}
+}
+
+// inClusterZones says whether every zone is, or is below, a zone of the
+// kubernetes plugin.
+func (c *converter) inClusterZones(zones []string) bool {
+	for _, z := range zones {
+		z = strings.ToLower(strings.TrimSuffix(z, "."))
+		if !slices.ContainsFunc(c.clusterZones, func(k string) bool {
+			k = strings.ToLower(strings.TrimSuffix(k, "."))
+			return z == k || strings.HasSuffix(z, "."+k)
+		}) {
+			return false
+		}
+	}
+	return true
 }
