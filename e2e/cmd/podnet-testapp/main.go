@@ -9,6 +9,12 @@
 //	podnet-testapp resolve NAME     print NAME's addresses through /etc/resolv.conf
 //	podnet-testapp load URL DUR     GET URL every 20 ms for DUR (a new connection each),
 //	                                print "ok N failed M" and the failures
+//	podnet-testapp mix URL RATE NAME...
+//	                                until TERM: GET URL every 20 ms (a new connection
+//	                                each) and look the NAMEs up in turn, RATE a second;
+//	                                (RATE 0, no NAME: HTTP alone); print a line a second:
+//	                                "T http OK FAILED dns OK FAILED",
+//	                                T the Unix second, and a "fail ..." line per failure
 package main
 
 import (
@@ -26,7 +32,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: podnet-testapp pause|serve [ADDR]|get URL|resolve NAME")
+		fmt.Fprintln(os.Stderr, "usage: podnet-testapp pause|serve [ADDR]|get URL|resolve NAME|load URL DUR|mix URL RATE NAME...")
 		os.Exit(2)
 	}
 	var err error
@@ -46,6 +52,8 @@ func main() {
 		err = resolve(arg(2))
 	case "load":
 		err = load(arg(2), arg(3))
+	case "mix":
+		err = mix(arg(2), arg(3), os.Args[min(4, len(os.Args)):])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}
