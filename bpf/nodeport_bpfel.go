@@ -101,7 +101,7 @@ const (
 	NodeportMapMaglevV1    = "maglev_v1"
 	NodeportMapNodeaddrsV1 = "nodeaddrs_v1"
 	NodeportMapServicesV1  = "services_v1"
-	NodeportMapSnatV1      = "snat_v1"
+	NodeportMapSnatV2      = "snat_v2"
 	NodeportMapSrcrangeV1  = "srcrange_v1"
 	NodeportProgNodeportIn = "nodeport_in"
 )
@@ -161,7 +161,7 @@ type NodeportMapSpecs struct {
 	MaglevV1    *ebpf.MapSpec `ebpf:"maglev_v1"`
 	NodeaddrsV1 *ebpf.MapSpec `ebpf:"nodeaddrs_v1"`
 	ServicesV1  *ebpf.MapSpec `ebpf:"services_v1"`
-	SnatV1      *ebpf.MapSpec `ebpf:"snat_v1"`
+	SnatV2      *ebpf.MapSpec `ebpf:"snat_v2"`
 	SrcrangeV1  *ebpf.MapSpec `ebpf:"srcrange_v1"`
 }
 
@@ -197,7 +197,7 @@ type NodeportMaps struct {
 	MaglevV1    *ebpf.Map `ebpf:"maglev_v1"`
 	NodeaddrsV1 *ebpf.Map `ebpf:"nodeaddrs_v1"`
 	ServicesV1  *ebpf.Map `ebpf:"services_v1"`
-	SnatV1      *ebpf.Map `ebpf:"snat_v1"`
+	SnatV2      *ebpf.Map `ebpf:"snat_v2"`
 	SrcrangeV1  *ebpf.Map `ebpf:"srcrange_v1"`
 }
 
@@ -209,7 +209,7 @@ func (m *NodeportMaps) Close() error {
 		m.MaglevV1,
 		m.NodeaddrsV1,
 		m.ServicesV1,
-		m.SnatV1,
+		m.SnatV2,
 		m.SrcrangeV1,
 	)
 }

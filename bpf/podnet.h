@@ -51,7 +51,9 @@ enum {
 
 #define ETH_HLEN 14
 #define ETH_P_IP 0x0800
+#define ETH_P_IPV6 0x86DD
 #define IPPROTO_ICMP 1
+#define IPPROTO_ICMPV6 58
 
 #define TC_ACT_UNSPEC (-1)
 #define TC_ACT_OK 0
@@ -144,6 +146,16 @@ struct iphdr {
 	__u16 check;
 	__be32 saddr;
 	__be32 daddr;
+};
+
+struct ipv6hdr {
+	__u8 version_tc;
+	__u8 flow_lbl[3];
+	__be16 payload_len;
+	__u8 nexthdr;
+	__u8 hop_limit;
+	__be32 saddr[4];
+	__be32 daddr[4];
 };
 
 struct l4ports {

@@ -53,8 +53,8 @@ func printBPFMaps(out io.Writer, m *bpfMaps) {
 	}
 	p := m.Programmed
 	fmt.Fprintf(out, "\nBPF maps (%s): %d frontends, %d backends; NodePorts on %s", p.PinDir, len(p.Frontends), p.Backends, orNone(strings.Join(p.NodeAddrs, " ")))
-	if p.SNAT != "" {
-		fmt.Fprintf(out, "; SNAT to %s", p.SNAT)
+	if len(p.SNAT) > 0 {
+		fmt.Fprintf(out, "; SNAT to %s", strings.Join(p.SNAT, " "))
 	}
 	fmt.Fprintln(out)
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)

@@ -17,7 +17,7 @@ import (
 // of the daemon's report, and says where the two disagree.
 func TestStatusBPFMaps(t *testing.T) {
 	both := []string{"10.244.1.5:8080", "10.244.2.5:8080"}
-	p := &ebpf.Programmed{PinDir: "/pins", Backends: 4, NodeAddrs: []string{"192.168.10.11"}, SNAT: "192.168.10.11", Frontends: []ebpf.ProgrammedFrontend{
+	p := &ebpf.Programmed{PinDir: "/pins", Backends: 4, NodeAddrs: []string{"192.168.10.11", "fd00:10::11"}, SNAT: []string{"192.168.10.11", "fd00:10::11"}, Frontends: []ebpf.ProgrammedFrontend{
 		{Address: "10.96.0.20:80", Protocol: "TCP", Scope: "socket", Backends: both},
 		{Address: "10.96.9.9:80", Protocol: "TCP", Scope: "socket", Backends: []string{"10.244.3.3:80"}},
 		{Address: ":30080", Protocol: "TCP", Scope: "external", Flags: []string{"local"}, Backends: both[:1], Maglev: 1},
@@ -47,7 +47,7 @@ func TestStatusBPFMaps(t *testing.T) {
 	printStatus(&out, statusReport{ServiceProxy: proxy.Status{Mode: "ebpf", Services: services}, BPFMaps: m}, time.Now())
 	text := out.String()
 	for _, line := range [][]string{
-		{"BPF", "maps", "(/pins):", "4", "frontends,", "4", "backends;", "NodePorts", "on", "192.168.10.11;", "SNAT", "to", "192.168.10.11"},
+		{"BPF", "maps", "(/pins):", "4", "frontends,", "4", "backends;", "NodePorts", "on", "192.168.10.11", "fd00:10::11;", "SNAT", "to", "192.168.10.11", "fd00:10::11"},
 		{"default/web:http", "10.96.0.20:80/TCP", "socket", "10.244.1.5:8080", "10.244.2.5:8080"},
 		{"default/web:http", ":30080/TCP", "external", "local", "maglev/1", "10.244.1.5:8080"},
 		{"-", "10.96.9.9:80/TCP", "socket", "10.244.3.3:80"},

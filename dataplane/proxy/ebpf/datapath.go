@@ -143,7 +143,7 @@ func load(pinDir string) (*Datapath, error) {
 		NodeAddrs: kernelTable[nodeKey, uint8]{coll.Maps[bpf.SockMapNodeaddrsV1]},
 		Ranges:    kernelTable[rangeKey, uint8]{np.Maps[bpf.NodeportMapSrcrangeV1]},
 		Maglev:    kernelTable[uint32, maglevTable]{np.Maps[bpf.NodeportMapMaglevV1]},
-		SNAT:      kernelTable[uint32, bpf.NodeportSnatAddr]{np.Maps[bpf.NodeportMapSnatV1]},
+		SNAT:      kernelTable[uint32, bpf.NodeportSnatAddr]{np.Maps[bpf.NodeportMapSnatV2]},
 	}}, nil
 }
 

@@ -32,8 +32,9 @@ type Maps struct {
 	NodeAddrs Table[nodeKey, uint8]
 	Ranges    Table[rangeKey, uint8]
 	Maglev    Table[uint32, maglevTable]
-	// SNAT holds, at key 0, the address traffic from outside to
-	// externalIPs and load-balancer IPs is SNATed to.
+	// SNAT holds, at snatIPv4 and snatIPv6, the address of each family
+	// traffic from outside to externalIPs and load-balancer IPs is SNATed
+	// to.
 	SNAT Table[uint32, bpf.NodeportSnatAddr]
 }
 
@@ -182,7 +183,7 @@ func NewFakeMaps() (*Maps, *FakeTable[svcKey, svcVal], *FakeTable[uint32, backen
 	s := NewFakeTable[svcKey, svcVal](1 << 18)
 	b := NewFakeTable[uint32, backend](1 << 18)
 	return &Maps{Services: s, Backends: b, NodeAddrs: NewFakeTable[nodeKey, uint8](256),
-		Ranges: NewFakeTable[rangeKey, uint8](1 << 14), Maglev: NewFakeTable[uint32, maglevTable](1 << 14), SNAT: NewFakeTable[uint32, bpf.NodeportSnatAddr](1)}, s, b
+		Ranges: NewFakeTable[rangeKey, uint8](1 << 14), Maglev: NewFakeTable[uint32, maglevTable](1 << 14), SNAT: NewFakeTable[uint32, bpf.NodeportSnatAddr](2)}, s, b
 }
 
 // nodeAddrEntries is the node-address map's content for addrs.

@@ -41,15 +41,12 @@ var Mode = proxy.Mode{
 			families = []ipfamily.Family{cfg.Family}
 		}
 		cfg.Logger.Info("service proxy: ebpf mode", "cgroup", cg, "pinDir", pinDirOf(cfg), "families", families)
-		if slices.Contains(families, ipfamily.IPv6) {
-			cfg.Logger.Warn("ebpf mode: IPv6 Services are served to the node's pods and processes (socket LB); IPv6 traffic from outside the node to NodePorts, externalIPs and load-balancer IPs is not: the tc programs translate IPv4 only")
-		}
 		return NewProxier(Config{
 			PinDir:            pinDirOf(cfg),
 			Cgroup:            cg,
 			NodePortAddresses: cfg.NodePortAddresses,
-			NodeIP: func() netip.Addr {
-				return internalIP(cfg.Node, families)
+			NodeIPs: func() []netip.Addr {
+				return internalIPs(cfg.Node, families)
 			},
 			Uplinks: cfg.Uplinks,
 			Logger:  cfg.Logger,
@@ -62,28 +59,24 @@ var Mode = proxy.Mode{
 
 const modeName = "ebpf"
 
-// internalIP is the node's InternalIP of the first of families it has one of
-// (invalid while the node is unknown): the SNAT address and where the
-// uplink is found. The tc programs translate IPv4 only, so a dual-stack
-// node's is its IPv4 one when IPv4 is served.
-func internalIP(node func() *cluster.Node, families []ipfamily.Family) netip.Addr {
+// internalIPs are the node's InternalIPs of families, one per family it
+// has one of, in the order of families (none while the node is unknown):
+// the SNAT addresses and where the uplinks are found.
+func internalIPs(node func() *cluster.Node, families []ipfamily.Family) []netip.Addr {
 	var n *cluster.Node
 	if node != nil {
 		n = node()
 	}
 	if n == nil {
-		return netip.Addr{}
+		return nil
 	}
-	order := families
-	if slices.Contains(families, ipfamily.IPv4) {
-		order = append([]ipfamily.Family{ipfamily.IPv4}, families...)
-	}
-	for _, f := range order {
-		if ip, ok := n.InternalIP(f); ok {
-			return ip
+	var out []netip.Addr
+	for _, f := range families {
+		if ip, ok := n.InternalIP(f); ok && !slices.Contains(out, ip) {
+			out = append(out, ip)
 		}
 	}
-	return netip.Addr{}
+	return out
 }
 
 func init() { proxy.Register(Mode) }

@@ -25,9 +25,10 @@ type Programmed struct {
 	Backends int `json:"backends"`
 	// NodeAddrs are the addresses NodePorts answer on.
 	NodeAddrs []string `json:"nodeAddresses"`
-	// SNAT is the address traffic from outside to external IPs and
-	// load-balancer IPs is SNATed to ("" while unset).
-	SNAT string `json:"snatAddress,omitempty"`
+	// SNAT are the addresses traffic from outside to external IPs and
+	// load-balancer IPs is SNATed to, IPv4's then IPv6's (none while
+	// unset).
+	SNAT []string `json:"snatAddresses,omitempty"`
 	// Problems are entries a program would trip over or never reach: a
 	// counted slot missing, a slot naming a missing backend or another
 	// service's, a slot or backend nothing reaches. None after a sync.
@@ -71,7 +72,7 @@ func ReadPinned(pinDir string) (*Programmed, error) {
 		return m, nil
 	}
 	names := []string{bpf.SockMapServicesV1, bpf.SockMapBackendsV1, bpf.SockMapNodeaddrsV1,
-		bpf.NodeportMapSrcrangeV1, bpf.NodeportMapMaglevV1, bpf.NodeportMapSnatV1}
+		bpf.NodeportMapSrcrangeV1, bpf.NodeportMapMaglevV1, bpf.NodeportMapSnatV2}
 	ms := make([]*ebpf.Map, 0, len(names))
 	defer func() {
 		for _, m := range ms {
@@ -149,8 +150,10 @@ func Describe(m *Maps) (*Programmed, error) {
 	for k := range c.nodes {
 		p.NodeAddrs = append(p.NodeAddrs, addrFrom16(k.Addr).String())
 	}
-	if a, ok := c.snat[0]; ok && a.Addr != [16]byte{} {
-		p.SNAT = addrFrom16(a.Addr).String()
+	for _, i := range []uint32{snatIPv4, snatIPv6} {
+		if a, ok := c.snat[i]; ok && a.Addr != [16]byte{} {
+			p.SNAT = append(p.SNAT, addrFrom16(a.Addr).String())
+		}
 	}
 	slices.Sort(p.NodeAddrs)
 	slices.Sort(p.Problems)

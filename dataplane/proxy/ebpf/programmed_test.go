@@ -60,7 +60,7 @@ func TestDescribe(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("frontends:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	if len(p.Problems) > 0 || p.Backends != len(b.Entries) || !slices.Equal(p.NodeAddrs, []string{"192.168.10.11"}) || p.SNAT != "192.168.10.11" {
+	if len(p.Problems) > 0 || p.Backends != len(b.Entries) || !slices.Equal(p.NodeAddrs, []string{"192.168.10.11"}) || !slices.Equal(p.SNAT, []string{"192.168.10.11"}) {
 		t.Errorf("problems %v, backends %d (map %d), node addresses %v, SNAT %q", p.Problems, p.Backends, len(b.Entries), p.NodeAddrs, p.SNAT)
 	}
 

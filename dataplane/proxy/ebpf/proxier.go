@@ -22,12 +22,13 @@ type Config struct {
 	// NodePortAddresses limits NodePorts to node addresses in these
 	// prefixes; empty means every address but loopback.
 	NodePortAddresses []netip.Prefix
-	// NodeIP returns the node's InternalIP (invalid while unknown): the
-	// address traffic to externalIPs and load-balancer IPs is SNATed to,
-	// and, without Uplinks, how the uplink is found. nil: unknown.
-	NodeIP func() netip.Addr
+	// NodeIPs returns the node's InternalIPs, at most one per family, the
+	// preferred first (none while unknown): the addresses traffic to
+	// externalIPs and load-balancer IPs is SNATed to, by family, and,
+	// without Uplinks, how the uplinks are found. nil: unknown.
+	NodeIPs func() []netip.Addr
 	// Uplinks are the interfaces traffic from outside arrives on; empty:
-	// the one holding NodeIP.
+	// those holding NodeIPs.
 	Uplinks []string
 	// Bridge is the pod bridge, where replies of local pods are
 	// translated back ("cbr0"); attached once it exists.
@@ -69,8 +70,8 @@ func NewProxier(cfg Config) *Proxier {
 	if cfg.Overlay == "" {
 		cfg.Overlay = "podnet.1"
 	}
-	if cfg.NodeIP == nil {
-		cfg.NodeIP = func() netip.Addr { return netip.Addr{} }
+	if cfg.NodeIPs == nil {
+		cfg.NodeIPs = func() []netip.Addr { return nil }
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -87,8 +88,8 @@ func (p *Proxier) Sync(ports map[cluster.Key][]*proxy.ServicePort, changed map[c
 		if err != nil {
 			return proxy.SyncResult{}, err
 		}
-		npa, nodeIP := p.cfg.NodePortAddresses, p.cfg.NodeIP
-		p.dp, p.syncer = dp, NewSyncer(dp.Maps, func() ([]netip.Addr, error) { return NodeAddrs(npa, nodeIP()) })
+		npa, nodeIPs := p.cfg.NodePortAddresses, p.cfg.NodeIPs
+		p.dp, p.syncer = dp, NewSyncer(dp.Maps, func() ([]netip.Addr, error) { return NodeAddrs(npa, nodeIPs()...) })
 		full = true
 		if p.watch, err = watchLinks(p.linkAppeared); err != nil {
 			// Full syncs still attach, only later.
@@ -155,8 +156,10 @@ func (p *Proxier) attachTC() {
 	uplinks := p.cfg.Uplinks
 	if len(uplinks) == 0 {
 		if ifcs, err := link.Interfaces(); err == nil {
-			if ifc, _, ok := link.Holding(ifcs, "", p.cfg.NodeIP()); ok {
-				uplinks = []string{ifc.Name}
+			for _, ip := range p.cfg.NodeIPs() {
+				if ifc, _, ok := link.Holding(ifcs, "", ip); ok {
+					uplinks = append(uplinks, ifc.Name)
+				}
 			}
 		}
 	}
@@ -208,9 +211,10 @@ func (p *Proxier) Close() error {
 
 // NodeAddrs lists this network namespace's addresses within prefixes (all
 // when empty), without loopback and link-local ones: where NodePorts
-// answer, as in iptables mode. primary, when the node holds it, comes
-// first (the SNAT address); the rest are sorted.
-func NodeAddrs(prefixes []netip.Prefix, primary netip.Addr) ([]netip.Addr, error) {
+// answer, as in iptables mode. primary, those the node holds, come first
+// in their order (the first of each family is its SNAT address); the rest
+// are sorted.
+func NodeAddrs(prefixes []netip.Prefix, primary ...netip.Addr) ([]netip.Addr, error) {
 	ifAddrs, err := net.InterfaceAddrs()
 	if err != nil {
 		return nil, err
@@ -231,8 +235,10 @@ func NodeAddrs(prefixes []netip.Prefix, primary netip.Addr) ([]netip.Addr, error
 		out = append(out, ip)
 	}
 	out = sortedAddrs(out)
-	if i := slices.Index(out, primary); i > 0 {
-		out = append([]netip.Addr{primary}, slices.Delete(out, i, i+1)...)
+	for j := len(primary) - 1; j >= 0; j-- {
+		if i := slices.Index(out, primary[j].Unmap()); i > 0 {
+			out = append([]netip.Addr{out[i]}, slices.Delete(out, i, i+1)...)
+		}
 	}
 	return out, nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/podnet/podnet/bpf"
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/proxy"
 )
 
@@ -151,10 +152,12 @@ func (s *Syncer) Sync(ports map[cluster.Key][]*proxy.ServicePort, changed map[cl
 	return proxy.SyncResult{Rules: map[string]int{"services": s.services, "backends": s.backends}}, nil
 }
 
-// held returns the entries the port name of Service k held; nil if none.
-func (s *Syncer) held(k cluster.Key, name proxy.PortName) *portEntries {
+// held returns the entries Service k's port of sp's name and family held;
+// nil if none. A dual-stack Service has a port of each family under one
+// name: each has ids of its own.
+func (s *Syncer) held(k cluster.Key, sp *proxy.ServicePort) *portEntries {
 	for _, pe := range s.byKey[k] {
-		if pe.sp.Name == name {
+		if pe.sp.Name == sp.Name && pe.sp.Family() == sp.Family() {
 			return pe
 		}
 	}
@@ -365,7 +368,7 @@ func (s *Syncer) full(ports map[cluster.Key][]*proxy.ServicePort) error {
 		for _, sp := range ports[k] {
 			// Ports unchanged since the last sync keep their entries:
 			// a periodic full sync then allocates little.
-			pe := s.held(k, sp.Name)
+			pe := s.held(k, sp)
 			if !pe.reuse(sp, owner) {
 				pe = desiredPort(sp, previous{s: s, port: pe, kernel: kernel}, owner, s.lose(sp))
 				if sp.Protocol == cluster.UDP {
@@ -562,7 +565,7 @@ func (s *Syncer) partial(ports map[cluster.Key][]*proxy.ServicePort, changed map
 			old.add(pe)
 		}
 		for _, sp := range ports[k] {
-			pe := desiredPort(sp, previous{s: s, port: s.held(k, sp.Name)}, s.owner, s.lose(sp))
+			pe := desiredPort(sp, previous{s: s, port: s.held(k, sp)}, s.owner, s.lose(sp))
 			byKey[k] = append(byKey[k], pe)
 			new.add(pe)
 		}
@@ -605,11 +608,7 @@ func (s *Syncer) syncNodeAddrs() error {
 			return fmt.Errorf("list node addresses: %w", err)
 		}
 	}
-	var snat bpf.NodeportSnatAddr
-	if len(addrs) > 0 {
-		snat.Addr = addr16(addrs[0])
-	}
-	if err := s.maps.SNAT.Put([]uint32{0}, []bpf.NodeportSnatAddr{snat}); err != nil {
+	if err := s.maps.SNAT.Put([]uint32{snatIPv4, snatIPv6}, snatAddrs(addrs)); err != nil {
 		return err
 	}
 	want := nodeAddrEntries(addrs)
@@ -633,6 +632,29 @@ func (s *Syncer) syncNodeAddrs() error {
 		return err
 	}
 	return s.maps.NodeAddrs.Delete(stale)
+}
+
+// The SNAT map's keys (bpf/nodeport.c, SNAT_V4 and SNAT_V6).
+const (
+	snatIPv4 uint32 = 0
+	snatIPv6 uint32 = 1
+)
+
+// snatAddrs are the SNAT map's values for node addresses addrs: the first
+// address of each family (addrs lists the preferred first), zero where the
+// node has none.
+func snatAddrs(addrs []netip.Addr) []bpf.NodeportSnatAddr {
+	out := make([]bpf.NodeportSnatAddr, 2)
+	for _, a := range addrs {
+		i := snatIPv4
+		if ipfamily.Of(a.Unmap()) == ipfamily.IPv6 {
+			i = snatIPv6
+		}
+		if out[i].Addr == [16]byte{} {
+			out[i].Addr = addr16(a)
+		}
+	}
+	return out
 }
 
 func sortedAddrPorts(s []netip.AddrPort) []netip.AddrPort {

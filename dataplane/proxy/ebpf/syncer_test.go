@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/proxy"
 )
 
@@ -480,4 +481,60 @@ func TestFullSyncRepairsDrift(t *testing.T) {
 	if len(s.Log)+len(b.Log) != 0 {
 		t.Errorf("a full sync after the repair wrote %v %v", s.Log, b.Log)
 	}
+}
+
+// The two ports of a dual-stack Service share their name. Synced again
+// with changes, each keeps ids of its own, as a first full sync gives
+// them: the tc programs find a frontend's Maglev table by its service id,
+// and a shared one sent IPv6 flows to an IPv4 backend's table (or the
+// reverse).
+func TestSyncDualStackPortsKeepTheirOwnIDs(t *testing.T) {
+	maps, s, b := NewFakeMaps()
+	sy := NewSyncer(maps, nil)
+	web := func(n int) map[cluster.Key][]*proxy.ServicePort {
+		v4 := clusterIPPort("web", "10.96.0.20", 80, cluster.TCP, ep("10.244.1.5", 8080, false), ep(fmt.Sprintf("10.244.2.%d", n), 8080, false))
+		v6 := clusterIPPort("web", "fd00:96::20", 80, cluster.TCP, ep("fd00:244:1::5", 8080, false), ep(fmt.Sprintf("fd00:244:2::%d", n), 8080, false))
+		v4.NodePort, v6.NodePort = 30080, 30080
+		return map[cluster.Key][]*proxy.ServicePort{key("web"): {v4, v6}}
+	}
+	maglev := maps.Maglev.(*FakeTable[uint32, maglevTable])
+	check := func(when string) {
+		t.Helper()
+		ids := map[uint32]ipfamily.Family{}
+		for k, v := range s.Entries {
+			if k.Slot != 0 {
+				continue
+			}
+			fam := keyFamily(k)
+			if f, ok := ids[v.Id]; ok && f != fam {
+				t.Errorf("%s: service id %d is both an %v and an %v frontend's", when, v.Id, f, fam)
+			}
+			ids[v.Id] = fam
+			named := []uint32{}
+			for i := uint16(1); i <= v.Count; i++ {
+				named = append(named, s.Entries[svcKey{Addr: k.Addr, Port: k.Port, Proto: k.Proto, Scope: k.Scope, Slot: i}].Id)
+			}
+			if tab, ok := maglev.Entries[v.Id]; ok && k.Scope == scopeExt {
+				named = append(named, tab.Ids[:]...)
+			}
+			for _, id := range named {
+				if be, ok := b.Entries[id]; !ok || ipfamily.Of(addrFrom16(be.Addr)) != fam || be.Svc != v.Id {
+					t.Errorf("%s: %v frontend %v (id %d) names backend %d %+v", when, fam, addrFrom16(k.Addr), v.Id, id, be)
+					break
+				}
+			}
+		}
+	}
+	if _, err := sy.Sync(web(5), nil, true); err != nil {
+		t.Fatal(err)
+	}
+	check("first full sync")
+	if _, err := sy.Sync(web(6), map[cluster.Key]bool{key("web"): true}, false); err != nil {
+		t.Fatal(err)
+	}
+	check("partial sync")
+	if _, err := sy.Sync(web(7), nil, true); err != nil {
+		t.Fatal(err)
+	}
+	check("full sync of a change")
 }
