@@ -234,13 +234,24 @@ func NodeAddrs(prefixes []netip.Prefix, primary ...netip.Addr) ([]netip.Addr, er
 		}
 		out = append(out, ip)
 	}
-	out = sortedAddrs(out)
-	for j := len(primary) - 1; j >= 0; j-- {
-		if i := slices.Index(out, primary[j].Unmap()); i > 0 {
-			out = append([]netip.Addr{out[i]}, slices.Delete(out, i, i+1)...)
+	return primaryFirst(sortedAddrs(out), primary), nil
+}
+
+// primaryFirst moves those of primary that addrs holds to its front, in
+// their order.
+func primaryFirst(addrs, primary []netip.Addr) []netip.Addr {
+	var out []netip.Addr
+	for _, p := range primary {
+		if p = p.Unmap(); slices.Contains(addrs, p) && !slices.Contains(out, p) {
+			out = append(out, p)
 		}
 	}
-	return out, nil
+	for _, a := range addrs {
+		if !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 func containsAny(ps []netip.Prefix, a netip.Addr) bool {

@@ -538,3 +538,23 @@ func TestSyncDualStackPortsKeepTheirOwnIDs(t *testing.T) {
 	}
 	check("full sync of a change")
 }
+
+// The node's InternalIPs come first in the node addresses, in their
+// order, and each family's first is its SNAT address; no address is lost
+// or repeated.
+func TestNodeAddrsPrimaryFirst(t *testing.T) {
+	addrs := []netip.Addr{netip.MustParseAddr("10.244.4.0"), netip.MustParseAddr("10.244.4.1"), netip.MustParseAddr("192.168.20.11"),
+		netip.MustParseAddr("fd00:10:244:4::"), netip.MustParseAddr("fd00:10:b::b")}
+	got := primaryFirst(addrs, []netip.Addr{netip.MustParseAddr("192.168.20.11"), netip.MustParseAddr("fd00:10:b::b"), netip.MustParseAddr("192.0.2.1")})
+	want := []netip.Addr{addrs[2], addrs[4], addrs[0], addrs[1], addrs[3]}
+	if !slices.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+	snat := snatAddrs(got)
+	if addrFrom16(snat[snatIPv4].Addr) != addrs[2] || addrFrom16(snat[snatIPv6].Addr) != addrs[4] {
+		t.Errorf("SNAT addresses %v %v, want %v %v", addrFrom16(snat[0].Addr), addrFrom16(snat[1].Addr), addrs[2], addrs[4])
+	}
+	if got := primaryFirst(addrs, nil); !slices.Equal(got, addrs) {
+		t.Errorf("no primary: %v", got)
+	}
+}
