@@ -14,6 +14,13 @@
 // hooks share these maps and dual-stack only adds entries. The map names
 // carry a layout version: a new layout gets new pins and the old ones are
 // removed once the programs using the new maps are attached.
+//
+// v2 (services, backends, the affinity, Maglev and source-range maps): the
+// IPv4 NodePort wildcard is ::ffff:0.0.0.0; v1 keyed it at ::, the IPv6
+// wildcard now, so a v1 entry read by these programs would send IPv6
+// NodePort clients to IPv4 backends. The maps naming service and backend
+// ids move together: an id means something only within one set. The flow
+// maps (addresses only), node addresses and revnat keep v1.
 #ifndef PODNET_LB_H
 #define PODNET_LB_H
 
@@ -68,14 +75,14 @@ struct {
 	__uint(max_entries, 1 << 18);
 	__type(key, struct svc_key);
 	__type(value, struct svc_val);
-} services_v1 SEC(".maps");
+} services_v2 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 1 << 18);
 	__type(key, __u32);
 	__type(value, struct backend);
-} backends_v1 SEC(".maps");
+} backends_v2 SEC(".maps");
 
 // The node's own addresses, where NodePorts answer.
 struct {
@@ -107,7 +114,7 @@ static __always_inline int addr_is4(const __u8 *addr)
 // NodePort. key->slot must be 0.
 static __always_inline struct svc_val *lb_frontend(struct svc_key *key)
 {
-	struct svc_val *fe = bpf_map_lookup_elem(&services_v1, key);
+	struct svc_val *fe = bpf_map_lookup_elem(&services_v2, key);
 	if (fe)
 		return fe;
 	if (!bpf_map_lookup_elem(&nodeaddrs_v1, key->addr))
@@ -116,18 +123,18 @@ static __always_inline struct svc_val *lb_frontend(struct svc_key *key)
 	__builtin_memset(key->addr, 0, sizeof(key->addr));
 	if (is4)
 		addr_set4(key->addr, 0);
-	return bpf_map_lookup_elem(&services_v1, key);
+	return bpf_map_lookup_elem(&services_v2, key);
 }
 
 // lb_slot returns the backend in slot n (1-based) of the frontend at key.
 static __always_inline struct backend *lb_slot(struct svc_key *key, __u16 n)
 {
 	key->slot = n;
-	struct svc_val *v = bpf_map_lookup_elem(&services_v1, key);
+	struct svc_val *v = bpf_map_lookup_elem(&services_v2, key);
 	key->slot = 0;
 	if (!v)
 		return 0;
-	return bpf_map_lookup_elem(&backends_v1, &v->id);
+	return bpf_map_lookup_elem(&backends_v2, &v->id);
 }
 
 #endif

@@ -87,7 +87,7 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct srcrange_key);
 	__type(value, __u8);
-} srcrange_v1 SEC(".maps");
+} srcrange_v2 SEC(".maps");
 
 // Maglev lookup tables by service id: MAGLEV_M backend ids (M prime; the
 // Go side fills them, dataplane/proxy/ebpf/maglev.go).
@@ -103,7 +103,7 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, __u32);
 	__type(value, struct maglev_table);
-} maglev_v1 SEC(".maps");
+} maglev_v2 SEC(".maps");
 
 // The addresses traffic to externalIPs and load-balancer IPs is SNATed to
 // (the node's address on the uplink), by family: SNAT_V4 and SNAT_V6.
@@ -349,7 +349,7 @@ static __always_inline struct backend *pick(struct flow *f, struct svc_key *key,
 {
 	__u32 h = flow_hash(f, fe);
 	__u32 svc = fe->id;
-	struct maglev_table *t = bpf_map_lookup_elem(&maglev_v1, &svc);
+	struct maglev_table *t = bpf_map_lookup_elem(&maglev_v2, &svc);
 	if (t) {
 		__u32 idx = h % MAGLEV_M;
 		// Keep the compiler from dropping the bound the verifier needs.
@@ -357,7 +357,7 @@ static __always_inline struct backend *pick(struct flow *f, struct svc_key *key,
 		if (idx >= MAGLEV_M)
 			return 0;
 		__u32 id = t->ids[idx];
-		return bpf_map_lookup_elem(&backends_v1, &id);
+		return bpf_map_lookup_elem(&backends_v2, &id);
 	}
 	return lb_slot(key, h % fe->count + 1);
 }
@@ -383,7 +383,7 @@ static __always_inline int srcrange_ok(struct svc_val *fe, const __u8 *saddr)
 	struct srcrange_key k = {.prefixlen = 32 + 128, .svc = fe->id};
 
 	addr_copy(k.addr, saddr);
-	return bpf_map_lookup_elem(&srcrange_v1, &k) != 0;
+	return bpf_map_lookup_elem(&srcrange_v2, &k) != 0;
 }
 
 // snat_of is the address a new flow leaves with: the client's (policy

@@ -95,14 +95,14 @@ type NodeportSvcVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	NodeportMapBackendsV1  = "backends_v1"
+	NodeportMapBackendsV2  = "backends_v2"
 	NodeportMapCtFwdV1     = "ct_fwd_v1"
 	NodeportMapCtRevV1     = "ct_rev_v1"
-	NodeportMapMaglevV1    = "maglev_v1"
+	NodeportMapMaglevV2    = "maglev_v2"
 	NodeportMapNodeaddrsV1 = "nodeaddrs_v1"
-	NodeportMapServicesV1  = "services_v1"
+	NodeportMapServicesV2  = "services_v2"
 	NodeportMapSnatV2      = "snat_v2"
-	NodeportMapSrcrangeV1  = "srcrange_v1"
+	NodeportMapSrcrangeV2  = "srcrange_v2"
 	NodeportProgNodeportIn = "nodeport_in"
 )
 
@@ -155,14 +155,14 @@ type NodeportProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type NodeportMapSpecs struct {
-	BackendsV1  *ebpf.MapSpec `ebpf:"backends_v1"`
+	BackendsV2  *ebpf.MapSpec `ebpf:"backends_v2"`
 	CtFwdV1     *ebpf.MapSpec `ebpf:"ct_fwd_v1"`
 	CtRevV1     *ebpf.MapSpec `ebpf:"ct_rev_v1"`
-	MaglevV1    *ebpf.MapSpec `ebpf:"maglev_v1"`
+	MaglevV2    *ebpf.MapSpec `ebpf:"maglev_v2"`
 	NodeaddrsV1 *ebpf.MapSpec `ebpf:"nodeaddrs_v1"`
-	ServicesV1  *ebpf.MapSpec `ebpf:"services_v1"`
+	ServicesV2  *ebpf.MapSpec `ebpf:"services_v2"`
 	SnatV2      *ebpf.MapSpec `ebpf:"snat_v2"`
-	SrcrangeV1  *ebpf.MapSpec `ebpf:"srcrange_v1"`
+	SrcrangeV2  *ebpf.MapSpec `ebpf:"srcrange_v2"`
 }
 
 // NodeportVariableSpecs contains global variables before they are loaded into the kernel.
@@ -191,26 +191,26 @@ func (o *NodeportObjects) Close() error {
 //
 // It can be passed to LoadNodeportObjects or ebpf.CollectionSpec.LoadAndAssign.
 type NodeportMaps struct {
-	BackendsV1  *ebpf.Map `ebpf:"backends_v1"`
+	BackendsV2  *ebpf.Map `ebpf:"backends_v2"`
 	CtFwdV1     *ebpf.Map `ebpf:"ct_fwd_v1"`
 	CtRevV1     *ebpf.Map `ebpf:"ct_rev_v1"`
-	MaglevV1    *ebpf.Map `ebpf:"maglev_v1"`
+	MaglevV2    *ebpf.Map `ebpf:"maglev_v2"`
 	NodeaddrsV1 *ebpf.Map `ebpf:"nodeaddrs_v1"`
-	ServicesV1  *ebpf.Map `ebpf:"services_v1"`
+	ServicesV2  *ebpf.Map `ebpf:"services_v2"`
 	SnatV2      *ebpf.Map `ebpf:"snat_v2"`
-	SrcrangeV1  *ebpf.Map `ebpf:"srcrange_v1"`
+	SrcrangeV2  *ebpf.Map `ebpf:"srcrange_v2"`
 }
 
 func (m *NodeportMaps) Close() error {
 	return _NodeportClose(
-		m.BackendsV1,
+		m.BackendsV2,
 		m.CtFwdV1,
 		m.CtRevV1,
-		m.MaglevV1,
+		m.MaglevV2,
 		m.NodeaddrsV1,
-		m.ServicesV1,
+		m.ServicesV2,
 		m.SnatV2,
-		m.SrcrangeV1,
+		m.SrcrangeV2,
 	)
 }
 

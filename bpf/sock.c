@@ -28,7 +28,7 @@ struct {
 	__uint(max_entries, 1 << 16);
 	__type(key, struct affinity_key);
 	__type(value, struct affinity_val);
-} affinity_v1 SEC(".maps");
+} affinity_v2 SEC(".maps");
 
 #define SYS_REJECT 0
 #define SYS_PROCEED 1
@@ -47,10 +47,10 @@ static __always_inline struct backend *pick(void *ctx, struct svc_key *key, stru
 		ak.netns = bpf_get_netns_cookie(ctx);
 		ak.svc = fe->id;
 		now = bpf_ktime_get_ns();
-		av = bpf_map_lookup_elem(&affinity_v1, &ak);
+		av = bpf_map_lookup_elem(&affinity_v2, &ak);
 		if (av && now - av->last <= (__u64)fe->affinity * 1000000000ULL) {
 			__u32 id = av->backend;
-			be = bpf_map_lookup_elem(&backends_v1, &id);
+			be = bpf_map_lookup_elem(&backends_v2, &id);
 			// A backend id belongs to one service; ids are not reused
 			// soon, and the svc check covers the rest.
 			if (be && be->svc == fe->id) {
@@ -62,15 +62,15 @@ static __always_inline struct backend *pick(void *ctx, struct svc_key *key, stru
 
 	__u16 n = bpf_get_prandom_u32() % fe->count + 1;
 	key->slot = n;
-	struct svc_val *slot = bpf_map_lookup_elem(&services_v1, key);
+	struct svc_val *slot = bpf_map_lookup_elem(&services_v2, key);
 	key->slot = 0;
 	if (!slot)
 		return 0;
 	__u32 id = slot->id;
-	be = bpf_map_lookup_elem(&backends_v1, &id);
+	be = bpf_map_lookup_elem(&backends_v2, &id);
 	if (be && (fe->flags & FE_AFFINITY)) {
 		struct affinity_val nv = {.last = now, .backend = id};
-		bpf_map_update_elem(&affinity_v1, &ak, &nv, BPF_ANY);
+		bpf_map_update_elem(&affinity_v2, &ak, &nv, BPF_ANY);
 	}
 	return be;
 }

@@ -79,11 +79,11 @@ type SockSvcVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	SockMapAffinityV1        = "affinity_v1"
-	SockMapBackendsV1        = "backends_v1"
+	SockMapAffinityV2        = "affinity_v2"
+	SockMapBackendsV2        = "backends_v2"
 	SockMapNodeaddrsV1       = "nodeaddrs_v1"
 	SockMapRevnatV1          = "revnat_v1"
-	SockMapServicesV1        = "services_v1"
+	SockMapServicesV2        = "services_v2"
 	SockProgSock4Connect     = "sock4_connect"
 	SockProgSock4Getpeername = "sock4_getpeername"
 	SockProgSock4Recvmsg     = "sock4_recvmsg"
@@ -150,11 +150,11 @@ type SockProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type SockMapSpecs struct {
-	AffinityV1  *ebpf.MapSpec `ebpf:"affinity_v1"`
-	BackendsV1  *ebpf.MapSpec `ebpf:"backends_v1"`
+	AffinityV2  *ebpf.MapSpec `ebpf:"affinity_v2"`
+	BackendsV2  *ebpf.MapSpec `ebpf:"backends_v2"`
 	NodeaddrsV1 *ebpf.MapSpec `ebpf:"nodeaddrs_v1"`
 	RevnatV1    *ebpf.MapSpec `ebpf:"revnat_v1"`
-	ServicesV1  *ebpf.MapSpec `ebpf:"services_v1"`
+	ServicesV2  *ebpf.MapSpec `ebpf:"services_v2"`
 }
 
 // SockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -183,20 +183,20 @@ func (o *SockObjects) Close() error {
 //
 // It can be passed to LoadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SockMaps struct {
-	AffinityV1  *ebpf.Map `ebpf:"affinity_v1"`
-	BackendsV1  *ebpf.Map `ebpf:"backends_v1"`
+	AffinityV2  *ebpf.Map `ebpf:"affinity_v2"`
+	BackendsV2  *ebpf.Map `ebpf:"backends_v2"`
 	NodeaddrsV1 *ebpf.Map `ebpf:"nodeaddrs_v1"`
 	RevnatV1    *ebpf.Map `ebpf:"revnat_v1"`
-	ServicesV1  *ebpf.Map `ebpf:"services_v1"`
+	ServicesV2  *ebpf.Map `ebpf:"services_v2"`
 }
 
 func (m *SockMaps) Close() error {
 	return _SockClose(
-		m.AffinityV1,
-		m.BackendsV1,
+		m.AffinityV2,
+		m.BackendsV2,
 		m.NodeaddrsV1,
 		m.RevnatV1,
-		m.ServicesV1,
+		m.ServicesV2,
 	)
 }
 

@@ -64,7 +64,7 @@ func TestRealNodeEBPF(t *testing.T) {
 	if after := cgroupConnectProgs(t, hostRoot); !slices.Equal(before, after) {
 		c.errorf("connect4 programs on the host's cgroup2 root %s: %v, before the test %v", hostRoot, after, before)
 	}
-	if pins, err := n.Exec(ctx, "ls", "/sys/fs/bpf/podnet"); err != nil || !strings.Contains(pins, "services_v1") {
+	if pins, err := n.Exec(ctx, "ls", "/sys/fs/bpf/podnet"); err != nil || !strings.Contains(pins, "services_v2") {
 		c.errorf("pins in the node's /sys/fs/bpf/podnet: %q, %v", pins, err)
 	}
 	if _, err := os.Stat("/sys/fs/bpf/podnet"); err == nil {

@@ -1045,7 +1045,7 @@ func (c *svcCluster) udpClient(t *testing.T, nsPath, addr string) (ask func() st
 // services map, as someone else tampering with the maps would.
 func svcDeleteFrontend(t *testing.T, n *lab.Node, vip netip.AddrPort) {
 	t.Helper()
-	m, err := ebpf.LoadPinnedMap(filepath.Join(n.BPFPinDir(), bpf.SockMapServicesV1), nil)
+	m, err := ebpf.LoadPinnedMap(filepath.Join(n.BPFPinDir(), bpf.SockMapServicesV2), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1195,7 +1195,7 @@ func pinnedFrontends(t *testing.T, pinDir string) []string {
 		t.Cleanup(func() { m.Close() })
 		return m
 	}
-	svcs, bes := load(bpf.SockMapServicesV1), load(bpf.SockMapBackendsV1)
+	svcs, bes := load(bpf.SockMapServicesV2), load(bpf.SockMapBackendsV2)
 	entries := map[bpf.SockSvcKey]bpf.SockSvcVal{}
 	var k bpf.SockSvcKey
 	var v bpf.SockSvcVal

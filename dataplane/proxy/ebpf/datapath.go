@@ -54,25 +54,38 @@ var attachTypes = map[string]ebpf.AttachType{
 // sockets never see a moment without them. pinDir is mounted as a bpffs
 // when it is not on one.
 func Open(pinDir, cgroup string) (*Datapath, error) {
+	d, err := Load(pinDir, cgroup)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.Attach(cgroup); err != nil {
+		d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// Load is Open without attaching: the programs are loaded and the maps
+// pinned (reused, or new ones of a new layout), so they can be filled
+// before the programs reading them serve a socket (Attach).
+func Load(pinDir, cgroup string) (*Datapath, error) {
 	if err := checkCgroup(cgroup); err != nil {
 		return nil, err
 	}
 	if err := ensureBPFFS(pinDir); err != nil {
 		return nil, err
 	}
-	d, err := load(pinDir)
-	if err != nil {
-		return nil, err
+	return load(pinDir)
+}
+
+// Attach attaches the loaded programs to cgroup (see Open), then unpins
+// what the programs attached before them used and these do not: maps of
+// an older layout, whose entries these programs never read.
+func (d *Datapath) Attach(cgroup string) error {
+	if err := d.attach(d.pinDir, cgroup); err != nil {
+		return err
 	}
-	if err := d.attach(pinDir, cgroup); err != nil {
-		d.Close()
-		return nil, err
-	}
-	if err := removeStale(pinDir); err != nil {
-		d.Close()
-		return nil, err
-	}
-	return d, nil
+	return removeStale(d.pinDir)
 }
 
 // specs are the objects' specs, their maps pinned by name: the maps both
@@ -138,11 +151,11 @@ func load(pinDir string) (*Datapath, error) {
 		return nil, err
 	}
 	return &Datapath{coll: coll, np: np, term: term, pinDir: pinDir, Maps: &Maps{
-		Services:  kernelTable[svcKey, svcVal]{coll.Maps[bpf.SockMapServicesV1]},
-		Backends:  kernelTable[uint32, backend]{coll.Maps[bpf.SockMapBackendsV1]},
+		Services:  kernelTable[svcKey, svcVal]{coll.Maps[bpf.SockMapServicesV2]},
+		Backends:  kernelTable[uint32, backend]{coll.Maps[bpf.SockMapBackendsV2]},
 		NodeAddrs: kernelTable[nodeKey, uint8]{coll.Maps[bpf.SockMapNodeaddrsV1]},
-		Ranges:    kernelTable[rangeKey, uint8]{np.Maps[bpf.NodeportMapSrcrangeV1]},
-		Maglev:    kernelTable[uint32, maglevTable]{np.Maps[bpf.NodeportMapMaglevV1]},
+		Ranges:    kernelTable[rangeKey, uint8]{np.Maps[bpf.NodeportMapSrcrangeV2]},
+		Maglev:    kernelTable[uint32, maglevTable]{np.Maps[bpf.NodeportMapMaglevV2]},
 		SNAT:      kernelTable[uint32, bpf.NodeportSnatAddr]{np.Maps[bpf.NodeportMapSnatV2]},
 	}}, nil
 }

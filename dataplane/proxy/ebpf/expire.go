@@ -18,7 +18,7 @@ func (d *Datapath) Flows() Flows {
 	return Flows{
 		Fwd:      kernelTable[bpf.NodeportCtKey, bpf.NodeportCtFwdVal]{d.np.Maps[bpf.NodeportMapCtFwdV1]},
 		Rev:      kernelTable[bpf.NodeportCtKey, bpf.NodeportCtRevVal]{d.np.Maps[bpf.NodeportMapCtRevV1]},
-		Affinity: kernelTable[bpf.SockAffinityKey, bpf.SockAffinityVal]{d.coll.Maps[bpf.SockMapAffinityV1]},
+		Affinity: kernelTable[bpf.SockAffinityKey, bpf.SockAffinityVal]{d.coll.Maps[bpf.SockMapAffinityV2]},
 		Backends: d.Maps.Backends,
 	}
 }

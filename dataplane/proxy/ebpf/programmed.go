@@ -71,8 +71,8 @@ func ReadPinned(pinDir string) (*Programmed, error) {
 		}
 		return m, nil
 	}
-	names := []string{bpf.SockMapServicesV1, bpf.SockMapBackendsV1, bpf.SockMapNodeaddrsV1,
-		bpf.NodeportMapSrcrangeV1, bpf.NodeportMapMaglevV1, bpf.NodeportMapSnatV2}
+	names := []string{bpf.SockMapServicesV2, bpf.SockMapBackendsV2, bpf.SockMapNodeaddrsV1,
+		bpf.NodeportMapSrcrangeV2, bpf.NodeportMapMaglevV2, bpf.NodeportMapSnatV2}
 	ms := make([]*ebpf.Map, 0, len(names))
 	defer func() {
 		for _, m := range ms {

@@ -50,6 +50,9 @@ type Proxier struct {
 	cfg    Config
 	dp     *Datapath
 	syncer *Syncer
+	// onCgroup: the socket programs are attached (Attach, once a sync
+	// filled the maps).
+	onCgroup bool
 	// tcMu guards attached and the tc attaching, done by Sync and by
 	// the link watch.
 	tcMu     sync.Mutex
@@ -80,11 +83,13 @@ func NewProxier(cfg Config) *Proxier {
 }
 
 // Sync implements proxy.Backend. The first one loads the programs (see
-// Open) and then programs the maps with a full sync, comparing with what
-// they hold: after a restart, entries already right are not rewritten.
+// Load), programs the maps with a full sync, comparing with what they
+// hold (after a restart, entries already right are not rewritten), and
+// only then attaches the programs: across an upgrade to a new map layout
+// the old programs serve from the old maps until the new ones are full.
 func (p *Proxier) Sync(ports map[cluster.Key][]*proxy.ServicePort, changed map[cluster.Key]bool, full bool) (proxy.SyncResult, error) {
 	if p.dp == nil {
-		dp, err := Open(p.cfg.PinDir, p.cfg.Cgroup)
+		dp, err := Load(p.cfg.PinDir, p.cfg.Cgroup)
 		if err != nil {
 			return proxy.SyncResult{}, err
 		}
@@ -97,6 +102,12 @@ func (p *Proxier) Sync(ports map[cluster.Key][]*proxy.ServicePort, changed map[c
 		}
 	}
 	res, err := p.syncer.Sync(ports, changed, full)
+	if err == nil && !p.onCgroup {
+		if err = p.dp.Attach(p.cfg.Cgroup); err != nil {
+			return res, err
+		}
+		p.onCgroup = true
+	}
 	removed := p.syncer.TakeRemovedUDP()
 	flows, sockets := p.syncer.TakeMovedUDP()
 	p.expireFlows(removed, flows)

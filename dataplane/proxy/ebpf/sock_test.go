@@ -583,7 +583,7 @@ func TestSocketLB(t *testing.T) {
 		// Both slots name the first backend, so a fresh pick is always it;
 		// the affinity entry names the second.
 		fe := svcKey{Addr: addr16(sp.ClusterIP), Port: be16(80), Proto: 6}
-		svcs := dp.coll.Maps["services_v1"]
+		svcs := dp.coll.Maps["services_v2"]
 		var front, first svcVal
 		s1 := fe
 		s1.Slot = 1
@@ -605,7 +605,7 @@ func TestSocketLB(t *testing.T) {
 			t.Fatal(err)
 		}
 		var firstBE backend
-		if err := dp.coll.Maps["backends_v1"].Lookup(&first.Id, &firstBE); err != nil {
+		if err := dp.coll.Maps["backends_v2"].Lookup(&first.Id, &firstBE); err != nil {
 			t.Fatal(err)
 		}
 		cookie := netnsCookie(t, e.nsPath)
@@ -617,7 +617,7 @@ func TestSocketLB(t *testing.T) {
 			unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
 			k := bpf.SockAffinityKey{Netns: cookie, Svc: front.Id}
 			v := bpf.SockAffinityVal{Last: uint64(ts.Nano() - c.age.Nanoseconds()), Backend: second}
-			if err := dp.coll.Maps["affinity_v1"].Put(&k, &v); err != nil {
+			if err := dp.coll.Maps["affinity_v2"].Put(&k, &v); err != nil {
 				t.Fatal(err)
 			}
 			want := "10.244.1.3:8080"
@@ -901,13 +901,13 @@ func TestOpenMigratesOldPins(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wrong := spec.Maps[bpf.SockMapBackendsV1].Copy()
+	wrong := spec.Maps[bpf.SockMapBackendsV2].Copy()
 	wrong.MaxEntries = 16
 	m, err := ebpf.NewMap(wrong)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Pin(filepath.Join(e.pinDir, bpf.SockMapBackendsV1)); err != nil {
+	if err := m.Pin(filepath.Join(e.pinDir, bpf.SockMapBackendsV2)); err != nil {
 		t.Fatal(err)
 	}
 	m.Close()
@@ -924,12 +924,82 @@ func TestOpenMigratesOldPins(t *testing.T) {
 	if slices.Contains(pins, "services_v0") {
 		t.Errorf("the old layout's pin survived: %v", pins)
 	}
-	got, err := ebpf.LoadPinnedMap(filepath.Join(e.pinDir, bpf.SockMapBackendsV1), nil)
+	got, err := ebpf.LoadPinnedMap(filepath.Join(e.pinDir, bpf.SockMapBackendsV2), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer got.Close()
-	if got.MaxEntries() != spec.Maps[bpf.SockMapBackendsV1].MaxEntries {
-		t.Errorf("pinned backends map holds %d entries, want the new definition's %d", got.MaxEntries(), spec.Maps[bpf.SockMapBackendsV1].MaxEntries)
+	if got.MaxEntries() != spec.Maps[bpf.SockMapBackendsV2].MaxEntries {
+		t.Errorf("pinned backends map holds %d entries, want the new definition's %d", got.MaxEntries(), spec.Maps[bpf.SockMapBackendsV2].MaxEntries)
+	}
+}
+
+// An upgrade in place over pins of layout v1, whose IPv4 NodePort
+// wildcard was :: (IPv6's since): the new programs' maps hold none of
+// v1's entries (read as IPv6's, they would send IPv6 NodePort clients to
+// the IPv4 backend they name); the first sync fills them before the
+// programs attach, and the v1 pins go.
+func TestUpgradeOverV1PinsReadsNoneOfThem(t *testing.T) {
+	e := newSockEnv(t)
+	if err := ensureBPFFS(e.pinDir); err != nil {
+		t.Fatal(err)
+	}
+	spec, err := bpf.LoadSock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinV1 := func(name string, ms *ebpf.MapSpec) *ebpf.Map {
+		t.Helper()
+		c := ms.Copy()
+		c.Name, c.Pinning = name, ebpf.PinNone
+		m, err := ebpf.NewMap(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		if err := m.Pin(filepath.Join(e.pinDir, name)); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	svcs, bes := pinV1("services_v1", spec.Maps[bpf.SockMapServicesV2]), pinV1("backends_v1", spec.Maps[bpf.SockMapBackendsV2])
+	// v1's IPv4 NodePort 30080 at the wildcard ::, one backend.
+	fe := svcKey{Port: be16(30080), Proto: protoNum(cluster.TCP), Scope: scopeSock}
+	slot := fe
+	slot.Slot = 1
+	if err := errors.Join(svcs.Put(fe, svcVal{Id: 1, Count: 1}), svcs.Put(slot, svcVal{Id: 1}),
+		bes.Put(uint32(1), backend{Addr: addr16(netip.MustParseAddr("10.244.1.2")), Port: be16(8080), Proto: 6, Svc: 1})); err != nil {
+		t.Fatal(err)
+	}
+
+	dp, err := Load(e.pinDir, e.cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	have, err := dp.Maps.Services.Dump()
+	dp.Close()
+	if err != nil || len(have) != 0 {
+		t.Errorf("the new programs' services map holds %d entries of v1 (%v)", len(have), err)
+	}
+
+	p := NewProxier(Config{PinDir: e.pinDir, Cgroup: e.cgroup, Uplinks: []string{"up0"}})
+	t.Cleanup(func() { p.Close() })
+	web := clusterIPPort("web", "10.96.0.10", 80, cluster.TCP, ep("10.244.1.3", 8080, false))
+	web.NodePort = 30080
+	if err := ns.WithNetNSPath(e.nsPath, func(ns.NetNS) error {
+		_, err := p.Sync(map[cluster.Key][]*proxy.ServicePort{key("web"): {web}}, nil, true)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	pins, err := Pins(e.pinDir)
+	if err != nil || slices.Contains(pins, "services_v1") || slices.Contains(pins, "backends_v1") {
+		t.Errorf("pins after the upgrade: %v (%v); want v1's gone", pins, err)
+	}
+	if seen := backendsSeen(e.client(true, "tcp 192.168.77.1:30080 3")); seen["10.244.1.3:8080"] != 3 {
+		t.Errorf("IPv4 NodePort after the upgrade: %v, want 10.244.1.3:8080 alone", seen)
+	}
+	if got := e.client(true, "tcp [fd00:77::1]:30080 1"); strings.HasPrefix(got[0], "ok") {
+		t.Errorf("IPv6 NodePort, no such Service: %v, want it refused", got)
 	}
 }
