@@ -27,8 +27,8 @@ const dsNodePort = 30450
 
 // TestDualStack runs one lab cluster of each kind (IPv4-only, dual-stack,
 // IPv6-only: pods, nodes' InternalIPs and the underlay of those families;
-// IPv6 addresses all unique local) with proxyd in iptables mode on every
-// node, and checks per family: node.json (podCIDRs, the MTU of VXLAN over
+// IPv6 addresses all unique local) with proxyd in each proxy mode, iptables
+// and ebpf, on every node, and checks per family: node.json (podCIDRs, the MTU of VXLAN over
 // the first family: 1450 over IPv4, 1430 over IPv6), a pod on every node
 // reaching the pods of the others (host-gw on segment A, VXLAN to node4 on
 // segment B), pods reaching the outside masqueraded to their node's
@@ -38,19 +38,21 @@ const dsNodePort = 30450
 // then externalTrafficPolicy Local, sessionAffinity ClientIP,
 // internalTrafficPolicy Local and loadBalancerSourceRanges, each per family.
 func TestDualStack(t *testing.T) {
-	for _, c := range []struct {
-		name string
-		fams []ipfamily.Family
-	}{
-		{"ipv4", []ipfamily.Family{ipfamily.IPv4}},
-		{"dual", []ipfamily.Family{ipfamily.IPv4, ipfamily.IPv6}},
-		{"ipv6", []ipfamily.Family{ipfamily.IPv6}},
-	} {
-		t.Run(c.name, func(t *testing.T) { testDualStack(t, c.fams) })
+	for _, mode := range []string{"iptables", "ebpf"} {
+		for _, c := range []struct {
+			name string
+			fams []ipfamily.Family
+		}{
+			{"ipv4", []ipfamily.Family{ipfamily.IPv4}},
+			{"dual", []ipfamily.Family{ipfamily.IPv4, ipfamily.IPv6}},
+			{"ipv6", []ipfamily.Family{ipfamily.IPv6}},
+		} {
+			t.Run(mode+"/"+c.name, func(t *testing.T) { testDualStack(t, mode, c.fams) })
+		}
 	}
 }
 
-func testDualStack(t *testing.T, fams []ipfamily.Family) {
+func testDualStack(t *testing.T, mode string, fams []ipfamily.Family) {
 	l := lab.Start(t, lab.Options{Families: fams})
 	ctx := t.Context()
 	var cidrs []string
@@ -59,7 +61,7 @@ func testDualStack(t *testing.T, fams []ipfamily.Family) {
 	}
 	procs := map[*lab.Node]*lab.Proc{}
 	for _, n := range l.Nodes {
-		p, err := n.StartProxyd(ctx, "--cluster-cidr", strings.Join(cidrs, ","), "--proxy-mode", "iptables",
+		p, err := n.StartProxyd(ctx, "--cluster-cidr", strings.Join(cidrs, ","), "--proxy-mode", mode,
 			"--service-cluster-ip-range", "10.96.0.0/12,fd00:10:96::/112",
 			"--healthz-bind-address", rtHealthAddr, "--metrics-bind-address", "127.0.0.1:10249",
 			"--sync-period", "2s", "--min-sync-period", "100ms")
@@ -135,7 +137,7 @@ func dsOutside(t *testing.T, l *lab.Lab, p *lab.Pod, fams []ipfamily.Family) {
 		if f == ipfamily.IPv6 {
 			dst, node = l.OutsideIP6, p.Node.IP6
 		}
-		out, err := dsProbe(p.NSPath(), netip.AddrPortFrom(dst, 7070))
+		out, err := dsPod(p)(netip.AddrPortFrom(dst, 7070))
 		if _, from := svcAnswer(out); err != nil || from != node {
 			t.Errorf("%v: pod on %s -> outside %s: %q (%v), want an answer seeing the node's %s", f, p.Node.Name, dst, out, err, node)
 		}
@@ -154,15 +156,15 @@ func dsService(t *testing.T, l *lab.Lab, pods map[string]*lab.Pod, fams []ipfami
 	for _, f := range fams {
 		vip := netip.AddrPortFrom(dsClusterIP[f], 80)
 		for _, client := range []*lab.Pod{pods["node3"], pods["node4"]} {
-			dsEventuallyServes(t, client.NSPath(), vip, "p1", "p2")
+			dsEventuallyServes(t, dsPod(client), vip, "p1", "p2")
 		}
 		nodeIP := l.Node("node1").IP
 		if f == ipfamily.IPv6 {
 			nodeIP = l.Node("node1").IP6
 		}
-		dsEventuallyServes(t, l.OutsideHost.NSPath(), netip.AddrPortFrom(nodeIP, dsNodePort), "p1", "p2")
+		dsEventuallyServes(t, dsNS(l.OutsideHost.NSPath()), netip.AddrPortFrom(nodeIP, dsNodePort), "p1", "p2")
 		// Hairpin: p1 reaches itself through the cluster IP too.
-		dsEventuallyServes(t, pods["node1"].NSPath(), vip, "p1", "p2")
+		dsEventuallyServes(t, dsPod(pods["node1"]), vip, "p1", "p2")
 	}
 	dsLocal(t, l, pods, fams)
 	dsAffinityAndInternalLocal(t, l, pods, fams)
@@ -187,8 +189,8 @@ func dsSourceRanges(t *testing.T, l *lab.Lab, pods map[string]*lab.Pod, fams []i
 	}
 	for _, f := range fams {
 		lbAddr := netip.AddrPortFrom(netip.MustParseAddr(dsLBIngress[f]), 80)
-		dsEventuallyServes(t, pods["node3"].NSPath(), lbAddr, "p1", "p2")
-		if out, err := dsProbe(pods["node4"].NSPath(), lbAddr); err == nil {
+		dsEventuallyServes(t, dsPod(pods["node3"]), lbAddr, "p1", "p2")
+		if out, err := dsPod(pods["node4"])(lbAddr); err == nil {
 			t.Errorf("%v: load-balancer IP %s answered %q to p4, outside loadBalancerSourceRanges %v", f, lbAddr, out, d.sourceRanges)
 		}
 	}
@@ -208,17 +210,17 @@ func dsAffinityAndInternalLocal(t *testing.T, l *lab.Lab, pods map[string]*lab.P
 	}
 	for _, f := range fams {
 		for _, client := range []*lab.Pod{pods["node3"], pods["node4"]} {
-			dsEventuallyOneEndpoint(t, client.NSPath(), netip.AddrPortFrom(netip.MustParseAddr(aff.ip(f)), 80))
+			dsEventuallyOneEndpoint(t, dsPod(client), netip.AddrPortFrom(netip.MustParseAddr(aff.ip(f)), 80))
 		}
 		for _, n := range []string{"node1", "node2"} {
-			dsEventuallyServes(t, pods[n].NSPath(), netip.AddrPortFrom(netip.MustParseAddr(itp.ip(f)), 80), pods[n].Name)
+			dsEventuallyServes(t, dsPod(pods[n]), netip.AddrPortFrom(netip.MustParseAddr(itp.ip(f)), 80), pods[n].Name)
 		}
 	}
 }
 
 // dsEventuallyOneEndpoint waits until 12 probes in a row of addr from
 // nsPath all answer, from one server alone.
-func dsEventuallyOneEndpoint(t *testing.T, nsPath string, addr netip.AddrPort) {
+func dsEventuallyOneEndpoint(t *testing.T, from dsClient, addr netip.AddrPort) {
 	t.Helper()
 	var seen map[string]int
 	var lastErr error
@@ -226,7 +228,7 @@ func dsEventuallyOneEndpoint(t *testing.T, nsPath string, addr netip.AddrPort) {
 	for time.Now().Before(deadline) {
 		seen, lastErr = map[string]int{}, nil
 		for range 12 {
-			out, err := dsProbe(nsPath, addr)
+			out, err := from(addr)
 			if err != nil {
 				lastErr = err
 				break
@@ -239,7 +241,7 @@ func dsEventuallyOneEndpoint(t *testing.T, nsPath string, addr netip.AddrPort) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("%s from %s with ClientIP affinity: answered by %v (last error %v), want one endpoint for all", addr, nsPath, seen, lastErr)
+	t.Fatalf("%s with ClientIP affinity: answered by %v (last error %v), want one endpoint for all", addr, seen, lastErr)
 }
 
 // dsLocal checks externalTrafficPolicy Local per family: node1's NodePort
@@ -257,7 +259,7 @@ func dsLocal(t *testing.T, l *lab.Lab, pods map[string]*lab.Pod, fams []ipfamily
 			nodeIP, client = l.Node("node1").IP6, l.OutsideIP6
 		}
 		addr := netip.AddrPortFrom(nodeIP, 30451)
-		dsEventuallyServes(t, l.OutsideHost.NSPath(), addr, "p1")
+		dsEventuallyServes(t, dsNS(l.OutsideHost.NSPath()), addr, "p1")
 		out, err := dsProbe(l.OutsideHost.NSPath(), addr)
 		if _, from := svcAnswer(out); err != nil || from != client {
 			t.Errorf("%v: eTP Local NodePort %s: %q (%v), want the client's own %s seen", f, addr, out, err, client)
@@ -345,6 +347,22 @@ func (d dsSvc) yaml(t *testing.T, fams []ipfamily.Family, web ...*lab.Pod) strin
 	return string(b)
 }
 
+// dsClient makes one TCP probe of an address.
+type dsClient func(netip.AddrPort) (string, error)
+
+// dsPod probes from pod p with a real process in its node's cgroup, where
+// ebpf mode's socket LB serves it as it serves the pod's own processes.
+func dsPod(p *lab.Pod) dsClient {
+	return func(addr netip.AddrPort) (string, error) {
+		return p.Probe(context.Background(), "tcp", addr.String())
+	}
+}
+
+// dsNS probes from the namespace at nsPath (a host outside the cluster).
+func dsNS(nsPath string) dsClient {
+	return func(addr netip.AddrPort) (string, error) { return dsProbe(nsPath, addr) }
+}
+
 // dsProbe makes one TCP probe of addr from the namespace at nsPath.
 func dsProbe(nsPath string, addr netip.AddrPort) (string, error) {
 	var out string
@@ -358,7 +376,7 @@ func dsProbe(nsPath string, addr netip.AddrPort) (string, error) {
 
 // dsEventuallyServes waits until 12 probes in a row of addr from nsPath
 // all answer, from exactly the servers in want.
-func dsEventuallyServes(t *testing.T, nsPath string, addr netip.AddrPort, want ...string) {
+func dsEventuallyServes(t *testing.T, from dsClient, addr netip.AddrPort, want ...string) {
 	t.Helper()
 	var last map[string]int
 	var lastErr error
@@ -367,7 +385,7 @@ func dsEventuallyServes(t *testing.T, nsPath string, addr netip.AddrPort, want .
 		seen := map[string]int{}
 		lastErr = nil
 		for range 12 {
-			out, err := dsProbe(nsPath, addr)
+			out, err := from(addr)
 			if err != nil {
 				lastErr = err
 				break
@@ -381,5 +399,5 @@ func dsEventuallyServes(t *testing.T, nsPath string, addr netip.AddrPort, want .
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("%s from %s: answered by %v (last error %v), want exactly %v", addr, nsPath, last, lastErr, fmt.Sprint(want))
+	t.Fatalf("%s: answered by %v (last error %v), want exactly %v", addr, last, lastErr, fmt.Sprint(want))
 }

@@ -196,13 +196,11 @@ func startProxyd(ctx context.Context, d *demo) error {
 }
 
 // startProxydEverywhere starts proxyd on every node at once, serving the
-// lab's families (the ebpf mode serves IPv4 alone).
+// lab's families in either mode.
 func startProxydEverywhere(ctx context.Context, l *lab.Lab, mode string) ([]*lab.Proc, error) {
 	var cidrs []string
 	for _, p := range l.ClusterCIDRs() {
-		if mode != "ebpf" || p.Addr().Is4() {
-			cidrs = append(cidrs, p.String())
-		}
+		cidrs = append(cidrs, p.String())
 	}
 	args := []string{"--proxy-mode", mode, "--cluster-cidr", strings.Join(cidrs, ","), "--service-cluster-ip-range", "10.96.0.0/12,fd00:10:96::/112"}
 	errs := make([]error, len(l.Nodes))
