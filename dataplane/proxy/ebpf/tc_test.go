@@ -218,12 +218,12 @@ func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
 // tcFamily holds one family's addresses for the tc tests; a dual-stack
 // node holds both families' Services at once.
 type tcFamily struct {
-	name                  string
-	node, node2           string // the node's addresses, node the SNAT one
-	client, inRange       string // a client outside, one inside the LB's source range
-	local, remote         string // the endpoints: on this node, on another
-	vip                   string // the cluster IPs' prefix
-	lbIP, extIP, ranges   string
+	name                string
+	node, node2         string // the node's addresses, node the SNAT one
+	client, inRange     string // a client outside, one inside the LB's source range
+	local, remote       string // the endpoints: on this node, on another
+	vip                 string // the cluster IPs' prefix
+	lbIP, extIP, ranges string
 }
 
 var tcFamilies = []tcFamily{
