@@ -43,7 +43,7 @@ echo
 PODNET_BENCH=1 \
 PODNET_BENCH_SIZES="${BENCH_SIZES:-1000 5000 10000}" \
 PODNET_BENCH_ROUNDS="${BENCH_ROUNDS:-1}" \
-	go test -count=1 -timeout 30m -run '^$' -bench '^BenchmarkServicesAtScale$' -benchtime 1x -v ./dataplane/proxy/ebpf/ >"$out" 2>&1 || rc=$?
+	go test -count=1 -timeout 30m -run '^$' -bench '^Benchmark(ServicesAtScale|DualStackSync)$' -benchtime 1x -v ./dataplane/proxy/ebpf/ >"$out" 2>&1 || rc=$?
 if [ "$rc" -ne 0 ]; then
 	cat "$out" >&2
 	exit "$rc"
