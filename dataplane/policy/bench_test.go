@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"runtime"
 	"testing"
@@ -50,10 +51,10 @@ func BenchmarkPodMemoryPer1000(b *testing.B) {
 	}
 }
 
-// BenchmarkCompile is the whole model's compile for one node: 5,000 pods
-// in 100 namespaces over 50 nodes, 1,000 policies (10 a namespace: a
-// default deny, and ingress from a namespace and pod selector on a port).
-func BenchmarkCompile(b *testing.B) {
+// benchWorld is the benchmark's cluster: 5,000 pods in 100 namespaces over
+// 50 nodes, 1,000 policies (10 a namespace: a default deny, and ingress
+// from a namespace and pod selector on a port).
+func benchWorld(b *testing.B) ([]*cluster.Pod, []*cluster.Namespace, []*cluster.NetworkPolicy) {
 	var pods []*cluster.Pod
 	for i := range 5000 {
 		p, err := convert.FromV1Pod(apiPod(i))
@@ -75,12 +76,68 @@ spec:
   egress: [{to: [{podSelector: {matchLabels: {app: app%d}}}]}]`, n, k, (n+k)%50, k, (n+k+1)%50))
 		}
 	}
-	pols := mustPolicies(b, docs...)
+	return pods, nss, mustPolicies(b, docs...)
+}
+
+// BenchmarkCompile is the whole model's compile for node1.
+func BenchmarkCompile(b *testing.B) {
+	pods, nss, pols := benchWorld(b)
 	b.ResetTimer()
 	for range b.N {
 		prog := NewModel(pods, nss, pols).Compile(onNode("node1"))
 		if len(prog.Policies) == 0 {
 			b.Fatal("no policy selects node1's pods")
 		}
+	}
+}
+
+// benchChanges are the two changes the issue times, alternated so each
+// iteration changes something: a pod of node1 appearing (and leaving), and
+// one of node1's pods relabelled (tier web <-> db, which moves it in and out
+// of the peers of 100 policies).
+func benchChanges(b *testing.B, pods []*cluster.Pod) (added, relabelled func(i int, c *Compiler)) {
+	extra, err := convert.FromV1Pod(apiPod(5001))
+	if err != nil {
+		b.Fatal(err)
+	}
+	target := pods[1]
+	if target.NodeName != "node1" || extra.NodeName != "node1" {
+		b.Fatal("the benchmark's pods are not node1's")
+	}
+	added = func(i int, c *Compiler) {
+		if i%2 == 0 {
+			c.UpsertPod(extra)
+		} else {
+			c.DeletePod(extra.Key())
+		}
+	}
+	relabelled = func(i int, c *Compiler) {
+		p := *target
+		p.Labels = maps.Clone(target.Labels)
+		p.Labels["tier"] = []string{"db", "web"}[i%2]
+		c.UpsertPod(&p)
+	}
+	return added, relabelled
+}
+
+// BenchmarkIncremental is what one change costs the Compiler (the program
+// for node1, without the kernel), against BenchmarkCompile's whole compile.
+func BenchmarkIncremental(b *testing.B) {
+	pods, nss, pols := benchWorld(b)
+	added, relabelled := benchChanges(b, pods)
+	for _, bc := range []struct {
+		name   string
+		change func(int, *Compiler)
+	}{{"PodAdded", added}, {"LabelChanged", relabelled}} {
+		b.Run(bc.name, func(b *testing.B) {
+			c := NewCompiler(NewModel(pods, nss, pols), onNode("node1"))
+			b.ResetTimer()
+			for i := range b.N {
+				bc.change(i, c)
+				if len(c.Program().Policies) == 0 {
+					b.Fatal("no policy selects node1's pods")
+				}
+			}
+		})
 	}
 }

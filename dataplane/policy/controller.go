@@ -30,14 +30,19 @@ type ControllerOptions struct {
 	Logger                   *slog.Logger
 }
 
-// Controller keeps the node's policy table in step with the Store: any
-// change of a Pod, Namespace or NetworkPolicy triggers a sync that compiles
-// the whole model and lets the Table write the difference.
+// Controller keeps the node's policy table in step with the Store: the
+// first sync compiles the whole model; later ones hand the changes of Pods,
+// Namespaces and NetworkPolicies since the last one to the Compiler, which
+// updates only what they touch, and the Table writes the difference.
 type Controller struct {
 	o ControllerOptions
 	r *runner.Runner
 
+	pendMu  sync.Mutex
+	pending []cluster.Event // changes the next sync takes in, in order
+
 	mu       sync.Mutex
+	compiler *Compiler // nil until the first sync
 	model    *Model
 	lastErr  error
 	lastSync time.Time
@@ -55,6 +60,9 @@ func NewController(o ControllerOptions) *Controller {
 	o.Store.Subscribe(func(ev cluster.Event) {
 		switch ev.Kind {
 		case cluster.KindPod, cluster.KindNamespace, cluster.KindNetworkPolicy:
+			c.pendMu.Lock()
+			c.pending = append(c.pending, ev)
+			c.pendMu.Unlock()
 			c.r.Trigger()
 		}
 	})
@@ -76,9 +84,9 @@ func (c *Controller) Run(ctx context.Context) error {
 }
 
 func (c *Controller) sync() error {
-	s := c.o.Store
-	m := NewModel(s.Pods(), s.Namespaces(), s.NetworkPolicies())
-	prog := m.Compile(func(p *cluster.Pod) bool { return p.NodeName == c.o.NodeName })
+	c.mu.Lock()
+	prog := c.compile()
+	c.mu.Unlock()
 	err := c.o.Table.Apply(prog)
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -87,9 +95,31 @@ func (c *Controller) sync() error {
 		c.o.Logger.Error("network policy sync failed", "err", err)
 		return err
 	}
-	c.model, c.lastSync = m, time.Now()
+	c.model, c.lastSync = c.compiler.Model(), time.Now()
 	c.syncs++
 	return nil
+}
+
+// compile brings the program up to date with the Store; c.mu is held (the
+// model it changes is the one Status reads).
+func (c *Controller) compile() *Program {
+	c.pendMu.Lock()
+	events := c.pending
+	c.pending = nil
+	c.pendMu.Unlock()
+	if c.compiler == nil {
+		// Every event taken is in the Store already; one after this
+		// point may be in the snapshot too, and replaying it later
+		// changes nothing.
+		s := c.o.Store
+		c.compiler = NewCompiler(NewModel(s.Pods(), s.Namespaces(), s.NetworkPolicies()),
+			func(p *cluster.Pod) bool { return p.NodeName == c.o.NodeName })
+		return c.compiler.Program()
+	}
+	for _, ev := range events {
+		c.compiler.Apply(ev)
+	}
+	return c.compiler.Program()
 }
 
 // Err is the last sync's failure, nil when it succeeded.

@@ -72,6 +72,7 @@ type Verdict struct {
 // status asks.
 type Model struct {
 	pods       map[netip.Addr]*cluster.Pod
+	byKey      map[cluster.Key]*cluster.Pod
 	namespaces map[string]*cluster.Namespace
 	policies   map[string][]*cluster.NetworkPolicy // by namespace, sorted by name
 }
@@ -81,15 +82,13 @@ type Model struct {
 func NewModel(pods []*cluster.Pod, namespaces []*cluster.Namespace, policies []*cluster.NetworkPolicy) *Model {
 	m := &Model{
 		pods:       make(map[netip.Addr]*cluster.Pod),
+		byKey:      make(map[cluster.Key]*cluster.Pod),
 		namespaces: make(map[string]*cluster.Namespace),
 		policies:   make(map[string][]*cluster.NetworkPolicy),
 	}
 	for _, p := range pods {
-		if p.HostNetwork {
-			continue
-		}
-		for _, a := range p.IPs {
-			m.pods[a] = p
+		if !p.HostNetwork {
+			m.addPod(p)
 		}
 	}
 	for _, n := range namespaces {
@@ -102,6 +101,62 @@ func NewModel(pods []*cluster.Pod, namespaces []*cluster.Namespace, policies []*
 		slices.SortFunc(l, func(a, b *cluster.NetworkPolicy) int { return strings.Compare(a.Name, b.Name) })
 	}
 	return m
+}
+
+func (m *Model) addPod(p *cluster.Pod) {
+	m.byKey[p.Key()] = p
+	for _, a := range p.IPs {
+		m.pods[a] = p
+	}
+}
+
+// removePod takes a pod out and returns its addresses. An address another
+// pod also claims goes back to that pod.
+func (m *Model) removePod(k cluster.Key) []netip.Addr {
+	p := m.byKey[k]
+	if p == nil {
+		return nil
+	}
+	delete(m.byKey, k)
+	for _, a := range p.IPs {
+		if m.pods[a] != p {
+			continue
+		}
+		delete(m.pods, a)
+		for _, other := range m.byKey {
+			if slices.Contains(other.IPs, a) {
+				m.pods[a] = other
+				break
+			}
+		}
+	}
+	return slices.Clone(p.IPs)
+}
+
+// addrsOf lists the addresses of the pods of namespace ns.
+func (m *Model) addrsOf(ns string) []netip.Addr {
+	var out []netip.Addr
+	for a, p := range m.pods {
+		if p.Namespace == ns {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func (m *Model) addPolicy(np *cluster.NetworkPolicy) {
+	l := append(m.policies[np.Namespace], np)
+	slices.SortFunc(l, func(a, b *cluster.NetworkPolicy) int { return strings.Compare(a.Name, b.Name) })
+	m.policies[np.Namespace] = l
+}
+
+func (m *Model) removePolicy(k cluster.Key) {
+	l := slices.DeleteFunc(m.policies[k.Namespace], func(np *cluster.NetworkPolicy) bool { return np.Name == k.Name })
+	if len(l) == 0 {
+		delete(m.policies, k.Namespace)
+		return
+	}
+	m.policies[k.Namespace] = l
 }
 
 // Pod returns the pod holding addr, if any.

@@ -222,6 +222,9 @@ func (t *Table) incremental(prog *Program) error {
 		seen[pp.Key] = true
 		inst := t.applied[pp.Key]
 		switch {
+		case inst != nil && inst.prog == pp:
+			// The Compiler hands out the same, unchanged, program
+			// for a policy a change did not touch.
 		case inst == nil:
 			t.addCounters(pp.Key)
 			if err := t.addInstance(pp); err != nil {

@@ -82,12 +82,6 @@ func (p *PolicyProgram) shape() string {
 // Compile builds the Program for the pods that local says live on this node.
 // Policies selecting no local pod are left out: other nodes enforce them.
 func (m *Model) Compile(local func(*cluster.Pod) bool) *Program {
-	localPods := make(map[*cluster.Pod]bool)
-	for _, p := range m.pods {
-		if local(p) {
-			localPods[p] = true
-		}
-	}
 	prog := &Program{}
 	var namespaces []string
 	for ns := range m.policies {
@@ -96,7 +90,7 @@ func (m *Model) Compile(local func(*cluster.Pod) bool) *Program {
 	slices.Sort(namespaces)
 	for _, ns := range namespaces {
 		for _, np := range m.policies[ns] {
-			if pp := m.compilePolicy(np, localPods); pp != nil {
+			if pp := m.compilePolicy(np, local); pp != nil {
 				prog.Policies = append(prog.Policies, pp)
 			}
 		}
@@ -104,13 +98,12 @@ func (m *Model) Compile(local func(*cluster.Pod) bool) *Program {
 	return prog
 }
 
-func (m *Model) compilePolicy(np *cluster.NetworkPolicy, local map[*cluster.Pod]bool) *PolicyProgram {
+// compilePolicy is one policy's program, nil when it selects no local pod.
+func (m *Model) compilePolicy(np *cluster.NetworkPolicy, local func(*cluster.Pod) bool) *PolicyProgram {
 	var selected []netip.Addr
-	var selectedPods []*cluster.Pod
 	for a, p := range m.pods {
-		if local[p] && Selects(np, p) {
+		if local(p) && Selects(np, p) {
 			selected = append(selected, a)
-			selectedPods = append(selectedPods, p)
 		}
 	}
 	if len(selected) == 0 {
@@ -125,13 +118,13 @@ func (m *Model) compilePolicy(np *cluster.NetworkPolicy, local map[*cluster.Pod]
 		dir := &pp.Dir[d]
 		dir.Applies, dir.Selected = true, selected
 		for _, r := range rules(np, d) {
-			dir.Rules = append(dir.Rules, m.compileRule(np, r, d, selectedPods))
+			dir.Rules = append(dir.Rules, m.compileRule(np, r, d, selected))
 		}
 	}
 	return pp
 }
 
-func (m *Model) compileRule(np *cluster.NetworkPolicy, r cluster.PolicyRule, d Direction, selected []*cluster.Pod) RuleProgram {
+func (m *Model) compileRule(np *cluster.NetworkPolicy, r cluster.PolicyRule, d Direction, selected []netip.Addr) RuleProgram {
 	rp := RuleProgram{AnyPeer: len(r.Peers) == 0, AnyPort: len(r.Ports) == 0}
 	for _, peer := range r.Peers {
 		if peer.IsBlock() {
@@ -139,21 +132,23 @@ func (m *Model) compileRule(np *cluster.NetworkPolicy, r cluster.PolicyRule, d D
 			continue
 		}
 		rp.HasPodPeers = true
+	}
+	if rp.HasPodPeers {
 		for a, p := range m.pods {
-			if m.PeerMatches(np, peer, a, p) {
+			if m.podPeer(np, r, a, p) {
 				rp.Pods = append(rp.Pods, a)
 			}
 		}
 	}
-	rp.Pods = sortAddrs(slices.Compact(sortAddrs(rp.Pods)))
+	rp.Pods = sortAddrs(rp.Pods)
 	rp.Blocks = mergeRanges(rp.Blocks)
 	// Named ports resolve at the destination: the selected pods for
 	// ingress, any pod for egress.
 	dsts := selected
 	if d == Egress {
 		dsts = nil
-		for _, p := range m.pods {
-			dsts = append(dsts, p)
+		for a := range m.pods {
+			dsts = append(dsts, a)
 		}
 	}
 	for _, pp := range r.Ports {
@@ -162,23 +157,40 @@ func (m *Model) compileRule(np *cluster.NetworkPolicy, r cluster.PolicyRule, d D
 			continue
 		}
 		rp.HasNamed = true
-		rp.Named = append(rp.Named, resolveNamed(pp, dsts)...)
+	}
+	if rp.HasNamed {
+		for _, a := range dsts {
+			rp.Named = append(rp.Named, m.namedAt(r, a)...)
+		}
 	}
 	slices.SortFunc(rp.Named, compareNamed)
 	rp.Named = slices.Compact(rp.Named)
 	return rp
 }
 
-// resolveNamed lists (address, protocol, port) of every pod in dsts whose
-// containers name pp's port with pp's protocol.
-func resolveNamed(pp cluster.PolicyPort, dsts []*cluster.Pod) []NamedTarget {
+// podPeer says whether one of r's pod peers (not ipBlocks) takes the pod p
+// at address a.
+func (m *Model) podPeer(np *cluster.NetworkPolicy, r cluster.PolicyRule, a netip.Addr, p *cluster.Pod) bool {
+	return slices.ContainsFunc(r.Peers, func(peer cluster.PolicyPeer) bool {
+		return !peer.IsBlock() && m.PeerMatches(np, peer, a, p)
+	})
+}
+
+// namedAt resolves r's named ports at address a: (a, protocol, port) for
+// each of the pod's container ports that a ports entry names with its
+// protocol.
+func (m *Model) namedAt(r cluster.PolicyRule, a netip.Addr) []NamedTarget {
+	p := m.pods[a]
+	if p == nil {
+		return nil
+	}
 	var out []NamedTarget
-	for _, p := range dsts {
+	for _, pp := range r.Ports {
+		if pp.Named == "" {
+			continue
+		}
 		for _, cp := range p.Ports {
-			if cp.Name != pp.Named || cp.Protocol != pp.Protocol {
-				continue
-			}
-			for _, a := range p.IPs {
+			if cp.Name == pp.Named && cp.Protocol == pp.Protocol {
 				out = append(out, NamedTarget{Addr: a, Protocol: cp.Protocol, Port: cp.Port})
 			}
 		}
