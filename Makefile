@@ -16,7 +16,7 @@ FUZZTIME ?= 20s
 
 BINARIES := bin/podnet bin/loopback bin/portmap bin/proxyd bin/dnsd bin/podnet-lab
 
-.PHONY: all build deps test demo demo-down bench bench-table soak lint generate clean apiserver image kube-node conformance
+.PHONY: all build deps test demo demo-down bench bench-table soak lint generate clean apiserver image kube-node conformance flannel
 
 all: build
 
@@ -122,6 +122,34 @@ $(COREDNS):
 	GOBIN=$@.tmp nice -n 10 $(GO) install -trimpath -ldflags '-s -w' github.com/coredns/coredns@$(COREDNS_VERSION)
 	mv $@.tmp/coredns $@
 	rmdir $@.tmp
+
+# The starting point of make migrate: flannel, the release line the
+# issue's clusters run, built from its Go module (the Go module proxy) and
+# cached like the kube binaries. Its main package imports every backend,
+# and the proxy does not serve the Tencent Cloud SDK module its tencentvpc
+# backend needs, and the udp backend needs cgo (this Makefile builds static
+# binaries, which the lab's images need), so the build is of a copy of the
+# module with those two import lines left out (the lab uses the vxlan
+# backend). Its CNI side is
+# the reference bridge and host-local plugins (tools in go.mod), with the
+# configuration flannel's CNI plugin would hand them.
+FLANNEL_VERSION := v0.28.10
+FLANNELD := $(APISERVER_CACHE)/flanneld-$(FLANNEL_VERSION)
+$(FLANNELD):
+	mkdir -p $(APISERVER_CACHE)
+	rm -rf $@.src $@.tmp
+	cp -r "$$(cd $(APISERVER_CACHE) && $(GO) mod download -json github.com/flannel-io/flannel@$(FLANNEL_VERSION) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p')" $@.src
+	chmod -R u+w $@.src
+	sed -i -e '\#"github.com/flannel-io/flannel/pkg/backend/tencentvpc"#d' -e '\#"github.com/flannel-io/flannel/pkg/backend/udp"#d' $@.src/main.go
+	cd $@.src && nice -n 10 $(GO) build -trimpath \
+		-ldflags '-s -w -X github.com/flannel-io/flannel/pkg/version.Version=$(FLANNEL_VERSION)' -o $@.tmp .
+	mv $@.tmp $@
+	rm -rf $@.src
+bin/bridge: FORCE
+	$(GO) build $(GOFLAGS_BUILD) -o $@ github.com/containernetworking/plugins/plugins/main/bridge
+bin/host-local: FORCE
+	$(GO) build $(GOFLAGS_BUILD) -o $@ github.com/containernetworking/plugins/plugins/ipam/host-local
+flannel: $(FLANNELD) bin/bridge bin/host-local
 
 # The ginkgo CLI runs e2e.test with parallel processes, as upstream CI
 # does: at the version e2e.test is built with (the tools module's), from the
