@@ -188,9 +188,22 @@ func TestPartialSyncEqualsFull(t *testing.T) {
 	p := apply(t, f, defaultCfg, ports)
 	for i := range 200 {
 		next := states[rng.IntN(len(states))]()
+		// Every other step names the Services that may have changed
+		// (those before and after), as the syncer does; the others
+		// leave the Proxier to compare them all.
+		var changed map[cluster.Key]bool
+		if i%2 == 1 {
+			changed = map[cluster.Key]bool{}
+			for k := range ports {
+				changed[k] = true
+			}
+			for k := range next {
+				changed[k] = true
+			}
+		}
 		maps.DeleteFunc(ports, func(cluster.Key, []*proxy.ServicePort) bool { return true })
 		maps.Copy(ports, next)
-		if _, err := p.Sync(ports, nil, false); err != nil {
+		if _, err := p.Sync(ports, changed, false); err != nil {
 			t.Fatalf("step %d: partial sync: %v", i, err)
 		}
 		got, want := f.Table(ipfamily.IPv4).String(), defaultCfg.Generate(ports).String()

@@ -72,6 +72,8 @@ type Proxier struct {
 	// memo holds each ServicePort's objects while it is in use (a
 	// ServicePort is never changed).
 	memo map[*proxy.ServicePort]*portObjects
+	// Chains and elements of the Services' own objects (count).
+	ownChains, ownElems int
 	// Stats of the last sync, for tests and status.
 	LastOps int
 }
@@ -93,13 +95,20 @@ func NewProxier(cfg Config, k Kernel) *Proxier {
 // family in one transaction; otherwise only the objects and elements of
 // the Services that differ from the last sync change, in one transaction.
 // After a failure the next sync is full.
-func (p *Proxier) Sync(ports map[cluster.Key][]*proxy.ServicePort, _ map[cluster.Key]bool, full bool) (proxy.SyncResult, error) {
+//
+// changed (the Services that differ from the last successful sync, as
+// proxy.Backend says) is what a partial sync looks at; nil: every
+// Service is compared with the last sync's.
+func (p *Proxier) Sync(ports map[cluster.Key][]*proxy.ServicePort, changed map[cluster.Key]bool, full bool) (proxy.SyncResult, error) {
 	var ops []Op
 	var err error
-	if full || !p.synced {
-		ops, err = p.fullOps(ports)
+	var keys []cluster.Key
+	partial := !full && p.synced
+	if partial {
+		keys = p.changedKeys(ports, changed)
+		ops = p.partialOps(ports, keys)
 	} else {
-		ops = p.partialOps(ports)
+		ops, err = p.fullOps(ports)
 	}
 	if err != nil {
 		p.synced = false
@@ -113,26 +122,64 @@ func (p *Proxier) Sync(ports map[cluster.Key][]*proxy.ServicePort, _ map[cluster
 		}
 	}
 	p.synced = true
-	// The caller updates its map in place between syncs.
-	p.lastPorts = maps.Clone(ports)
+	// The caller updates its map in place between syncs: the last sync's
+	// is a copy.
+	if !partial {
+		p.lastPorts = maps.Clone(ports)
+	}
+	for _, k := range keys {
+		if sps, ok := ports[k]; ok {
+			p.lastPorts[k] = sps
+		} else {
+			delete(p.lastPorts, k)
+		}
+	}
 	return proxy.SyncResult{Rules: p.count()}, nil
+}
+
+// changedKeys are the Services whose ports differ from the last sync's:
+// among changed, or among all when changed is nil.
+func (p *Proxier) changedKeys(ports map[cluster.Key][]*proxy.ServicePort, changed map[cluster.Key]bool) []cluster.Key {
+	var keys []cluster.Key
+	if changed != nil {
+		for k := range changed {
+			if !slices.Equal(p.lastPorts[k], ports[k]) {
+				keys = append(keys, k)
+			}
+		}
+		return keys
+	}
+	for k, sps := range ports {
+		if !slices.Equal(p.lastPorts[k], sps) {
+			keys = append(keys, k)
+		}
+	}
+	for k := range p.lastPorts {
+		if _, ok := ports[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+// objCount is the chains and elements of a Service's own objects.
+func objCount(objs []*portObjects) (chains, elems int) {
+	for _, o := range objs {
+		chains += len(o.chains)
+		for _, s := range o.sets {
+			elems += len(s.Elems)
+		}
+	}
+	return chains, elems
 }
 
 // count is what the table holds, by kind.
 func (p *Proxier) count() map[string]int {
-	chains, elems := 0, 0
-	for _, objs := range p.objs {
-		for _, o := range objs {
-			chains += len(o.chains)
-			for _, s := range o.sets {
-				elems += len(s.Elems)
-			}
-		}
-	}
+	elems := p.ownElems
 	for _, bySet := range p.shared.m {
 		elems += len(bySet)
 	}
-	return map[string]int{"nftables-chains": chains, "nftables-elements": elems}
+	return map[string]int{"nftables-chains": p.ownChains, "nftables-elements": elems}
 }
 
 func (p *Proxier) portObjects(sp *proxy.ServicePort, memo map[*proxy.ServicePort]*portObjects) *portObjects {
@@ -216,6 +263,12 @@ func (p *Proxier) fullOps(ports map[cluster.Key][]*proxy.ServicePort) ([]Op, err
 	}
 	ops = append(ops, fillOps(f, want, have, keep)...)
 	p.memo, p.objs, p.shared = memo, objs, sh
+	p.ownChains, p.ownElems = 0, 0
+	for _, o := range objs {
+		c, e := objCount(o)
+		p.ownChains += c
+		p.ownElems += e
+	}
 	return append(ops, dels...), nil
 }
 
@@ -270,21 +323,13 @@ type change struct {
 
 // partialOps writes what differs for the Services whose ServicePorts
 // changed since the last sync.
-func (p *Proxier) partialOps(ports map[cluster.Key][]*proxy.ServicePort) []Op {
+func (p *Proxier) partialOps(ports map[cluster.Key][]*proxy.ServicePort, keys []cluster.Key) []Op {
+	if len(keys) == 0 {
+		return nil
+	}
 	c := &change{f: p.cfg.Family, touched: make(map[[2]string]bool), oldWinners: make(map[[2]string]*Elem),
 		sharedByName: p.cfg.Static().Sets}
 	memo := p.memo
-	var keys []cluster.Key
-	for k, sps := range ports {
-		if !slices.Equal(p.lastPorts[k], sps) {
-			keys = append(keys, k)
-		}
-	}
-	for k := range p.lastPorts {
-		if _, ok := ports[k]; !ok {
-			keys = append(keys, k)
-		}
-	}
 	for _, k := range keys {
 		old := p.objs[k]
 		var nw []*portObjects
@@ -292,6 +337,10 @@ func (p *Proxier) partialOps(ports map[cluster.Key][]*proxy.ServicePort) []Op {
 			nw = append(nw, p.portObjects(sp, memo))
 		}
 		p.diffService(c, k, old, nw)
+		oc, oe := objCount(old)
+		nc, ne := objCount(nw)
+		p.ownChains += nc - oc
+		p.ownElems += ne - oe
 		for _, sp := range p.lastPorts[k] {
 			if !slices.Contains(ports[k], sp) {
 				delete(memo, sp)
