@@ -280,6 +280,13 @@ func goPolicy(g *app.Group, o Options, store *cluster.Store, checker *health.Che
 	checker.Check("network-policy", c.Err)
 	board.Provide(StatusPolicy, func() any { return c.Status() })
 	g.Go("network policy", c.Run)
+	g.Go("network policy log", func(ctx context.Context) error {
+		// The log is for people: enforcement goes on without it.
+		if err := policy.ListenDenied(ctx, o.PolicyLogGroup, c.LogDenied); err != nil {
+			o.Logger.Error("network policy: the log of denied connections stopped", "err", err)
+		}
+		return nil
+	})
 	return nil
 }
 

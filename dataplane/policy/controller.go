@@ -3,6 +3,7 @@ package policy
 import (
 	"context"
 	"log/slog"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -120,6 +121,42 @@ func (c *Controller) compile() *Program {
 		c.compiler.Apply(ev)
 	}
 	return c.compiler.Program()
+}
+
+// LogDenied logs one denied new connection (from ListenDenied) with the
+// pods at its ends and the policies that selected the pod whose direction
+// denied it, as the last synced model has them.
+func (c *Controller) LogDenied(d Denied) {
+	c.mu.Lock()
+	attrs := describeDenied(c.model, d)
+	c.mu.Unlock()
+	c.o.Logger.Info("network policy denied a new connection", attrs...)
+}
+
+// describeDenied is a denied connection's log attributes; an address no
+// pod holds is named by itself.
+func describeDenied(m *Model, d Denied) []any {
+	name := func(a netip.Addr) string {
+		if m != nil {
+			if p := m.Pod(a); p != nil {
+				return p.Key().String()
+			}
+		}
+		return a.String()
+	}
+	policies := []string{}
+	if m != nil {
+		v := m.Evaluate(d.Flow)
+		keys := v.Ingress
+		if d.Direction == Egress {
+			keys = v.Egress
+		}
+		for _, k := range keys {
+			policies = append(policies, k.String())
+		}
+	}
+	return []any{"direction", d.Direction.String(), "src", name(d.Src), "dst", name(d.Dst),
+		"protocol", string(d.Protocol), "port", d.Port, "srcIP", d.Src.String(), "dstIP", d.Dst.String(), "policies", policies}
 }
 
 // Err is the last sync's failure, nil when it succeeded.

@@ -141,6 +141,7 @@ func (t *Table) skeleton() {
 		t.conn.AddChain(t.chain(name + "-allow"))
 		t.conn.AddChain(t.chain(name + "-deny"))
 		t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: base, Exprs: ctEstablished()})
+		t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: base, Exprs: neighbourDiscovery()})
 		for _, f := range t.opts.Families {
 			set := &nftables.Set{Table: t.table, Name: isoSet(Direction(d), f), KeyType: addrType(f)}
 			_ = t.conn.AddSet(set, nil)
@@ -155,6 +156,22 @@ func (t *Table) skeleton() {
 		}})
 		t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: check, Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}})
 	}
+}
+
+// neighbourDiscovery accepts IPv6 neighbour and router discovery (ICMPv6
+// types 133-137), which pods on one bridge need to reach each other at
+// all: an egress-isolated pod's neighbour solicitation goes to a multicast
+// address no rule allows, and an ingress-isolated pod's unreachability
+// probes are unicast ICMPv6 no ports entry takes. It is the link's
+// business, as ARP is for IPv4 (which never reaches these hooks).
+func neighbourDiscovery() []expr.Any {
+	return concat(nfproto(ipfamily.IPv6), []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_ICMPV6}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
+		&expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: []byte{133}, ToData: []byte{137}},
+		&expr.Verdict{Kind: expr.VerdictAccept},
+	})
 }
 
 func isoSet(d Direction, f ipfamily.Family) string {
