@@ -80,9 +80,11 @@ $(CONTAINERD_ROOT)/usr/bin/containerd:
 	for d in $(CONTAINERD_ROOT).tmp/debs/*.deb; do dpkg-deb -x $$d $(CONTAINERD_ROOT).tmp; done
 	rm -rf $(CONTAINERD_ROOT) && mv $(CONTAINERD_ROOT).tmp $(CONTAINERD_ROOT)
 
-# Three real nodes running podnet (two on one segment, one across the
-# router): TestRealNodes (pod to pod over host-gw and VXLAN, ClusterIP,
-# NodePort, kubectl exec and logs, a DaemonSet rolling update under traffic,
+# The images the conformance specs run, each with the commands they exec in
+# it (TestAgnhostStandInRunsTheFrameworksCommands), then three real nodes
+# running podnet (two on one segment, one across the router): TestRealNodes
+# (zones and host names of the nodes, pod to pod over host-gw and VXLAN,
+# ClusterIP, NodePort, kubectl exec and logs, a DaemonSet rolling update under traffic,
 # kubelet and containerd killed and restarted with a pod's containers lost;
 # TestRealNodesEBPF the same with deploy/ebpf; TestRealNodeHelm: one node
 # installed from the Helm chart, deploy/helm/podnet, in nftables mode),
@@ -185,7 +187,7 @@ conformance: deps build apiserver image kube-node $(E2E_TEST) $(AGNHOST) $(KUBE_
 	PODNET_CONFORMANCE_PROCS=$(CONFORMANCE_PROCS) PODNET_CONFORMANCE_BUDGET=$(CONFORMANCE_BUDGET) \
 	PODNET_CONFORMANCE_ONE_LAB=$(CONFORMANCE_ONE_LAB) \
 	PODNET_KUBE_PROXY=$(KUBE_PROXY) PODNET_COREDNS=$(COREDNS) \
-		$(GO) test -tags conformance -count=1 -timeout $(CONFORMANCE_TIMEOUT) -v -run '^(TestRealNodes|TestRealNodesEBPF|TestRealNodeHelm|TestConformance)$$' ./e2e/
+		$(GO) test -tags conformance -count=1 -timeout $(CONFORMANCE_TIMEOUT) -v -run '^(TestAgnhostStandInRunsTheFrameworksCommands|TestRealNodes|TestRealNodesEBPF|TestRealNodeHelm|TestConformance)$$' ./e2e/
 
 # podnet's image as a docker-archive tarball (`ctr images import`, `docker
 # load`), without a Docker engine: the final stage of the Dockerfile read by

@@ -35,7 +35,7 @@ const (
 // regression-issue-74839, each with what the specs exec in it),
 // glibc-dns-testing (Debian with dnsutils), nginx (has only to keep
 // serving: the test app), and pause.
-func conformanceImages(t *testing.T, dir, agnhost, testapp string) []string {
+func conformanceImages(t *testing.T, dir, agnhost, coredns, testapp string) []string {
 	t.Helper()
 	certDir := filepath.Join(dir, "certs")
 	if err := os.MkdirAll(certDir, 0o755); err != nil {
@@ -63,7 +63,7 @@ func conformanceImages(t *testing.T, dir, agnhost, testapp string) []string {
 		{confGCRegistry + "/pause:3.10.2", image.Spec{Files: []image.File{{Src: testapp, Dst: "/testapp", Mode: 0o755}},
 			Entrypoint: []string{"/testapp", "pause"}}},
 	}
-	for _, si := range standIns(agnhost, filepath.Join(certDir, "localhost.crt"), filepath.Join(certDir, "localhost.key"), buildRegression74839(t, dir)) {
+	for _, si := range standIns(agnhost, coredns, filepath.Join(certDir, "localhost.crt"), filepath.Join(certDir, "localhost.key"), buildRegression74839(t, dir)) {
 		specs = append(specs, struct {
 			tag  string
 			spec image.Spec
@@ -142,7 +142,7 @@ func TestConformance(t *testing.T) {
 	checkCoreDNSVersion(t, r.coredns)
 	checkGinkgoVersion(t, r.ginkgo)
 	dir := t.TempDir()
-	images := conformanceImages(t, dir, r.agnhost, buildTestapp(t, dir))
+	images := conformanceImages(t, dir, r.agnhost, r.coredns, buildTestapp(t, dir))
 	baselineImages := append([]string{corednsImageTar(t, dir, r.coredns)}, images...)
 
 	results := map[string]map[string]specResult{}
