@@ -1,15 +1,18 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	networkingv1 "k8s.io/api/networking/v1"
 	"sigs.k8s.io/yaml"
 
@@ -270,10 +273,79 @@ func testPolicyMatrix(t *testing.T, mode string) {
 		}
 	})
 
+	t.Run("an established connection outlives a policy that denies it, new ones follow the policy", func(t *testing.T) {
+		c.establishedOutlivesPolicy(t)
+	})
+
 	t.Run("policies removed", func(t *testing.T) {
 		if err := c.svc.lab.RemoveState("policies.yaml"); err != nil {
 			t.Fatal(err)
 		}
 		c.awaitMatrix("policies removed", all)
 	})
+}
+
+// establishedOutlivesPolicy holds a TCP connection green/a -> red/a (allowed
+// by from-y-tcp) and keeps it busy while from-y-tcp is deleted: once a new
+// connection is refused (the new policy is enforced), the held one still
+// echoes, as the table accepts established flows before it judges. The
+// policies are restored after.
+func (c *polCluster) establishedOutlivesPolicy(t *testing.T) {
+	green, red := c.pods[2], c.pods[0]
+	addr := net.JoinHostPort(red.pod.IPOf(c.family).String(), fmt.Sprint(polTCP))
+	var conn net.Conn
+	if err := ns.WithNetNSPath(green.pod.NSPath(), func(ns.NetNS) error {
+		var err error
+		conn, err = net.DialTimeout("tcp", addr, 5*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	if line, err := r.ReadString('\n'); err != nil || !strings.HasPrefix(line, red.key()+" ") {
+		t.Fatalf("greeting %q, %v", line, err)
+	}
+	roundTrip := func(i int) error {
+		conn.SetDeadline(time.Now().Add(5 * time.Second))
+		msg := fmt.Sprintf("ping %d\n", i)
+		if _, err := conn.Write([]byte(msg)); err != nil {
+			return err
+		}
+		got, err := r.ReadString('\n')
+		if err == nil && got != msg {
+			err = fmt.Errorf("echoed %q, want %q", got, msg)
+		}
+		return err
+	}
+	// Load on the held connection while the policy changes.
+	stop, loadErr := make(chan struct{}), make(chan error, 1)
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				loadErr <- nil
+				return
+			default:
+			}
+			if err := roundTrip(i); err != nil {
+				loadErr <- err
+				return
+			}
+		}
+	}()
+	c.writePolicies(slices.DeleteFunc(slices.Clone(polPolicies), func(d string) bool { return strings.Contains(d, "name: from-y-tcp") }))
+	waitUntil(t, 30*time.Second, func() bool {
+		_, err := green.pod.Probe(t.Context(), "tcp", addr)
+		return err != nil
+	}, "a new connection green -> red refused once from-y-tcp is gone")
+	close(stop)
+	if err := <-loadErr; err != nil {
+		t.Errorf("the held connection broke while the policy changed: %v", err)
+	}
+	if err := roundTrip(-1); err != nil {
+		t.Errorf("the held connection no longer echoes after the policy that allowed it went: %v", err)
+	}
+	c.writePolicies(polPolicies)
+	c.awaitMatrix("policies restored", c.modelSays)
 }
