@@ -36,6 +36,22 @@ if [ "$rc" -ne 0 ]; then
 fi
 grep -E '^(\||$)' "$out"
 
+# Dual-stack against single-stack (issue 22): first sync and one endpoint
+# change of 10,000 Services × 10 endpoints per family in iptables mode
+# (iptables-nft with ip6tables-nft beside it) and nftables mode, alternating
+# rounds, medians (ebpf mode's runs below with its other figures).
+for pkg in iptables nftables; do
+	echo
+	PODNET_BENCH=1 \
+	PODNET_BENCH_ROUNDS="${BENCH_ROUNDS:-1}" \
+		go test -count=1 -timeout 30m -run '^$' -bench '^BenchmarkDualStackSync$' -benchtime 1x -v ./dataplane/proxy/$pkg/ >"$out" 2>&1 || rc=$?
+	if [ "$rc" -ne 0 ]; then
+		cat "$out" >&2
+		exit "$rc"
+	fi
+	grep -E '^(\||$|[0-9]+ interleaved rounds)' "$out"
+done
+
 # ebpf mode: the same Services into the BPF maps (full load, one endpoint
 # changed, a full resync that finds nothing to change, map memory), and
 # connect latency through socket LB against the pod address.

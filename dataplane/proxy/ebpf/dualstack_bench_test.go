@@ -4,39 +4,16 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"slices"
-	"strconv"
 	"testing"
 	"time"
 
-	"github.com/podnet/podnet/dataplane/cluster"
-	"github.com/podnet/podnet/dataplane/proxy"
+	"github.com/podnet/podnet/dataplane/proxy/proxytest"
 	"github.com/podnet/podnet/dataplane/roottest"
 )
 
-// dsBenchPorts is n ClusterIP Services × eps endpoints per family: an
-// IPv4 port each, and with dual an IPv6 port of the same name beside it
-// (a dual-stack Service as proxy.BuildServicePorts gives one Backend of
-// every family).
-func dsBenchPorts(n, eps int, dual bool) map[cluster.Key][]*proxy.ServicePort {
-	out := make(map[cluster.Key][]*proxy.ServicePort, n)
-	for i := range n {
-		name := fmt.Sprintf("s%05d", i)
-		var e4, e6 []proxy.Endpoint
-		for j := range eps {
-			e4 = append(e4, ep(fmt.Sprintf("10.%d.%d.%d", 245+j, i/250, i%250+1), 8080, false))
-			e6 = append(e6, ep(fmt.Sprintf("fd00:10:%x:%x::%x", 0x245+j, i/250, i%250+1), 8080, false))
-		}
-		out[key(name)] = []*proxy.ServicePort{clusterIPPort(name, benchVIP(i), 80, cluster.TCP, e4...)}
-		if dual {
-			out[key(name)] = append(out[key(name)], clusterIPPort(name, fmt.Sprintf("fd00:10:96::%x", i+1), 80, cluster.TCP, e6...))
-		}
-	}
-	return out
-}
-
-// dsSyncRound loads fresh maps, syncs n Services into them (full) and then
-// one endpoint change of one Service's IPv4 port (partial).
+// dsSyncRound loads fresh maps, syncs proxytest.DualStackState's n Services
+// into them (full) and then one endpoint change of one Service's IPv4 port
+// (partial).
 func dsSyncRound(b *testing.B, n int, dual bool) (full, fullCPU, change time.Duration) {
 	b.Helper()
 	dp, err := load("")
@@ -44,20 +21,17 @@ func dsSyncRound(b *testing.B, n int, dual bool) (full, fullCPU, change time.Dur
 		b.Fatal(err)
 	}
 	defer dp.Close()
-	ports := dsBenchPorts(n, 10, dual)
+	st, state := proxytest.DualStackState(n, 10, dual)
 	sy := NewSyncer(dp.Maps, nil)
 	runtime.GC()
 	start, cpu0 := time.Now(), cpuTime()
-	if _, err := sy.Sync(ports, nil, true); err != nil {
+	if _, err := sy.Sync(state.Ports, nil, true); err != nil {
 		b.Fatal(err)
 	}
 	full, fullCPU = time.Since(start), cpuTime()-cpu0
-	k := key(fmt.Sprintf("s%05d", n/2))
-	sp := *ports[k][0]
-	sp.ClusterEndpoints = append(slices.Clone(sp.ClusterEndpoints[1:]), ep("10.250.250.250", 8080, false))
-	ports[k] = append([]*proxy.ServicePort{&sp}, ports[k][1:]...)
+	changed := proxytest.ChangeOneEndpoint(st, state, n)
 	start = time.Now()
-	if _, err := sy.Sync(ports, map[cluster.Key]bool{k: true}, false); err != nil {
+	if _, err := sy.Sync(state.Ports, changed, false); err != nil {
 		b.Fatal(err)
 	}
 	return full, fullCPU, time.Since(start)
@@ -73,14 +47,7 @@ func BenchmarkDualStackSync(b *testing.B) {
 	if os.Getenv("PODNET_BENCH") == "" {
 		roottest.Optional(b, "set PODNET_BENCH=1, as scripts/bench-services.sh does")
 	}
-	n := 10000
-	if v, err := strconv.Atoi(os.Getenv("PODNET_BENCH_DUALSTACK_SIZE")); err == nil && v > 1 {
-		n = v
-	}
-	rounds := 5
-	if r, err := strconv.Atoi(os.Getenv("PODNET_BENCH_ROUNDS")); err == nil && r > rounds {
-		rounds = r
-	}
+	n, rounds := proxytest.DualStackSize()
 	type times struct{ full, fullCPU, change []time.Duration }
 	var res [2]times // single, dual
 	for r := range rounds {
