@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -669,6 +670,7 @@ func TestRealNodeSmoke(t *testing.T) {
 		c.errorf("ip_forward on the node: %q, %v; proxyd init says:\n%s", fwd, err, logs)
 	}
 	c.checkProxydProcSysReadOnly(ctx)
+	c.checkNodesAsMachines(ctx, 1)
 	c.checkNodeRBAC(ctx)
 	c.checkWeb(ctx)
 	// The API server reaches pods too (pods/proxy), as on a control plane node.
@@ -705,6 +707,42 @@ func (c *realCluster) checkProxydProcSysReadOnly(ctx context.Context) {
 	logs, err := c.kubectl(ctx, "-n", "podnet-system", "logs", "daemonset/podnet-node", "-c", "proxyd")
 	if err != nil || strings.Contains(logs, "sysctl") {
 		c.errorf("proxyd's log mentions a sysctl (%v):\n%s", err, logs)
+	}
+}
+
+// checkNodesAsMachines checks what a real cluster's nodes have and the lab
+// gives them: each Node carries its lab node's topology.kubernetes.io/zone
+// (zones distinct zones in all: the topology and trafficDistribution specs
+// skip without them), and a host-network pod on each node (podnet's
+// proxyd) has the node's name as its host name, the node's own UTS
+// namespace, not the machine's that runs the lab.
+func (c *realCluster) checkNodesAsMachines(ctx context.Context, zones int) {
+	c.t.Helper()
+	seen := map[string]bool{}
+	for _, n := range c.nodes {
+		node, err := c.admin.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			c.errorf("node %s: %v", n.Name, err)
+			continue
+		}
+		zone := node.Labels[corev1.LabelTopologyZone]
+		if zone == "" || zone != n.Zone {
+			c.errorf("node %s: %s=%q, want %q", n.Name, corev1.LabelTopologyZone, zone, n.Zone)
+		}
+		seen[zone] = true
+		pods, err := c.admin.CoreV1().Pods("podnet-system").List(ctx, metav1.ListOptions{
+			LabelSelector: "app.kubernetes.io/name=podnet-node", FieldSelector: "spec.nodeName=" + n.Name})
+		if err != nil || len(pods.Items) != 1 || !pods.Items[0].Spec.HostNetwork {
+			c.errorf("the host-network podnet-node pod on %s: %v, %v", n.Name, pods, err)
+			continue
+		}
+		host, err := c.kubectl(ctx, "-n", "podnet-system", "exec", pods.Items[0].Name, "-c", "proxyd", "--", "cat", "/proc/sys/kernel/hostname")
+		if err != nil || strings.TrimSpace(host) != n.Name {
+			c.errorf("host name in the host-network pod %s on %s: %q, %v; want the node's name", pods.Items[0].Name, n.Name, host, err)
+		}
+	}
+	if len(seen) != zones {
+		c.errorf("the nodes are in zones %v, want %d distinct ones", slices.Sorted(maps.Keys(seen)), zones)
 	}
 }
 

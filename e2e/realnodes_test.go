@@ -79,7 +79,7 @@ spec:
 }
 
 // TestRealNodes checks point 4 of the real-node issue on three nodes:
-// pod → pod on every pair of nodes (host-gw and VXLAN), a ClusterIP and a
+// each node in a zone of its own and with its own host name, pod → pod on every pair of nodes (host-gw and VXLAN), a ClusterIP and a
 // NodePort (from outside the cluster), kubectl exec and logs, a rolling
 // update of podnet's DaemonSet to a new image under steady Service traffic
 // without a failed request, and a node whose kubelet and containerd are
@@ -111,6 +111,8 @@ func testRealNodes(t *testing.T, variant string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+
+	c.checkNodesAsMachines(ctx, len(names))
 
 	t.Run("pod to pod on every pair of nodes", func(t *testing.T) {
 		for _, from := range names {

@@ -1,7 +1,8 @@
 // Package realnode turns a lab node into a real Kubernetes node: containerd
 // (Debian's, unpacked without its install scripts) and a kubelet built from
 // the Go module proxy, running inside the node's network namespace and a
-// private mount namespace of the node's own. The host is left as it was:
+// private mount and UTS namespace of the node's own (its host name is the
+// node's name). The host is left as it was:
 //
 //   - /etc, /opt, /usr and /var are overlays whose writes land in the node's
 //     directory; /var/lib/containerd and /var/lib/kubelet are the node's own
@@ -231,18 +232,23 @@ func (n *Node) mountScript() string {
 	// A node fresh from boot forwards nothing (a new namespace inherits the
 	// host's setting): the DaemonSet has to turn it on itself.
 	fmt.Fprintf(&b, "echo 0 > /proc/sys/net/ipv4/ip_forward\n")
+	// The node's own host name, in a UTS namespace of its own, as a real
+	// machine has: hostNetwork pods share it (their hostname is the node's
+	// name, which specs compare with the Node).
+	fmt.Fprintf(&b, "hostname %s\n", n.Name)
 	fmt.Fprintf(&b, "echo $$ > %s/mountns.pid\n", d)
 	fmt.Fprintf(&b, "exec sleep infinity\n")
 	return b.String()
 }
 
-// startMountNS starts the process that holds the node's mount namespace.
+// startMountNS starts the process that holds the node's mount and UTS
+// namespaces.
 // ip netns exec (through the lab) gives the namespace's /sys, which hides
 // the host's cgroup mounts: nsenter back into this process's mount
 // namespace first, then unshare a private one.
 func (n *Node) startMountNS(ctx context.Context) error {
 	p, err := n.Node.Start("mountns", "nsenter", "--mount=/proc/"+strconv.Itoa(os.Getpid())+"/ns/mnt", "--",
-		"unshare", "--mount", "--propagation", "private", "sh", "-c", n.mountScript())
+		"unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", n.mountScript())
 	if err != nil {
 		return err
 	}
@@ -266,15 +272,15 @@ func (n *Node) startMountNS(ctx context.Context) error {
 	}
 }
 
-// inNode prefixes a command so it runs in the node's mount namespace (the
-// lab already puts it in the node's network namespace and cgroup), with the
-// Debian containerd's binaries on PATH.
+// inNode prefixes a command so it runs in the node's mount and UTS
+// namespaces (the lab already puts it in the node's network namespace and
+// cgroup), with the Debian containerd's binaries on PATH.
 func (n *Node) inNode(args ...string) []string {
 	path := filepath.Join(n.o.Binaries.ContainerdRoot, "usr/bin") + ":" + filepath.Join(n.o.Binaries.ContainerdRoot, "usr/sbin") + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-	return append([]string{"nsenter", "-t", strconv.Itoa(n.holderPid), "-m", "--", "env", "PATH=" + path}, args...)
+	return append([]string{"nsenter", "-t", strconv.Itoa(n.holderPid), "-m", "-u", "--", "env", "PATH=" + path}, args...)
 }
 
-// Exec runs a command inside the node (network and mount namespace).
+// Exec runs a command inside the node (network, mount and UTS namespaces).
 func (n *Node) Exec(ctx context.Context, args ...string) (string, error) {
 	return n.Node.Exec(ctx, n.inNode(args...)...)
 }
