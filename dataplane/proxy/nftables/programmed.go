@@ -85,6 +85,7 @@ func (p *Programmed) add(t *Table) {
 		}
 		return fmt.Sprintf(":%d", e.Key[1].Num), protoName(e.Key[0].Num)
 	}
+	eps := t.endpointIndex()
 	for _, set := range []string{n.services, n.nodePorts} {
 		for _, e := range t.setElems(set) {
 			addr, proto := frontend(e)
@@ -92,7 +93,7 @@ func (p *Programmed) add(t *Table) {
 			if t.Chains[e.Goto] == nil {
 				p.Problems = append(p.Problems, fmt.Sprintf("%s/%s goes to chain %s, which is missing", addr, proto, e.Goto))
 			}
-			f.Endpoints = t.endpointsOf(e.Goto)
+			f.Endpoints = t.endpointsOf(e.Goto, eps)
 			p.Frontends = append(p.Frontends, f)
 		}
 	}
@@ -111,10 +112,23 @@ func (t *Table) setElems(name string) []Elem {
 	return nil
 }
 
+// endpointIndex is the endpoints of the endpoint maps by target id.
+func (t *Table) endpointIndex() map[uint64][]string {
+	out := map[uint64][]string{}
+	for name, s := range t.Sets {
+		if !strings.HasPrefix(name, endpointMapPrefix) {
+			continue
+		}
+		for _, e := range s.Elems {
+			out[e.Key[0].ID] = append(out[e.Key[0].ID], e.To.String())
+		}
+	}
+	return out
+}
+
 // endpointsOf lists the endpoints of the targets of a port's chain
-// (svc-, ext- or fw-<family>-<hash>): the elements of the endpoint map
-// under either of the ids the hash gives.
-func (t *Table) endpointsOf(chain string) []string {
+// (svc-, ext- or fw-<family>-<hash>): those of either id the hash gives.
+func (t *Table) endpointsOf(chain string, index map[uint64][]string) []string {
 	_, id, ok := strings.Cut(chain, "-")
 	if !ok {
 		return nil
@@ -126,17 +140,8 @@ func (t *Table) endpointsOf(chain string) []string {
 		return nil
 	}
 	var out []string
-	var elems []Elem
-	for name, s := range t.Sets {
-		if strings.HasPrefix(name, endpointMapPrefix) {
-			elems = append(elems, s.Elems...)
-		}
-	}
-	for _, e := range elems {
-		if id := e.Key[0].ID; id != cluster && id != local {
-			continue
-		}
-		if s := e.To.String(); !slices.Contains(out, s) {
+	for _, s := range append(slices.Clone(index[cluster]), index[local]...) {
+		if !slices.Contains(out, s) {
 			out = append(out, s)
 		}
 	}
