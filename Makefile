@@ -16,7 +16,7 @@ FUZZTIME ?= 20s
 
 BINARIES := bin/podnet bin/loopback bin/portmap bin/proxyd bin/dnsd bin/podnet-lab
 
-.PHONY: all build deps test demo demo-down bench bench-table soak lint generate clean apiserver image kube-node conformance flannel
+.PHONY: all build deps test demo demo-down bench bench-table soak lint generate clean apiserver image kube-node conformance flannel migrate
 
 all: build
 
@@ -188,6 +188,19 @@ conformance: deps build apiserver image kube-node $(E2E_TEST) $(AGNHOST) $(KUBE_
 	PODNET_CONFORMANCE_ONE_LAB=$(CONFORMANCE_ONE_LAB) \
 	PODNET_KUBE_PROXY=$(KUBE_PROXY) PODNET_COREDNS=$(COREDNS) \
 		$(GO) test -tags conformance -count=1 -timeout $(CONFORMANCE_TIMEOUT) -v -run '^(TestAgnhostStandInRunsTheFrameworksCommands|TestRealNodes|TestRealNodesEBPF|TestRealNodeHelm|TestConformance)$$' ./e2e/
+
+# README's "Migrating from flannel, kube-proxy and CoreDNS" on three real
+# nodes (e2e/migrate_test.go): TestFlannelNodes, the starting point alone
+# (flannel of $(FLANNELD), kube-proxy in iptables mode and CoreDNS with a
+# stub domain; pod to pod on every pair of nodes), then TestMigrate: the
+# stages, README's commands word for word, under load from a client pod and
+# from outside the cluster, one node rolled back to flannel and forward
+# again; it prints a table of what each step lost.
+MIGRATE_TIMEOUT ?= 60m
+migrate: deps build apiserver image kube-node flannel $(KUBE_PROXY) $(COREDNS)
+	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) PODNET_IMAGE=$(CURDIR)/$(IMAGE) PODNET_KUBE_CACHE=$(APISERVER_CACHE) \
+	PODNET_FLANNELD=$(FLANNELD) PODNET_KUBE_PROXY=$(KUBE_PROXY) PODNET_COREDNS=$(COREDNS) \
+		$(GO) test -tags conformance -count=1 -timeout $(MIGRATE_TIMEOUT) -v -run '^(TestFlannelNodes|TestMigrate)$$' ./e2e/
 
 # podnet's image as a docker-archive tarball (`ctr images import`, `docker
 # load`), without a Docker engine: the final stage of the Dockerfile read by
