@@ -333,6 +333,15 @@ func installFlannelStack(e flannelEnv) func(context.Context, *realCluster, strin
 		if _, err := c.l.OutsideHost.Start("outside-dns", e.coredns, "-conf", corefile); err != nil {
 			t.Fatal(err)
 		}
+		// What kubeadm's preflight asks of a node before it joins (the
+		// lab's nodes start with forwarding off): forwarding on, bridged
+		// traffic through iptables. podnet's init container does it
+		// itself; flannel and kube-proxy rely on it.
+		for _, n := range c.nodes {
+			if out, err := n.Exec(ctx, "sh", "-c", "modprobe br_netfilter && echo 1 > /proc/sys/net/ipv4/ip_forward && echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables"); err != nil {
+				t.Fatalf("%s: %v\n%s", n.Name, err, out)
+			}
+		}
 		c.applyYAML(ctx, kubeProxyYAML(kubeAPIAddr.Addr().String()+":6443"))
 		c.applyYAML(ctx, flannelYAML)
 		c.applyYAML(ctx, corednsStubYAML(c.l.OutsideIP.String()))
