@@ -338,7 +338,7 @@ func installFlannelStack(e flannelEnv) func(context.Context, *realCluster, strin
 		// traffic through iptables. podnet's init container does it
 		// itself; flannel and kube-proxy rely on it.
 		for _, n := range c.nodes {
-			if out, err := n.Exec(ctx, "sh", "-c", "modprobe br_netfilter && echo 1 > /proc/sys/net/ipv4/ip_forward && echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables"); err != nil {
+			if out, err := n.Exec(ctx, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward && { [ -e /proc/sys/net/bridge ] || modprobe br_netfilter; } && echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables"); err != nil {
 				t.Fatalf("%s: %v\n%s", n.Name, err, out)
 			}
 		}
