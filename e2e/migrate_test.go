@@ -25,7 +25,10 @@ import (
 )
 
 // migrateWorkloadYAML is the workload of make migrate: four web replicas
-// spread over the nodes behind a ClusterIP + NodePort Service, and the
+// spread over the nodes behind a ClusterIP + NodePort Service (each web pod
+// keeps serving 5 s after it is told to stop, the preStop delay any
+// Deployment needs for a drain without errors: until every node's proxy has
+// seen its endpoint terminating, connections still reach it), and the
 // client, a Deployment of one pod held to the node migrated last, sending
 // HTTP through the ClusterIP and 20 lookups a second (the Service's name,
 // the stub domain's name, an outside name) for the whole run.
@@ -41,11 +44,12 @@ spec:
     spec:
       topologySpreadConstraints:
         - {maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, labelSelector: {matchLabels: {app: web}}}
-      terminationGracePeriodSeconds: 5
+      terminationGracePeriodSeconds: 15
       containers:
         - name: web
           image: %[1]s
           args: [":8080"]
+          lifecycle: {preStop: {sleep: {seconds: 5}}}
           readinessProbe: {httpGet: {path: /, port: 8080}, periodSeconds: 1}
 ---
 apiVersion: apps/v1
