@@ -16,32 +16,10 @@ import (
 	"github.com/mdlayher/netlink"
 
 	"github.com/podnet/podnet/dataplane/cluster"
-	"github.com/podnet/podnet/dataplane/ipfamily"
-	"github.com/podnet/podnet/dataplane/proxy"
 	"github.com/podnet/podnet/dataplane/proxy/nftables"
 	"github.com/podnet/podnet/dataplane/proxy/proxytest"
 	"github.com/podnet/podnet/dataplane/roottest"
 )
-
-// benchState is n ClusterIP Services × eps endpoints in a Store and the
-// proxy State proxyd keeps, so one endpoint can change as in a cluster.
-func benchState(n, eps int) (*cluster.Store, *proxy.State) {
-	var objs []cluster.Object
-	for i := range n {
-		s := proxytest.Svc(fmt.Sprintf("s%05d", i), fmt.Sprintf("10.%d.%d.%d", 96+i/65000, i/250%260, i%250+1),
-			[]cluster.ServicePort{proxytest.TCP(80, 0)})
-		var e []proxytest.Endpoint
-		for j := range eps {
-			e = append(e, proxytest.EP(proxytest.A(fmt.Sprintf("10.%d.%d.%d", 245+j, i/250, i%250+1)), "node-b", true))
-		}
-		objs = append(objs, s, proxytest.Slice(s, []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8080)}, e...))
-	}
-	st := cluster.NewStore()
-	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, objs)
-	state := proxy.NewState(ipfamily.IPv4)
-	state.Update(st, proxytest.NodeName, nil, true)
-	return st, state
-}
 
 // recorder is a Kernel that keeps the ops of the last transaction instead
 // of applying them (an empty table): the Go side of a sync alone.
@@ -189,7 +167,7 @@ var benchCfg = nftables.Config{Family: defaultCfg.Family, ClusterCIDR: defaultCf
 
 func syncRoundAt(b *testing.B, n, eps, round int) syncRound {
 	out := syncRound{cpu: map[string]time.Duration{}, wall: map[string]time.Duration{}}
-	st, state := benchState(n, eps)
+	st, state := proxytest.DualStackState(n, eps, false)
 	var err error
 	rec := &recorder{}
 	out.time("gen", func() { _, err = nftables.NewProxier(benchCfg, rec).Sync(state.Ports, nil, true) })
@@ -295,7 +273,7 @@ func BenchmarkEndpointChange(b *testing.B) {
 	const n, changes = 10000, 200
 	fmt.Printf("| 10,000 × 10, mean of %d partial syncs | CPU | wall |\n|---|---|---|\n", changes)
 	for _, down := range []bool{false, true} {
-		st, state := benchState(n, 10)
+		st, state := proxytest.DualStackState(n, 10, false)
 		l := proxytest.NewNetnsLab(b, fmt.Sprintf("chg%v", down))
 		p := nftables.NewProxier(benchCfg, nftables.Netlink{NetNS: int(l.Node.Fd())})
 		if _, err := p.Sync(state.Ports, nil, true); err != nil {

@@ -21,26 +21,6 @@ import (
 	"github.com/podnet/podnet/dataplane/roottest"
 )
 
-// scaleState is n ClusterIP Services × eps endpoints in a Store and the
-// State proxyd keeps.
-func scaleState(n, eps int) (*cluster.Store, *proxy.State) {
-	var objs []cluster.Object
-	for i := range n {
-		s := proxytest.Svc(fmt.Sprintf("s%05d", i), fmt.Sprintf("10.%d.%d.%d", 96+i/65000, i/250%260, i%250+1),
-			[]cluster.ServicePort{proxytest.TCP(80, 0)})
-		var e []proxytest.Endpoint
-		for j := range eps {
-			e = append(e, proxytest.EP(proxytest.A(fmt.Sprintf("10.%d.%d.%d", 245+j, i/250, i%250+1)), "node-b", true))
-		}
-		objs = append(objs, s, proxytest.Slice(s, []cluster.EndpointPort{proxytest.EPPort("p80", cluster.TCP, 8080)}, e...))
-	}
-	st := cluster.NewStore()
-	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, objs)
-	state := proxy.NewState(ipfamily.IPv4)
-	state.Update(st, proxytest.NodeName, nil, true)
-	return st, state
-}
-
 // cpu is the CPU time of the process and of its finished children (the
 // iptables commands): the kernel runs a netlink batch, and iptables-restore
 // its own work, in the system calls of the one who asks.
@@ -94,7 +74,9 @@ func BenchmarkModesAtScale(b *testing.B) {
 		}
 	}
 	f := func(d []time.Duration) string { return fmt.Sprintf("%.2f s", medianOf(d).Seconds()) }
-	g := func(d []time.Duration) string { return fmt.Sprintf("%.1f ms", float64(medianOf(d).Microseconds())/1000) }
+	g := func(d []time.Duration) string {
+		return fmt.Sprintf("%.1f ms", float64(medianOf(d).Microseconds())/1000)
+	}
 	fmt.Printf("| mode (%d × %d, median of %d rounds) | first full sync: CPU (wall) | one endpoint changed: CPU (wall) |\n|---|---|---|\n", n, eps, rounds)
 	for _, m := range modes {
 		fmt.Printf("| %s | %s (%s) | %s (%s) |\n", m, f(figs[m].fullCPU), f(figs[m].full), g(figs[m].changeCPU), g(figs[m].change))
@@ -107,7 +89,7 @@ func BenchmarkModesAtScale(b *testing.B) {
 func ratio(a, b []time.Duration) float64 { return float64(medianOf(a)) / float64(medianOf(b)) }
 
 func modeRound(b *testing.B, mode string, n, eps, round int, out *modeFigures) {
-	st, state := scaleState(n, eps)
+	st, state := proxytest.DualStackState(n, eps, false)
 	l := proxytest.NewNetnsLab(b, fmt.Sprintf("m%s%d", mode[:2], round))
 	var backend proxy.Backend
 	if mode == "nftables" {
