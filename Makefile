@@ -165,7 +165,9 @@ $(GINKGO):
 	rmdir $@.tmp
 
 # What TestConformance runs: the specs of CONFORMANCE_FOCUS but
-# CONFORMANCE_SKIP's, over CONFORMANCE_PROCS ginkgo processes, each lab's
+# CONFORMANCE_SKIP's, on the labs of CONFORMANCE_LABS (kinds in
+# e2e/conformance_test.go's confLabs: podnet, podnet-ebpf, podnet-nftables,
+# baseline ...), over CONFORMANCE_PROCS ginkgo processes, each lab's
 # e2e.test at most CONFORMANCE_BUDGET (empty: until go test's timeout).
 # [Serial] specs, when the skip lets them in, run after the others, one at
 # a time (ginkgo's Serial decorator). CONFORMANCE_ONE_LAB=1 runs the podnet
@@ -176,6 +178,7 @@ $(GINKGO):
 #     CONFORMANCE_ONE_LAB=1 CONFORMANCE_BUDGET=50m CONFORMANCE_TIMEOUT=150m
 CONFORMANCE_FOCUS ?= \[sig-network\].*\[Conformance\]
 CONFORMANCE_SKIP ?= \[Serial\]|\[Disruptive\]
+CONFORMANCE_LABS ?= podnet baseline
 CONFORMANCE_PROCS ?= 4
 CONFORMANCE_BUDGET ?=
 CONFORMANCE_ONE_LAB ?=
@@ -185,7 +188,7 @@ conformance: deps build apiserver image kube-node $(E2E_TEST) $(AGNHOST) $(KUBE_
 	PODNET_E2E_TEST=$(E2E_TEST) PODNET_AGNHOST=$(AGNHOST) PODNET_GINKGO=$(GINKGO) \
 	PODNET_CONFORMANCE_FOCUS='$(CONFORMANCE_FOCUS)' PODNET_CONFORMANCE_SKIP='$(CONFORMANCE_SKIP)' \
 	PODNET_CONFORMANCE_PROCS=$(CONFORMANCE_PROCS) PODNET_CONFORMANCE_BUDGET=$(CONFORMANCE_BUDGET) \
-	PODNET_CONFORMANCE_ONE_LAB=$(CONFORMANCE_ONE_LAB) \
+	PODNET_CONFORMANCE_ONE_LAB=$(CONFORMANCE_ONE_LAB) PODNET_CONFORMANCE_LABS='$(CONFORMANCE_LABS)' \
 	PODNET_KUBE_PROXY=$(KUBE_PROXY) PODNET_COREDNS=$(COREDNS) \
 		$(GO) test -tags conformance -count=1 -timeout $(CONFORMANCE_TIMEOUT) -v -run '^(TestAgnhostStandInRunsTheFrameworksCommands|TestRealNodes|TestRealNodesEBPF|TestRealNodeHelm|TestConformance)$$' ./e2e/
 

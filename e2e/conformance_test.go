@@ -13,7 +13,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -118,56 +117,117 @@ type specResult struct {
 	secs  float64
 }
 
-// The two networks of the conformance run.
-const (
-	confPodnet   = "podnet"
-	confBaseline = "kube-proxy+CoreDNS"
-)
+// confLab is one kind of lab TestConformance can run e2e.test against:
+// the column its results go under, and how its cluster is started.
+type confLab struct {
+	column  string
+	options func(e confLabEnv) realClusterOptions
+}
 
-// TestConformance runs e2e.test's [sig-network] [Conformance] specs against
-// two labs, each of three real nodes (two on one segment, one across the
-// router): one running podnet as README installs it, the other the
-// baseline, podnet's CNI plugin and node agent with kube-proxy (iptables)
-// and CoreDNS of the same release serving Services and DNS. e2e.test runs
+// confLabEnv is what every lab kind's options are built from.
+type confLabEnv struct {
+	run conformanceRun
+	// images are the specs' images; baselineImages adds CoreDNS's.
+	images, baselineImages []string
+}
+
+// confLabs are the lab kinds, by the name PODNET_CONFORMANCE_LABS (make's
+// CONFORMANCE_LABS) chooses them with. Other files add kinds in init.
+var confLabs = map[string]confLab{
+	// podnet as README installs it (deploy/: iptables mode).
+	"podnet": {column: "podnet", options: podnetVariantLab("")},
+	// podnet from deploy/ebpf and deploy/nftables.
+	"podnet-ebpf":     {column: "podnet ebpf", options: podnetVariantLab("ebpf")},
+	"podnet-nftables": {column: "podnet nftables", options: podnetVariantLab("nftables")},
+	// podnet's CNI plugin and node agent (proxy mode none) with kube-proxy
+	// (iptables) and CoreDNS of the same release for Services and DNS.
+	"baseline": {column: "kube-proxy+CoreDNS", options: func(e confLabEnv) realClusterOptions {
+		return realClusterOptions{
+			extraImages: func(*realCluster) []string { return e.baselineImages },
+			users:       map[string]string{kubeProxyUser: "system:authenticated"},
+			install:     installBaseline(e.run.kubeProxy),
+		}
+	}},
+}
+
+// podnetVariantLab is podnet installed from a variant of deploy/ ("" for
+// deploy/ itself).
+func podnetVariantLab(variant string) func(e confLabEnv) realClusterOptions {
+	return func(e confLabEnv) realClusterOptions {
+		return realClusterOptions{variant: variant, extraImages: func(*realCluster) []string { return e.images }}
+	}
+}
+
+// defaultConfLabs is what a run without PODNET_CONFORMANCE_LABS compares.
+const defaultConfLabs = "podnet baseline"
+
+// parseConfLabs is the lab kinds a PODNET_CONFORMANCE_LABS value names
+// (space- or comma-separated, each once), in its order.
+func parseConfLabs(v string) ([]string, error) {
+	if strings.TrimSpace(v) == "" {
+		v = defaultConfLabs
+	}
+	var names []string
+	seen := map[string]bool{}
+	for _, n := range strings.FieldsFunc(v, func(r rune) bool { return r == ' ' || r == ',' }) {
+		if _, ok := confLabs[n]; !ok {
+			known := make([]string, 0, len(confLabs))
+			for k := range confLabs {
+				known = append(known, k)
+			}
+			sort.Strings(known)
+			return nil, fmt.Errorf("lab %q: not a lab kind (%s)", n, strings.Join(known, ", "))
+		}
+		if seen[n] {
+			return nil, fmt.Errorf("lab %q named twice", n)
+		}
+		seen[n] = true
+		names = append(names, n)
+	}
+	return names, nil
+}
+
+// TestConformance runs e2e.test's [sig-network] specs (by default the
+// [Conformance] ones) against the labs PODNET_CONFORMANCE_LABS names (by
+// default podnet as README installs it and the baseline), each of three
+// real nodes (two on one segment, one across the router). e2e.test runs
 // under the ginkgo CLI with parallel processes, as upstream CI runs specs
 // that are not [Serial] (ginkgo itself runs the [Serial] ones after the
 // others, one at a time, when the skip lets them in). The labs run at the
 // same time, or one after the other with PODNET_CONFORMANCE_ONE_LAB=1 (each
 // then has the whole budget). It prints passed / failed / skipped per spec
-// for both side by side, and fails if podnet fails any. make conformance
-// runs it.
+// for every lab side by side, and fails if a lab fails any. make
+// conformance runs it.
 func TestConformance(t *testing.T) {
 	r := conformanceRunFromEnv(t)
+	labs, err := parseConfLabs(os.Getenv("PODNET_CONFORMANCE_LABS"))
+	if err != nil {
+		t.Fatalf("PODNET_CONFORMANCE_LABS: %v", err)
+	}
 	oneLab := os.Getenv("PODNET_CONFORMANCE_ONE_LAB") != ""
 	checkCoreDNSVersion(t, r.coredns)
 	checkGinkgoVersion(t, r.ginkgo)
 	dir := t.TempDir()
 	images := conformanceImages(t, dir, r.agnhost, r.coredns, buildTestapp(t, dir))
-	baselineImages := append([]string{corednsImageTar(t, dir, r.coredns)}, images...)
+	env := confLabEnv{run: r, images: images, baselineImages: append([]string{corednsImageTar(t, dir, r.coredns)}, images...)}
 
-	results := map[string]map[string]specResult{}
-	var mu sync.Mutex
-	run := func(t *testing.T, name string, o realClusterOptions) {
-		t.Run(name, func(t *testing.T) {
-			if !oneLab {
-				t.Parallel()
-			}
-			c := startRealClusterOpts(t, realNodes(), o)
-			res := c.runConformance(t, r)
-			mu.Lock()
-			results[name] = res
-			mu.Unlock()
-		})
-	}
+	results := make([]map[string]specResult, len(labs))
 	t.Run("labs", func(t *testing.T) {
-		run(t, confPodnet, realClusterOptions{extraImages: func(*realCluster) []string { return images }})
-		run(t, confBaseline, realClusterOptions{
-			extraImages: func(*realCluster) []string { return baselineImages },
-			users:       map[string]string{kubeProxyUser: "system:authenticated"},
-			install:     installBaseline(r.kubeProxy),
-		})
+		for i, name := range labs {
+			t.Run(name, func(t *testing.T) {
+				if !oneLab {
+					t.Parallel()
+				}
+				c := startRealClusterOpts(t, realNodes(), confLabs[name].options(env))
+				results[i] = c.runConformance(t, r)
+			})
+		}
 	})
-	t.Logf("%s", compareTable(results[confPodnet], results[confBaseline]))
+	columns := make([]string, len(labs))
+	for i, name := range labs {
+		columns[i] = confLabs[name].column
+	}
+	t.Logf("%s", compareTable(columns, results))
 }
 
 // conformanceRun is what make conformance hands TestConformance.
@@ -340,45 +400,51 @@ func readJUnit(t *testing.T, dir string, focus *regexp.Regexp) map[string]specRe
 	return results
 }
 
-// compareTable is both runs' results side by side, the specs whose
-// outcome differs listed after the table.
-func compareTable(podnet, baseline map[string]specResult) string {
+// compareTable is every lab's results side by side (columns[i] heading
+// results[i]), the specs whose outcome is not the same in all of them
+// listed after the table.
+func compareTable(columns []string, results []map[string]specResult) string {
 	names := map[string]bool{}
-	for n := range podnet {
-		names[n] = true
-	}
-	for n := range baseline {
-		names[n] = true
+	for _, res := range results {
+		for n := range res {
+			names[n] = true
+		}
 	}
 	sorted := make([]string, 0, len(names))
 	for n := range names {
 		sorted = append(sorted, n)
 	}
 	sort.Strings(sorted)
-	state := func(r specResult, ok bool) string {
-		if !ok {
-			return "not run"
-		}
-		return r.state
-	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "| test | %s | %s |\n|---|---|---|\n", confPodnet, confBaseline)
+	fmt.Fprintf(&b, "| test | %s |\n|---%s|\n", strings.Join(columns, " | "), strings.Repeat("|---", len(columns)))
 	var diffs []string
-	sum := map[string]map[string]int{confPodnet: {}, confBaseline: {}}
+	sum := make([]map[string]int, len(columns))
 	for _, n := range sorted {
-		p, pok := podnet[n]
-		k, kok := baseline[n]
-		ps, ks := state(p, pok), state(k, kok)
-		sum[confPodnet][ps]++
-		sum[confBaseline][ks]++
-		fmt.Fprintf(&b, "| %s | %s (%.0f s) | %s (%.0f s) |\n", n, ps, p.secs, ks, k.secs)
-		if ps != ks {
+		cells := make([]string, len(columns))
+		first, differ := "", false
+		for i := range columns {
+			if sum[i] == nil {
+				sum[i] = map[string]int{}
+			}
+			st, secs := "not run", 0.0
+			if r, ok := results[i][n]; ok {
+				st, secs = r.state, r.secs
+			}
+			sum[i][st]++
+			cells[i] = fmt.Sprintf("%s (%.0f s)", st, secs)
+			if i == 0 {
+				first = st
+			}
+			differ = differ || st != first
+		}
+		fmt.Fprintf(&b, "| %s | %s |\n", n, strings.Join(cells, " | "))
+		if differ {
 			diffs = append(diffs, n)
 		}
 	}
-	for _, net := range []string{confPodnet, confBaseline} {
-		s := sum[net]
-		fmt.Fprintf(&b, "%s: %d passed, %d failed, %d skipped, %d not run\n", net, s["passed"], s["FAILED"], s["skipped"], s["not run"])
+	for i, col := range columns {
+		s := sum[i]
+		fmt.Fprintf(&b, "%s: %d passed, %d failed, %d skipped, %d not run\n", col, s["passed"], s["FAILED"], s["skipped"], s["not run"])
 	}
 	fmt.Fprintf(&b, "%d specs differ:\n%s\n", len(diffs), strings.Join(diffs, "\n"))
 	return b.String()
