@@ -217,12 +217,18 @@ spec:
 // settings are left alone (zeros): nf_conntrack_max and the hash size are
 // the host's, not the node namespace's; the OOM score too.
 func kubeProxyConfig(kubeconfig, node string) string {
+	return kubeProxyConfigCIDRs(kubeconfig, node, "10.244.0.0/16")
+}
+
+// kubeProxyConfigCIDRs is kubeProxyConfig with the cluster's CIDRs (one per
+// family: a dual-stack kube-proxy detects local traffic of each).
+func kubeProxyConfigCIDRs(kubeconfig, node, clusterCIDRs string) string {
 	return fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: %s}
 hostnameOverride: %s
 mode: iptables
-clusterCIDR: 10.244.0.0/16
+clusterCIDR: %s
 detectLocalMode: ClusterCIDR
 oomScoreAdj: 0
 conntrack:
@@ -230,7 +236,7 @@ conntrack:
   min: 0
   tcpEstablishedTimeout: 0s
   tcpCloseWaitTimeout: 0s
-`, kubeconfig, node)
+`, kubeconfig, node, clusterCIDRs)
 }
 
 // installBaseline starts kube-proxy on every node (a process of the node,
@@ -245,7 +251,7 @@ func installBaseline(kubeProxy string) func(context.Context, *realCluster, strin
 				t.Fatal(err)
 			}
 			cfg := filepath.Join(n.Dir, "kube-proxy.yaml")
-			if err := os.WriteFile(cfg, []byte(kubeProxyConfig(kc, n.Name)), 0o644); err != nil {
+			if err := os.WriteFile(cfg, []byte(kubeProxyConfigCIDRs(kc, n.Name, c.clusterCIDRs())), 0o644); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := n.StartDaemon("kube-proxy", kubeProxy, "--config="+cfg, "--v=1"); err != nil {

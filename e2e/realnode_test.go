@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/podnet/podnet/dataplane/ipfamily"
 	"github.com/podnet/podnet/dataplane/nodestatus"
 	"github.com/podnet/podnet/dataplane/roottest"
 	"github.com/podnet/podnet/e2e/apiserver"
@@ -56,6 +57,8 @@ type realCluster struct {
 	// failures are the test's own failure messages, said again after the
 	// node and control plane logs so that the end of the output names them.
 	failures []string
+	// dualStack is realClusterOptions.dualStack.
+	dualStack bool
 }
 
 // errorf fails the test as t.Errorf does and keeps the message for the
@@ -100,6 +103,72 @@ type realClusterOptions struct {
 	// install puts the network on the started nodes instead of
 	// installPodnet.
 	install func(ctx context.Context, c *realCluster, podnetTar string)
+	// dualStack makes the cluster dual-stack, IPv4 first: the lab's ULA
+	// underlay beside its IPv4 one (lab.Options.Families), kube-apiserver's
+	// and kube-controller-manager's --service-cluster-ip-range and
+	// kube-controller-manager's --cluster-cidr of both families (a /24 and
+	// a /64 per node), each kubelet's --node-ip of both, and podnet's
+	// --cluster-cidr of both (applyPodnet).
+	dualStack bool
+}
+
+// serviceCIDR6 is a dual-stack cluster's IPv6 Service range.
+const serviceCIDR6 = "fd00:10:96::/112"
+
+// families are the cluster's address families, IPv4 first.
+func (c *realCluster) families() []ipfamily.Family {
+	if c.dualStack {
+		return []ipfamily.Family{ipfamily.IPv4, ipfamily.IPv6}
+	}
+	return []ipfamily.Family{ipfamily.IPv4}
+}
+
+// clusterCIDRs is the cluster's --cluster-cidr: one prefix per family.
+func (c *realCluster) clusterCIDRs() string {
+	if c.dualStack {
+		return lab.ClusterCIDR.String() + "," + lab.ClusterCIDR6.String()
+	}
+	return lab.ClusterCIDR.String()
+}
+
+// serviceCIDRs is the cluster's --service-cluster-ip-range.
+func (c *realCluster) serviceCIDRs() string {
+	if c.dualStack {
+		return apiserver.ServiceCIDR + "," + serviceCIDR6
+	}
+	return apiserver.ServiceCIDR
+}
+
+// nodeCIDRMaskSize is kube-controller-manager's flag for the size of a
+// node's podCIDRs: a /24 of IPv4 and, in a dual-stack cluster, a /64 of
+// IPv6 (which the single-family flag may not be given with).
+func (c *realCluster) nodeCIDRMaskSize() []string {
+	if c.dualStack {
+		return []string{"--node-cidr-mask-size-ipv4=24", "--node-cidr-mask-size-ipv6=64"}
+	}
+	return []string{"--node-cidr-mask-size=24"}
+}
+
+// nodeIPs are a lab node's kubelet --node-ip: its address of each family.
+func (c *realCluster) nodeIPs(ln *lab.Node) []netip.Addr {
+	if c.dualStack {
+		return []netip.Addr{ln.IP, ln.IP6}
+	}
+	return []netip.Addr{ln.IP}
+}
+
+// dualStackKustomization gives podnet's node agent and its sysctls init
+// container the cluster CIDRs of both families: flags appended after the
+// base's (the last of a repeated flag wins); the test ops fail the
+// kustomization if the containers are no longer the ones meant.
+func dualStackKustomization(clusterCIDRs string) string {
+	return fmt.Sprintf(`  - target: {kind: DaemonSet, name: podnet-node}
+    patch: |-
+      - {op: test, path: /spec/template/spec/initContainers/0/name, value: sysctls}
+      - {op: add, path: /spec/template/spec/initContainers/0/command/-, value: "--cluster-cidr=%[1]s"}
+      - {op: test, path: /spec/template/spec/containers/0/name, value: proxyd}
+      - {op: add, path: /spec/template/spec/containers/0/command/-, value: "--cluster-cidr=%[1]s"}
+`, clusterCIDRs)
 }
 
 func startRealClusterOpts(t *testing.T, nodes []lab.NodeSpec, o realClusterOptions) *realCluster {
@@ -114,7 +183,7 @@ func startRealClusterOpts(t *testing.T, nodes []lab.NodeSpec, o realClusterOptio
 	}
 	podnetTar := podnetImage(t)
 	checkHostUntouched(t)
-	c := &realCluster{t: t, bins: bins}
+	c := &realCluster{t: t, bins: bins, dualStack: o.dualStack}
 	// Registered first, so it runs last: after every log dump.
 	t.Cleanup(func() {
 		if t.Failed() && len(c.failures) > 0 {
@@ -124,7 +193,7 @@ func startRealClusterOpts(t *testing.T, nodes []lab.NodeSpec, o realClusterOptio
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 
-	l := lab.Start(t, lab.Options{Nodes: nodes})
+	l := lab.Start(t, lab.Options{Nodes: nodes, Families: c.families()})
 	cp, err := lab.NewControlPlane(ctx, t.Logf)
 	if err != nil {
 		t.Fatal(err)
@@ -154,6 +223,9 @@ func startRealClusterOpts(t *testing.T, nodes []lab.NodeSpec, o realClusterOptio
 			"--enable-admission-plugins=NodeRestriction",
 			// No DNS for node names in the lab.
 			"--kubelet-preferred-address-types=InternalIP",
+			// After apiserver's own (the last wins): both families
+			// in a dual-stack cluster.
+			"--service-cluster-ip-range=" + c.serviceCIDRs(),
 		},
 	})
 	if err != nil {
@@ -200,6 +272,7 @@ func startRealClusterOpts(t *testing.T, nodes []lab.NodeSpec, o realClusterOptio
 				PauseImage: pauseImage,
 				Nameserver: l.OutsideIP.String(),
 				Logf:       t.Logf,
+				NodeIPs:    c.nodeIPs(ln),
 			})
 		})
 	}
@@ -235,32 +308,37 @@ func startRealClusterOpts(t *testing.T, nodes []lab.NodeSpec, o realClusterOptio
 }
 
 // routePodCIDRs gives the control plane's namespace a route to every
-// node's podCIDR (through the router for nodes on other segments), as a
+// node's podCIDRs (through the router for nodes on other segments), as a
 // control plane on a node of the cluster has: the API server proxies to pods
 // (pods/proxy, which the conformance DNS tests read their results through).
 func (c *realCluster) routePodCIDRs(ctx context.Context) {
 	c.t.Helper()
-	seg := kubeAPIAddr.Masked()
-	var gw netip.Addr
+	var seg lab.Segment
 	for _, s := range c.l.Segments {
-		if s.Subnet == seg {
-			gw = s.Gateway
+		if s.Subnet == kubeAPIAddr.Masked() {
+			seg = s
 		}
 	}
 	for _, ln := range c.l.Nodes {
 		node, err := c.admin.CoreV1().Nodes().Get(ctx, ln.Name, metav1.GetOptions{})
-		if err != nil || node.Spec.PodCIDR == "" {
-			c.t.Fatalf("podCIDR of %s: %q, %v", ln.Name, node.Spec.PodCIDR, err)
+		if err != nil || node.Spec.PodCIDR == "" || len(node.Spec.PodCIDRs) != len(c.families()) {
+			c.t.Fatalf("podCIDRs of %s: %q, %v; want one per family of %v", ln.Name, node.Spec.PodCIDRs, err, c.families())
 		}
-		via := ln.IP.String()
-		if !seg.Contains(ln.IP) {
-			via = gw.String()
-			if out, err := exec.CommandContext(ctx, "ip", "-n", c.l.Router, "route", "replace", node.Spec.PodCIDR, "via", ln.IP.String()).CombinedOutput(); err != nil {
-				c.t.Fatalf("route %s in the router: %v %s", node.Spec.PodCIDR, err, out)
+		for _, cidr := range node.Spec.PodCIDRs {
+			nodeIP, gw := ln.IP, seg.Gateway
+			if strings.Contains(cidr, ":") {
+				nodeIP, gw = ln.IP6, seg.Gateway6()
 			}
-		}
-		if out, err := exec.CommandContext(ctx, "ip", "-n", c.cp.Host.NS, "route", "replace", node.Spec.PodCIDR, "via", via).CombinedOutput(); err != nil {
-			c.t.Fatalf("route %s in the control plane: %v %s", node.Spec.PodCIDR, err, out)
+			via := nodeIP.String()
+			if !seg.Subnet.Contains(ln.IP) {
+				via = gw.String()
+				if out, err := exec.CommandContext(ctx, "ip", "-n", c.l.Router, "route", "replace", cidr, "via", nodeIP.String()).CombinedOutput(); err != nil {
+					c.t.Fatalf("route %s in the router: %v %s", cidr, err, out)
+				}
+			}
+			if out, err := exec.CommandContext(ctx, "ip", "-n", c.cp.Host.NS, "route", "replace", cidr, "via", via).CombinedOutput(); err != nil {
+				c.t.Fatalf("route %s in the control plane: %v %s", cidr, err, out)
+			}
 		}
 	}
 }
@@ -302,18 +380,19 @@ func checkHostUntouched(t *testing.T) {
 }
 
 // startControllers runs kube-controller-manager (podCIDRs from
-// 10.244.0.0/16, kube-root-ca.crt for pods' service-account volumes) and
-// kube-scheduler in the control plane's namespace.
+// 10.244.0.0/16, and from fd00:10:244::/56 in a dual-stack cluster;
+// kube-root-ca.crt for pods' service-account volumes) and kube-scheduler
+// in the control plane's namespace.
 func (c *realCluster) startControllers() {
 	c.t.Helper()
 	for _, args := range [][]string{
-		{c.bins.ControllerManager, "--kubeconfig=" + c.adminKC, "--leader-elect=false",
-			"--allocate-node-cidrs", "--cluster-cidr=10.244.0.0/16", "--node-cidr-mask-size=24",
-			"--service-cluster-ip-range=" + apiserver.ServiceCIDR,
+		append([]string{c.bins.ControllerManager, "--kubeconfig=" + c.adminKC, "--leader-elect=false",
+			"--allocate-node-cidrs", "--cluster-cidr=" + c.clusterCIDRs(),
+			"--service-cluster-ip-range=" + c.serviceCIDRs(),
 			"--root-ca-file=" + c.srv.CertFile(), "--service-account-private-key-file=" + c.srv.SAKeyFile(),
 			"--use-service-account-credentials=false", "--v=0",
 			// Its default is under /usr/libexec, on the host.
-			"--flex-volume-plugin-dir=" + filepath.Join(c.cp.Dir, "flexvolume")},
+			"--flex-volume-plugin-dir=" + filepath.Join(c.cp.Dir, "flexvolume")}, c.nodeCIDRMaskSize()...),
 		{c.bins.Scheduler, "--kubeconfig=" + c.adminKC, "--leader-elect=false", "--v=0"},
 	} {
 		p, err := c.cp.Host.Start(filepath.Base(args[0]), args...)
@@ -399,6 +478,15 @@ func (c *realCluster) applyPodnet(ctx context.Context, imageTar string, variant 
 		t.Fatal(err)
 	}
 	kust := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - %s\nimages:\n  - name: %s\n    newTag: %q\n", rel, repo, tag)
+	if c.dualStack {
+		// One patches list: the dual-stack patch first, then those of
+		// moreKustomization.
+		kust += "patches:\n" + dualStackKustomization(c.clusterCIDRs())
+		moreKustomization = strings.TrimPrefix(moreKustomization, "patches:\n")
+		if strings.Contains(moreKustomization, "patches:") {
+			t.Fatalf("more kustomization with patches not first: %q", moreKustomization)
+		}
+	}
 	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust+moreKustomization), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,8 @@ import (
 	"slices"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/podnet/podnet/dataplane/ipfamily"
 )
 
 // ControlPlane is a namespace for processes that outlive labs — an API
@@ -137,6 +139,11 @@ func (l *Lab) Attach(cp *ControlPlane, addr netip.Prefix) (detach func() error, 
 			return nil, errors.Join(fmt.Errorf("attach control plane: route to %v: %w", s.Subnet, err), detach())
 		}
 	}
+	if l.Has(ipfamily.IPv6) {
+		if err := l.attach6(h, ifname, seg, addr.Addr()); err != nil {
+			return nil, errors.Join(err, detach())
+		}
+	}
 	// The handle is closed on return; detach opens its own.
 	nsName := cp.Host.NS
 	return func() error {
@@ -160,3 +167,25 @@ func (l *Lab) Attach(cp *ControlPlane, addr netip.Prefix) (detach func() error, 
 // is gone: a crash, for outage tests and for servers whose graceful
 // shutdown waits for long-lived clients.
 func (p *Proc) Kill() { p.kill() }
+
+// attach6 gives the attached control plane its IPv6 address in a lab with
+// IPv6: the segment's ULA subnet beside its IPv4 one, ending in the same
+// byte as addr (192.168.10.2 → fd00:10:10::2), and routes to the other
+// segments' IPv6 subnets through the segment's router.
+func (l *Lab) attach6(h *nsHandle, ifname string, seg Segment, addr netip.Addr) error {
+	sub6 := ula6(seg.Subnet)
+	if err := h.addrUp(ifname, netip.PrefixFrom(hostIn(sub6, addr.As4()[3]), sub6.Bits())); err != nil {
+		return fmt.Errorf("attach control plane: %w", err)
+	}
+	for _, s := range l.Segments {
+		if s.Subnet == seg.Subnet {
+			continue
+		}
+		other := ula6(s.Subnet)
+		dst := &net.IPNet{IP: other.Addr().AsSlice(), Mask: net.CIDRMask(other.Bits(), 128)}
+		if err := h.nl.RouteAdd(&netlink.Route{Dst: dst, Gw: hostIn(sub6, 1).AsSlice()}); err != nil {
+			return fmt.Errorf("attach control plane: route to %v: %w", other, err)
+		}
+	}
+	return nil
+}

@@ -157,6 +157,9 @@ type Segment struct {
 	Zone    string     // topology.kubernetes.io/zone of its nodes
 }
 
+// Gateway6 is the router's IPv6 address on the segment, in a lab with IPv6.
+func (s Segment) Gateway6() netip.Addr { return hostIn(ula6(s.Subnet), 1) }
+
 // Node is one node of the lab.
 type Node struct {
 	Name    string

@@ -23,6 +23,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -90,6 +91,10 @@ type NodeOptions struct {
 	Nameserver string
 	// Logf reports progress.
 	Logf func(format string, args ...any)
+	// NodeIPs are the kubelet's --node-ip, one address per family for a
+	// dual-stack node (the first is the primary); empty: the lab node's
+	// IPv4 address.
+	NodeIPs []netip.Addr
 }
 
 // Node is a lab node running containerd and a kubelet.
@@ -304,7 +309,7 @@ func (n *Node) StartKubelet(ctx context.Context) error {
 		"--config="+n.path("kubelet.yaml"),
 		"--kubeconfig="+n.o.Kubeconfig,
 		"--hostname-override="+n.Name,
-		"--node-ip="+n.IP.String(),
+		"--node-ip="+n.nodeIPs(),
 		// A label a kubelet may set on its own Node (NodeRestriction
 		// allows topology.kubernetes.io/zone): the topology and
 		// trafficDistribution specs skip without zones.
@@ -316,6 +321,19 @@ func (n *Node) StartKubelet(ctx context.Context) error {
 	}
 	n.kubelet = p
 	return nil
+}
+
+// nodeIPs is the kubelet's --node-ip: NodeOptions.NodeIPs, or the lab
+// node's IPv4 address.
+func (n *Node) nodeIPs() string {
+	if len(n.o.NodeIPs) == 0 {
+		return n.IP.String()
+	}
+	ips := make([]string, len(n.o.NodeIPs))
+	for i, a := range n.o.NodeIPs {
+		ips[i] = a.String()
+	}
+	return strings.Join(ips, ",")
 }
 
 // StartDaemon starts another program of the node (say kube-proxy) the way
