@@ -43,7 +43,11 @@ spec:
 // on its NodePort at every node's address of each family from outside;
 // cluster DNS answers A and AAAA for it.
 func TestRealNodesDualStack(t *testing.T) {
-	c := startRealClusterOpts(t, realNodes(), realClusterOptions{dualStack: true})
+	testRealNodesDualStackOpts(t, realClusterOptions{dualStack: true})
+}
+
+func testRealNodesDualStackOpts(t *testing.T, o realClusterOptions) {
+	c := startRealClusterOpts(t, realNodes(), o)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
 	names := []string{"node1", "node2", "node3"}
