@@ -16,7 +16,7 @@ FUZZTIME ?= 20s
 
 BINARIES := bin/podnet bin/loopback bin/portmap bin/proxyd bin/dnsd bin/podnet-lab
 
-.PHONY: all build deps test demo demo-down bench bench-table soak lint generate clean apiserver image kube-node conformance flannel migrate
+.PHONY: all build deps test demo demo-down bench bench-table soak lint generate clean apiserver image kube-node nft conformance flannel migrate
 
 all: build
 
@@ -74,6 +74,15 @@ $(APISERVER) $(KUBE_NODE) &:
 		$(foreach b,$(KUBE_BUILD_BINS),k8s.io/kubernetes/cmd/$(b))
 	for b in $(KUBE_BUILD_BINS); do mv $(APISERVER_CACHE)/kube-build.tmp/$$b $(APISERVER_CACHE)/$$b-$(APISERVER_VERSION); done
 	rmdir $(APISERVER_CACHE)/kube-build.tmp
+# nft of Debian's nftables, unpacked the same way, for kube-proxy's
+# nftables mode in make bench (it execs nft; proxyd does not).
+NFT_ROOT := $(APISERVER_CACHE)/nftables-debian
+nft: $(NFT_ROOT)/usr/sbin/nft
+$(NFT_ROOT)/usr/sbin/nft:
+	rm -rf $(NFT_ROOT).tmp && mkdir -p $(NFT_ROOT).tmp/debs
+	cd $(NFT_ROOT).tmp/debs && { apt-get download nftables libnftables1 libnftnl11 || { apt-get update -q && apt-get download nftables libnftables1 libnftnl11; }; }
+	for d in $(NFT_ROOT).tmp/debs/*.deb; do dpkg-deb -x $$d $(NFT_ROOT).tmp; done
+	rm -rf $(NFT_ROOT) && mv $(NFT_ROOT).tmp $(NFT_ROOT)
 $(CONTAINERD_ROOT)/usr/bin/containerd:
 	rm -rf $(CONTAINERD_ROOT).tmp && mkdir -p $(CONTAINERD_ROOT).tmp/debs
 	cd $(CONTAINERD_ROOT).tmp/debs && { apt-get download containerd runc || { apt-get update -q && apt-get download containerd runc; }; }
@@ -86,7 +95,8 @@ $(CONTAINERD_ROOT)/usr/bin/containerd:
 # (zones and host names of the nodes, pod to pod over host-gw and VXLAN,
 # ClusterIP, NodePort, kubectl exec and logs, a DaemonSet rolling update under traffic,
 # kubelet and containerd killed and restarted with a pod's containers lost;
-# TestRealNodesEBPF the same with deploy/ebpf; TestRealNodeHelm: one node
+# TestRealNodesEBPF the same with deploy/ebpf, TestRealNodesNFT with
+# deploy/nftables (no podnet rule in any node's iptables); TestRealNodeHelm: one node
 # installed from the Helm chart, deploy/helm/podnet, in nftables mode),
 # then the Kubernetes network conformance tests (e2e/conformance_test.go)
 # against such a lab and, at the same time, against the baseline lab
@@ -190,7 +200,7 @@ conformance: deps build apiserver image kube-node $(E2E_TEST) $(AGNHOST) $(KUBE_
 	PODNET_CONFORMANCE_PROCS=$(CONFORMANCE_PROCS) PODNET_CONFORMANCE_BUDGET=$(CONFORMANCE_BUDGET) \
 	PODNET_CONFORMANCE_ONE_LAB=$(CONFORMANCE_ONE_LAB) PODNET_CONFORMANCE_LABS='$(CONFORMANCE_LABS)' \
 	PODNET_KUBE_PROXY=$(KUBE_PROXY) PODNET_COREDNS=$(COREDNS) \
-		$(GO) test -tags conformance -count=1 -timeout $(CONFORMANCE_TIMEOUT) -v -run '^(TestAgnhostStandInRunsTheFrameworksCommands|TestRealNodes|TestRealNodesEBPF|TestRealNodeHelm|TestConformance)$$' ./e2e/
+		$(GO) test -tags conformance -count=1 -timeout $(CONFORMANCE_TIMEOUT) -v -run '^(TestAgnhostStandInRunsTheFrameworksCommands|TestRealNodes|TestRealNodesEBPF|TestRealNodesNFT|TestRealNodeHelm|TestConformance)$$' ./e2e/
 
 # README's "Migrating from flannel, kube-proxy and CoreDNS" on three real
 # nodes (e2e/migrate_test.go): TestFlannelNodes, the starting point alone
@@ -237,8 +247,8 @@ demo-down:
 # is printed at the end, with the figures of that run, and written back into
 # BENCHMARKS.md with BENCH_WRITE=1. bench-table prints (or writes) it again
 # from the kept runs, measuring nothing.
-bench: deps build apiserver
-	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) bash scripts/bench.sh
+bench: deps build apiserver $(KUBE_PROXY) $(NFT_ROOT)/usr/sbin/nft
+	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) PODNET_KUBE_PROXY=$(KUBE_PROXY) PODNET_NFT_ROOT=$(NFT_ROOT) bash scripts/bench.sh
 
 bench-table:
 	bash scripts/bench-table.sh

@@ -93,8 +93,15 @@ func TestRealNodes(t *testing.T) { testRealNodes(t, "") }
 // failed request, and no Service rule in any node's iptables.
 func TestRealNodesEBPF(t *testing.T) { testRealNodes(t, "ebpf") }
 
+// TestRealNodesNFT is TestRealNodes with the Service proxy in nftables mode
+// (deploy/nftables, the kustomize variant; TestRealNodeHelm installs the
+// chart in this mode on one node): the Services and the node's own rules
+// (masquerade, forwarding) in podnet's inet table, proxyd status showing
+// it on every node, and no podnet rule in any node's iptables or ip6tables.
+func TestRealNodesNFT(t *testing.T) { testRealNodes(t, "nftables") }
+
 // testRealNodes is TestRealNodes with podnet installed from the given
-// variant of deploy/ ("" or "ebpf").
+// variant of deploy/ ("", "ebpf" or "nftables").
 func testRealNodes(t *testing.T, variant string) {
 	c := startRealClusterOpts(t, realNodes(), realClusterOptions{variant: variant})
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
@@ -176,6 +183,11 @@ func testRealNodes(t *testing.T, variant string) {
 					c.errorf("iptables-save on %s in ebpf mode: %v\n%s", n.Name, err, out)
 				}
 			}
+		})
+	}
+	if variant == "nftables" {
+		t.Run("the node in nftables, no podnet rule in iptables", func(t *testing.T) {
+			c.checkNodesInNFTables(ctx, svc.Spec.ClusterIP)
 		})
 	}
 
@@ -399,4 +411,32 @@ func binDir(t *testing.T) string {
 		bin = filepath.Dir(bin)
 	}
 	return bin
+}
+
+// checkNodesInNFTables checks a cluster installed from deploy/nftables:
+// on every node neither iptables nor ip6tables (either backend) holds a
+// podnet chain, a Service rule or the Service's cluster IP, while proxyd
+// status in that node's podnet-node pod shows podnet's inet table holding
+// the Service and finds nothing the kernel's table and proxyd disagree on.
+func (c *realCluster) checkNodesInNFTables(ctx context.Context, clusterIP string) {
+	for _, n := range c.nodes {
+		for _, save := range []string{"iptables-nft-save", "ip6tables-nft-save", "iptables-legacy-save", "ip6tables-legacy-save"} {
+			out, err := n.Exec(ctx, save)
+			if err != nil || strings.Contains(out, "PODSVC") || strings.Contains(out, "PODNET") || strings.Contains(out, clusterIP) {
+				c.errorf("%s on %s in nftables mode: %v\n%s", save, n.Name, err, out)
+			}
+		}
+		pods, err := c.admin.CoreV1().Pods("podnet-system").List(ctx, metav1.ListOptions{
+			LabelSelector: "app.kubernetes.io/name=podnet-node", FieldSelector: "spec.nodeName=" + n.Name})
+		if err != nil || len(pods.Items) != 1 {
+			c.errorf("the podnet-node pod on %s: %v, %v", n.Name, pods, err)
+			continue
+		}
+		pod := pods.Items[0].Name
+		out, err := c.kubectl(ctx, "-n", "podnet-system", "exec", pod, "-c", "proxyd", "--", "proxyd", "status")
+		if err != nil || !strings.Contains(out, "nftables table inet podnet:") || !strings.Contains(out, clusterIP) ||
+			strings.Contains(out, "Problems in the table") || strings.Contains(out, "Differences from proxyd's report") {
+			c.errorf("proxyd status on %s (%s): %v\n%s", n.Name, pod, err, out)
+		}
+	}
 }
