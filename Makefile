@@ -16,7 +16,7 @@ FUZZTIME ?= 20s
 
 BINARIES := bin/podnet bin/loopback bin/portmap bin/proxyd bin/dnsd bin/podnet-lab
 
-.PHONY: all build deps test demo demo-down bench bench-table soak lint generate clean apiserver image kube-node nft conformance flannel migrate
+.PHONY: all build deps test demo demo-down bench bench-table soak lint generate clean apiserver image kube-node nft conformance conformance-dualstack flannel migrate
 
 all: build
 
@@ -193,6 +193,8 @@ CONFORMANCE_PROCS ?= 4
 CONFORMANCE_BUDGET ?=
 CONFORMANCE_ONE_LAB ?=
 CONFORMANCE_TIMEOUT ?= 45m
+# The go tests make conformance runs: the real-node ones, then TestConformance.
+CONFORMANCE_TESTS ?= TestAgnhostStandInRunsTheFrameworksCommands|TestRealNodes|TestRealNodesEBPF|TestRealNodesNFT|TestRealNodesDualStack|TestRealNodeHelm|TestConformance
 conformance: deps build apiserver image kube-node $(E2E_TEST) $(AGNHOST) $(KUBE_PROXY) $(COREDNS) $(GINKGO)
 	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) PODNET_IMAGE=$(CURDIR)/$(IMAGE) \
 	PODNET_E2E_TEST=$(E2E_TEST) PODNET_AGNHOST=$(AGNHOST) PODNET_GINKGO=$(GINKGO) \
@@ -200,7 +202,18 @@ conformance: deps build apiserver image kube-node $(E2E_TEST) $(AGNHOST) $(KUBE_
 	PODNET_CONFORMANCE_PROCS=$(CONFORMANCE_PROCS) PODNET_CONFORMANCE_BUDGET=$(CONFORMANCE_BUDGET) \
 	PODNET_CONFORMANCE_ONE_LAB=$(CONFORMANCE_ONE_LAB) PODNET_CONFORMANCE_LABS='$(CONFORMANCE_LABS)' \
 	PODNET_KUBE_PROXY=$(KUBE_PROXY) PODNET_COREDNS=$(COREDNS) \
-		$(GO) test -tags conformance -count=1 -timeout $(CONFORMANCE_TIMEOUT) -v -run '^(TestAgnhostStandInRunsTheFrameworksCommands|TestRealNodes|TestRealNodesEBPF|TestRealNodesNFT|TestRealNodeHelm|TestConformance)$$' ./e2e/
+		$(GO) test -tags conformance -count=1 -timeout $(CONFORMANCE_TIMEOUT) -v -run '^($(CONFORMANCE_TESTS))$$' ./e2e/
+
+# make conformance on the dual-stack labs (e2e/conformance_dualstack_test.go):
+# TestRealNodesDualStack, then e2e.test's [Feature:IPv6DualStack] specs on
+# podnet and on the baseline, both dual-stack clusters (ULA underlay, both
+# families' Service and cluster CIDRs, kubelets with both node IPs), side by
+# side. The other variables of make conformance apply (CONFORMANCE_ONE_LAB=1
+# runs the labs one after the other).
+conformance-dualstack:
+	$(MAKE) conformance CONFORMANCE_LABS='podnet-dualstack baseline-dualstack' \
+		CONFORMANCE_FOCUS='\[sig-network\].*\[Feature:IPv6DualStack\]' \
+		CONFORMANCE_TESTS='TestAgnhostStandInRunsTheFrameworksCommands|TestRealNodesDualStack|TestConformance'
 
 # README's "Migrating from flannel, kube-proxy and CoreDNS" on three real
 # nodes (e2e/migrate_test.go): TestFlannelNodes, the starting point alone
