@@ -16,7 +16,7 @@ FUZZTIME ?= 20s
 
 BINARIES := bin/podnet bin/loopback bin/portmap bin/proxyd bin/dnsd bin/podnet-lab
 
-.PHONY: all build deps test demo demo-down bench bench-table soak lint generate clean apiserver image kube-node nft conformance conformance-dualstack flannel migrate
+.PHONY: all build deps test demo demo-down bench bench-table soak lint generate clean apiserver image kube-node nft conformance conformance-dualstack conformance-policy flannel migrate
 
 all: build
 
@@ -135,6 +135,20 @@ $(COREDNS):
 	mv $@.tmp/coredns $@
 	rmdir $@.tmp
 
+# The NetworkPolicy baseline (CONFORMANCE_LABS=kube-network-policies):
+# sig-network's kube-network-policies, built by go install from its own
+# module (its go.sum, no replace) and cached like CoreDNS. Its main package
+# at v0.8.0 is the module's cmd/ (go install names the binary cmd). It
+# queues new connections to userspace with nftables' queue expression, so
+# it needs a kernel with nft_queue (CONFIG_NFT_QUEUE); the lab checks.
+KUBE_NETWORK_POLICIES_VERSION := v0.8.0
+KUBE_NETWORK_POLICIES := $(APISERVER_CACHE)/kube-network-policies-$(KUBE_NETWORK_POLICIES_VERSION)
+$(KUBE_NETWORK_POLICIES):
+	rm -rf $@.tmp && mkdir -p $@.tmp
+	GOBIN=$@.tmp nice -n 10 $(GO) install -trimpath -ldflags '-s -w' sigs.k8s.io/kube-network-policies/cmd@$(KUBE_NETWORK_POLICIES_VERSION)
+	mv $@.tmp/cmd $@
+	rmdir $@.tmp
+
 # The starting point of make migrate: flannel, the release line the
 # issue's clusters run, built from its Go module (the Go module proxy) and
 # cached like the kube binaries. Its main package imports every backend,
@@ -177,7 +191,7 @@ $(GINKGO):
 # What TestConformance runs: the specs of CONFORMANCE_FOCUS but
 # CONFORMANCE_SKIP's, on the labs of CONFORMANCE_LABS (kinds in
 # e2e/conformance_test.go's confLabs: podnet, podnet-ebpf, podnet-nftables,
-# baseline ...), over CONFORMANCE_PROCS ginkgo processes, each lab's
+# baseline, kube-network-policies), over CONFORMANCE_PROCS ginkgo processes, each lab's
 # e2e.test at most CONFORMANCE_BUDGET (empty: until go test's timeout).
 # [Serial] specs, when the skip lets them in, run after the others, one at
 # a time (ginkgo's Serial decorator). CONFORMANCE_ONE_LAB=1 runs the podnet
@@ -194,14 +208,14 @@ CONFORMANCE_BUDGET ?=
 CONFORMANCE_ONE_LAB ?=
 CONFORMANCE_TIMEOUT ?= 45m
 # The go tests make conformance runs: the real-node ones, then TestConformance.
-CONFORMANCE_TESTS ?= TestAgnhostStandInRunsTheFrameworksCommands|TestRealNodes|TestRealNodesEBPF|TestRealNodesNFT|TestRealNodesDualStack|TestRealNodeHelm|TestConformance
-conformance: deps build apiserver image kube-node $(E2E_TEST) $(AGNHOST) $(KUBE_PROXY) $(COREDNS) $(GINKGO)
+CONFORMANCE_TESTS ?= TestAgnhostStandInRunsTheFrameworksCommands|TestNFTQueueProbe|TestRealNodes|TestRealNodesEBPF|TestRealNodesNFT|TestRealNodesDualStack|TestRealNodeHelm|TestConformance
+conformance: deps build apiserver image kube-node $(E2E_TEST) $(AGNHOST) $(KUBE_PROXY) $(COREDNS) $(KUBE_NETWORK_POLICIES) $(GINKGO)
 	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) PODNET_IMAGE=$(CURDIR)/$(IMAGE) \
 	PODNET_E2E_TEST=$(E2E_TEST) PODNET_AGNHOST=$(AGNHOST) PODNET_GINKGO=$(GINKGO) \
 	PODNET_CONFORMANCE_FOCUS='$(CONFORMANCE_FOCUS)' PODNET_CONFORMANCE_SKIP='$(CONFORMANCE_SKIP)' \
 	PODNET_CONFORMANCE_PROCS=$(CONFORMANCE_PROCS) PODNET_CONFORMANCE_BUDGET=$(CONFORMANCE_BUDGET) \
 	PODNET_CONFORMANCE_ONE_LAB=$(CONFORMANCE_ONE_LAB) PODNET_CONFORMANCE_LABS='$(CONFORMANCE_LABS)' \
-	PODNET_KUBE_PROXY=$(KUBE_PROXY) PODNET_COREDNS=$(COREDNS) \
+	PODNET_KUBE_PROXY=$(KUBE_PROXY) PODNET_COREDNS=$(COREDNS) PODNET_KUBE_NETWORK_POLICIES=$(KUBE_NETWORK_POLICIES) \
 		$(GO) test -tags conformance -count=1 -timeout $(CONFORMANCE_TIMEOUT) -v -run '^($(CONFORMANCE_TESTS))$$' ./e2e/
 
 # make conformance on the dual-stack labs (e2e/conformance_dualstack_test.go):
@@ -214,6 +228,17 @@ conformance-dualstack:
 	$(MAKE) conformance CONFORMANCE_LABS='podnet-dualstack baseline-dualstack' \
 		CONFORMANCE_FOCUS='\[sig-network\].*\[Feature:IPv6DualStack\]' \
 		CONFORMANCE_TESTS='TestAgnhostStandInRunsTheFrameworksCommands|TestRealNodesDualStack|TestConformance'
+
+# make conformance for NetworkPolicy: e2e.test's [Feature:NetworkPolicy]
+# specs (48 in v1.36.3; 3 of them also [Feature:SCTPConnectivity]) on
+# podnet in iptables and ebpf modes and on kube-network-policies (the
+# kube-proxy+CoreDNS baseline with it enforcing), side by side.
+# TestNFTQueueProbe says first whether this kernel can run
+# kube-network-policies at all.
+conformance-policy:
+	$(MAKE) conformance CONFORMANCE_LABS='podnet podnet-ebpf kube-network-policies' \
+		CONFORMANCE_FOCUS='\[Feature:NetworkPolicy\]' \
+		CONFORMANCE_TESTS='TestAgnhostStandInRunsTheFrameworksCommands|TestNFTQueueProbe|TestConformance'
 
 # README's "Migrating from flannel, kube-proxy and CoreDNS" on three real
 # nodes (e2e/migrate_test.go): TestFlannelNodes, the starting point alone

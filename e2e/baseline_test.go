@@ -243,6 +243,12 @@ conntrack:
 // as the kubelet), then installs podnet with its Service proxy and DNS
 // turned off and CoreDNS in their place.
 func installBaseline(kubeProxy string) func(context.Context, *realCluster, string) {
+	return installBaselineWith(kubeProxy, baselineKustomization)
+}
+
+// installBaselineWith is installBaseline with podnet installed through
+// kustomization (baselineKustomization and more).
+func installBaselineWith(kubeProxy, kustomization string) func(context.Context, *realCluster, string) {
 	return func(ctx context.Context, c *realCluster, podnetTar string) {
 		t := c.t
 		for _, n := range c.nodes {
@@ -258,7 +264,7 @@ func installBaseline(kubeProxy string) func(context.Context, *realCluster, strin
 				t.Fatal(err)
 			}
 		}
-		c.applyPodnet(ctx, podnetTar, "", baselineKustomization)
+		c.applyPodnet(ctx, podnetTar, "", kustomization)
 		c.applyYAML(ctx, corednsYAML)
 		c.waitNetworkUp("coredns")
 		c.waitFor(time.Minute, "kube-proxy's /healthz on every node", func(ctx context.Context) (bool, string) {
