@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -42,8 +43,10 @@ func (m *migration) migrate(ctx context.Context, c *realCluster) {
 		})
 	})
 	m.step("3 DNS: CoreDNS → dnsd", "", func() {
-		m.run(ctx, "kubectl -n kube-system get cm coredns -o jsonpath='{.data.Corefile}' > Corefile; dnsd import-corefile --drop loadbalance Corefile > config.yaml; kubectl -n kube-system create configmap podnet-dns --from-file=config.yaml", "")
+		m.run(ctx, "kubectl -n kube-system get cm coredns -o jsonpath='{.data.Corefile}' > Corefile; dnsd import-corefile --drop loadbalance --patch dnsd-flags.json Corefile > config.yaml; kubectl -n kube-system create configmap podnet-dns --from-file=config.yaml", "")
 		m.runWith(ctx, "kubectl apply -k deploy/migrate/STAGE", "STAGE", "3-dns")
+		m.run(ctx, "kubectl -n kube-system patch deploy podnet-dns --type=json --patch-file=dnsd-flags.json", "")
+		c.checkDNSFlags(ctx)
 		m.run(ctx, "kubectl -n kube-system rollout status deploy/podnet-dns", "")
 		m.run(ctx, "kubectl -n kube-system scale deploy coredns --replicas=0", "")
 		c.waitFor(2*time.Minute, "CoreDNS's pods gone", func(ctx context.Context) (bool, string) {
@@ -152,4 +155,16 @@ func (c *realCluster) waitWorkload() {
 		}
 		return true, ""
 	})
+}
+
+// checkDNSFlags checks that podnet-dns runs with the flags the Corefile's
+// conversion listed (kubeadm's Corefile: its ttl among them).
+func (c *realCluster) checkDNSFlags(ctx context.Context) {
+	d, err := c.admin.AppsV1().Deployments("kube-system").Get(ctx, "podnet-dns", metav1.GetOptions{})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if cmd := d.Spec.Template.Spec.Containers[0].Command; !slices.Contains(cmd, "--ttl=30") || !slices.Contains(cmd, "--pods=insecure") {
+		c.errorf("podnet-dns's command lacks the Corefile's flags: %q", cmd)
+	}
 }
