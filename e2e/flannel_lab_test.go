@@ -94,7 +94,7 @@ func flannelStackImages(t *testing.T, dir string, e flannelEnv) []string {
 // container waits for subnet.env and writes that bridge configuration as
 // the conflist (10-flannel.conflist, as flannel names it), with the
 // portmap plugin after it as flannel's conflist has.
-const flannelYAML = `apiVersion: v1
+var flannelYAML = `apiVersion: v1
 kind: Namespace
 metadata:
   name: kube-flannel
@@ -181,19 +181,7 @@ spec:
             - /bin/sh
             - -c
             - |
-              while [ ! -s /run/flannel/subnet.env ]; do sleep 1; done
-              . /run/flannel/subnet.env
-              # host-local wants the subnet, not flannel's gateway address in
-              # it: the lab's flannel is IPv4, a /24 per node
-              subnet="${FLANNEL_SUBNET%.*}.0/${FLANNEL_SUBNET#*/}"
-              cat > /etc/cni/net.d/.10-flannel.conflist <<EOF
-              {"name": "cbr0", "cniVersion": "0.3.1", "plugins": [
-                {"type": "bridge", "name": "cbr0", "bridge": "cni0", "mtu": ${FLANNEL_MTU}, "ipMasq": false,
-                 "isGateway": true, "isDefaultGateway": true, "hairpinMode": true,
-                 "ipam": {"type": "host-local", "ranges": [[{"subnet": "${subnet}"}]], "routes": [{"dst": "${FLANNEL_NETWORK}"}]}},
-                {"type": "portmap", "capabilities": {"portMappings": true}}]}
-              EOF
-              mv /etc/cni/net.d/.10-flannel.conflist /etc/cni/net.d/10-flannel.conflist
+` + indent(flannelConflistScript, "              ") + `
               exec sleep infinity
           volumeMounts:
             - {name: run, mountPath: /run/flannel}
