@@ -362,7 +362,39 @@ func (m *migration) step(name, drained string, f func()) {
 	f()
 	s.end = time.Now()
 	m.steps = append(m.steps, s)
-	m.c.t.Logf("step %s: %v", name, s.end.Sub(s.start).Round(100*time.Millisecond))
+	m.c.t.Logf("step %s: %v (%s to %s UTC)", name, s.end.Sub(s.start).Round(100*time.Millisecond),
+		s.start.UTC().Format(mixClock), s.end.UTC().Format(mixClock))
+}
+
+// mixClock is how podnet-testapp mix stamps a failure (UTC, in its
+// container and in the lab's outside namespace alike).
+const mixClock = "15:04:05.000"
+
+// stepOf names the step during which a failure line ("fail 15:04:05.000
+// ...") was seen, or "outside the steps" (the workload's start, before
+// the first step).
+func (m *migration) stepOf(failure string) string {
+	f := strings.Fields(failure)
+	if len(f) > 0 && f[0] != "fail" {
+		f = f[1:] // an outside client's line starts with its node
+	}
+	if len(f) < 2 {
+		return "?"
+	}
+	at, err := time.Parse(mixClock, f[1])
+	if err != nil {
+		return "?"
+	}
+	for _, s := range m.steps {
+		day := func(t time.Time) time.Time {
+			u := t.UTC()
+			return time.Date(0, 1, 1, u.Hour(), u.Minute(), u.Second(), u.Nanosecond(), time.UTC)
+		}
+		if !at.Before(day(s.start)) && at.Before(day(s.end)) {
+			return s.name
+		}
+	}
+	return "outside the steps"
 }
 
 // waitDaemonSet waits until a DaemonSet has a ready pod on the nodes
@@ -479,6 +511,9 @@ func TestMigrate(t *testing.T) {
 			}
 		}
 		sort.Strings(fails)
+		for i, f := range fails {
+			fails[i] = f + "  [" + m.stepOf(f) + "]"
+		}
 		c.errorf("%d failed requests or lookups from clients not being drained; failures seen (all clients, drained ones too):\n%s", failed, strings.Join(fails, "\n"))
 	}
 	for _, n := range c.nodes {
