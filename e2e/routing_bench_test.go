@@ -181,7 +181,7 @@ func benchParse(b *testing.B, out string) float64 {
 }
 
 // benchBareVeth makes two namespaces joined directly by a veth pair
-// (10.99.0.1 and 10.99.0.2) and returns how to run a server in the second
+// (10.99.0.1 and 10.99.0.2, fd00:99::1 and fd00:99::2) and returns how to run a server in the second
 // and a client in the first.
 func benchBareVeth(b *testing.B) (benchStart, benchExec) {
 	b.Helper()
@@ -199,6 +199,8 @@ func benchBareVeth(b *testing.B) (benchStart, benchExec) {
 	run("ip", "-n", a, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", z)
 	run("ip", "-n", a, "addr", "add", "10.99.0.1/24", "dev", "eth0")
 	run("ip", "-n", z, "addr", "add", "10.99.0.2/24", "dev", "eth0")
+	run("ip", "-n", a, "addr", "add", "fd00:99::1/64", "dev", "eth0", "nodad")
+	run("ip", "-n", z, "addr", "add", "fd00:99::2/64", "dev", "eth0", "nodad")
 	for _, n := range []string{a, z} {
 		run("ip", "-n", n, "link", "set", "lo", "up")
 		run("ip", "-n", n, "link", "set", "eth0", "up")

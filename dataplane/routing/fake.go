@@ -227,9 +227,25 @@ func (k *FakeKernel) ReplaceRoute(r Route) error {
 	} else if !r.Onlink {
 		return fmt.Errorf("route %s: gateway not on %s: %w", r, r.Dev, syscall.ENETUNREACH)
 	}
+	if cover, ok := k.covering(r.Gw); ok && r.Onlink && r.Gw.Is6() && cover.Dev != r.Dev {
+		return fmt.Errorf("route %s: nexthop has invalid gateway or device mismatch (%s): %w", r, cover, syscall.EINVAL)
+	}
 	k.routes[r.Dst] = r
 	k.Mutations++
 	return nil
+}
+
+// covering is the most specific route holding a, the route being
+// replaced included, as the kernel's IPv6 onlink check looks it up.
+func (k *FakeKernel) covering(a netip.Addr) (Route, bool) {
+	var best Route
+	found := false
+	for _, r := range k.routes {
+		if r.Dst.Bits() > 0 && r.Dst.Contains(a) && (!found || r.Dst.Bits() > best.Dst.Bits()) {
+			best, found = r, true
+		}
+	}
+	return best, found
 }
 
 func (k *FakeKernel) DeleteRoute(r Route) error {

@@ -581,3 +581,40 @@ func TestVTEPMACIPv6(t *testing.T) {
 		t.Errorf("IPv4 VTEP MAC %s, want 0e:70:c0:a8:0a:0b as before", m)
 	}
 }
+
+// TestSwitchBackendPerFamily applies a host-gw plan, then a VXLAN plan of
+// the same peers, then host-gw again, in each family: every switch lands
+// on the state a fresh node would hold. Over IPv6 the kernel refuses to
+// replace a peer's host-gw route by the VXLAN one (the onlink gateway, the
+// peer's VTEP address, lies inside the host-gw route's prefix, which
+// points through the underlay: "Nexthop has invalid gateway or device
+// mismatch"); the fake refuses it the same way.
+func TestSwitchBackendPerFamily(t *testing.T) {
+	for _, f := range ipfamily.All {
+		t.Run(f.String(), func(t *testing.T) {
+			cfg, peer := config(BackendHostGW), node("node2", "192.168.10.12", "10.244.2.0/24")
+			self := node("node1", "192.168.10.11", "10.244.1.0/24")
+			if f == ipfamily.IPv6 {
+				cfg.Family, cfg.NodeIP, cfg.NodeSubnet = f, netip.MustParseAddr("fd00:10::11"), netip.MustParsePrefix("fd00:10::/64")
+				peer = node("node2", "fd00:10::12", "fd00:244:2::/64")
+				self = node("node1", "fd00:10::11", "fd00:244:1::/64")
+			}
+			k := NewFakeKernel(map[string]netip.Prefix{"eth0": cfg.NodeSubnet})
+			r := &Reconciler{Kernel: k, Device: DefaultDevice}
+			for i, b := range []Backend{BackendHostGW, BackendVXLAN, BackendHostGW, BackendVXLAN} {
+				cfg.Backend = b
+				p := Compute(cfg, []*cluster.Node{self, peer})
+				if _, err := r.Apply(p); err != nil {
+					t.Fatalf("step %d, %s: %v", i, b, err)
+				}
+				fresh := NewFakeKernel(map[string]netip.Prefix{"eth0": cfg.NodeSubnet})
+				if _, err := (&Reconciler{Kernel: fresh, Device: DefaultDevice}).Apply(p); err != nil {
+					t.Fatal(err)
+				}
+				if got, want := k.Dump(), fresh.Dump(); got != want {
+					t.Errorf("step %d, %s: kernel\n%s\nwant\n%s", i, b, got, want)
+				}
+			}
+		})
+	}
+}

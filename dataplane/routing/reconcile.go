@@ -297,9 +297,14 @@ func (r *Reconciler) diffRoutes(p Plan, c *changeLog) (sets, dels []Op) {
 	}
 	haveByDst, want := routeByDst(have), routeByDst(p.Routes)
 	for i, rt := range p.Routes {
-		if h, ok := haveByDst[rt.Dst]; !ok || h != rt {
-			sets = append(sets, Op{Route: &p.Routes[i]})
+		h, ok := haveByDst[rt.Dst]
+		if ok && h == rt {
+			continue
 		}
+		if ok && movesDevice(h, rt) {
+			sets = append(sets, Op{Delete: true, Route: &h})
+		}
+		sets = append(sets, Op{Route: &p.Routes[i]})
 	}
 	for i, rt := range have {
 		if _, ok := want[rt.Dst]; !ok {
@@ -307,4 +312,16 @@ func (r *Reconciler) diffRoutes(p Plan, c *changeLog) (sets, dels []Op) {
 		}
 	}
 	return sets, dels
+}
+
+// movesDevice reports whether replacing route have by want would fail in
+// the kernel: IPv6 checks an onlink gateway against the routes that cover
+// it (the default route aside) and refuses one reached through another
+// device ("Nexthop has invalid gateway or device mismatch"). A VXLAN
+// route's gateway is the peer's VTEP address, inside the very podCIDR the
+// host-gw route it replaces covers through the underlay, so switching a
+// peer from host-gw to VXLAN has to delete the old route first (a moment
+// without a route to that peer; IPv4 replaces in place).
+func movesDevice(have, want Route) bool {
+	return want.Onlink && have.Dev != want.Dev && want.Dst.Addr().Is6() && have.Dst.Contains(want.Gw)
 }
