@@ -2,10 +2,12 @@ package proxy
 
 import (
 	"errors"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/ipfamily"
@@ -82,13 +84,14 @@ func TestStateBuildsEveryFamily(t *testing.T) {
 }
 
 type recordingBackend struct {
-	got  map[cluster.Key][]*ServicePort
-	full bool
-	err  error
+	got     map[cluster.Key][]*ServicePort
+	changed map[cluster.Key]bool
+	full    bool
+	err     error
 }
 
 func (r *recordingBackend) Sync(ports map[cluster.Key][]*ServicePort, changed map[cluster.Key]bool, full bool) (SyncResult, error) {
-	r.got, r.full = ports, full
+	r.got, r.changed, r.full = ports, changed, full
 	return SyncResult{Rules: map[string]int{"nat": len(ports)}}, r.err
 }
 
@@ -105,7 +108,7 @@ func TestPerFamilyHandsEachBackendItsFamily(t *testing.T) {
 		v4only.Key(): BuildServicePorts(v4only, nil, node, ipfamily.IPv4),
 	}
 	b4, b6 := &recordingBackend{}, &recordingBackend{err: errors.New("ip6tables-restore: boom")}
-	res, err := PerFamily{ipfamily.IPv4: b4, ipfamily.IPv6: b6}.Sync(ports, nil, true)
+	res, err := NewPerFamily(map[ipfamily.Family]Backend{ipfamily.IPv4: b4, ipfamily.IPv6: b6}).Sync(ports, nil, true)
 	if err == nil || !strings.Contains(err.Error(), "IPv6: ip6tables-restore: boom") {
 		t.Errorf("err = %v", err)
 	}
@@ -146,12 +149,88 @@ func TestAllFamiliesModeGetsOneBackend(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, per := b.(PerFamily)
+		_, per := b.(*PerFamily)
 		switch {
 		case all && (len(calls) != 1 || per || calls[0].Family != ipfamily.IPv4 || !slices.Equal(calls[0].Families, both)):
 			t.Errorf("AllFamilies: %d New calls %+v, PerFamily %v; want one, Family IPv4, Families both, no PerFamily", len(calls), calls, per)
 		case !all && (len(calls) != 2 || !per || calls[1].Family != ipfamily.IPv6):
 			t.Errorf("per family: %d New calls, PerFamily %v; want two and a PerFamily", len(calls), per)
 		}
+	}
+}
+
+// TestPerFamilyHandsOnlyTheFamilysChanges: after an endpoint of one
+// family changes, only that family's Backend is told the Service changed,
+// and the other still holds the very ServicePort it was handed (State
+// keeps a port built again unchanged); a change to the Service itself
+// reaches both; after a family's Backend fails, it is handed changed as
+// it is. Before, both Backends got every changed Service, and the IPv6
+// one rewrote a dual-stack Service's IPv6 port whenever its IPv4
+// endpoints changed (nftables mode: one endpoint change 3.4× the
+// single-stack time, BENCHMARKS.md).
+func TestPerFamilyHandsOnlyTheFamilysChanges(t *testing.T) {
+	svc, eps := dualStack()
+	st := cluster.NewStore()
+	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, []cluster.Object{svc, eps[0], eps[1]})
+	state := NewState(ipfamily.IPv4, ipfamily.IPv6)
+	state.Update(st, "n1", nil, true)
+	b4, b6 := &recordingBackend{}, &recordingBackend{}
+	pf := NewPerFamily(map[ipfamily.Family]Backend{ipfamily.IPv4: b4, ipfamily.IPv6: b6})
+	if _, err := pf.Sync(state.Ports, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	key := svc.Key()
+	sync := func(what string, dirty ...cluster.Object) {
+		t.Helper()
+		for _, o := range dirty {
+			st.Upsert(o)
+		}
+		changed := state.Update(st, "n1", map[cluster.Key]bool{key: true}, false)
+		if !changed[key] {
+			t.Fatalf("%s: State reports no change", what)
+		}
+		if _, err := pf.Sync(state.Ports, changed, false); err != nil && b6.err == nil {
+			t.Fatal(err)
+		}
+		for f, b := range map[ipfamily.Family]*recordingBackend{ipfamily.IPv4: b4, ipfamily.IPv6: b6} {
+			if want := portsOf(state.Ports, f); !maps.EqualFunc(b.got, want, slices.Equal) {
+				t.Errorf("%s: %v Backend got %v, want %v", what, f, b.got, want)
+			}
+		}
+	}
+	for _, f := range ipfamily.All {
+		mine, other := b4, b6
+		if f == ipfamily.IPv6 {
+			mine, other = b6, b4
+		}
+		before := other.got[key][0]
+		i := map[ipfamily.Family]int{ipfamily.IPv4: 0, ipfamily.IPv6: 1}[f]
+		es := *eps[i]
+		es.Endpoints = []cluster.Endpoint{es.Endpoints[0]}
+		es.Endpoints[0].Ready = false
+		eps[i] = &es
+		sync(f.String()+" endpoint not ready", &es)
+		if !mine.changed[key] || other.changed[key] {
+			t.Errorf("%v endpoint change: %v told %v, the other %v", f, f, mine.changed, other.changed)
+		}
+		if other.got[key][0] != before {
+			t.Errorf("%v endpoint change: the other family's port was built anew", f)
+		}
+	}
+	s2 := *svc
+	s2.SessionAffinityTimeout = 3 * time.Hour
+	sync("Service change", &s2)
+	if !b4.changed[key] || !b6.changed[key] {
+		t.Errorf("Service change: IPv4 told %v, IPv6 %v; want both", b4.changed, b6.changed)
+	}
+	b6.err = errors.New("boom")
+	s2.SessionAffinityTimeout = 2 * time.Hour
+	sync("Service change, IPv6 fails", &s2)
+	b6.err = nil
+	es := *eps[0]
+	es.Endpoints = nil
+	sync("IPv4 endpoints gone", &es)
+	if !b4.changed[key] || !b6.changed[key] {
+		t.Errorf("after an IPv6 failure: IPv4 told %v, IPv6 %v; want both (no last to compare with)", b4.changed, b6.changed)
 	}
 }

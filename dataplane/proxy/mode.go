@@ -283,7 +283,7 @@ func (o ServiceOptions) newBackend(cfg Config, families []ipfamily.Family) (Back
 	if o.Mode.AllFamilies {
 		each = families[:1]
 	}
-	per := make(PerFamily, len(families))
+	per := NewPerFamily(make(map[ipfamily.Family]Backend, len(families)))
 	for _, f := range each {
 		c := cfg
 		c.Family = f
@@ -298,10 +298,10 @@ func (o ServiceOptions) newBackend(cfg Config, families []ipfamily.Family) (Back
 		if b == nil {
 			return nil, nil
 		}
-		per[f] = b
+		per.Backends[f] = b
 	}
-	if len(per) == 1 {
-		return per[each[0]], nil
+	if len(per.Backends) == 1 {
+		return per.Backends[each[0]], nil
 	}
 	return per, nil
 }

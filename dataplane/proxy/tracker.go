@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"reflect"
+	"slices"
 	"sync"
 
 	"github.com/podnet/podnet/dataplane/cluster"
@@ -80,7 +81,10 @@ func NewState(families ...ipfamily.Family) *State {
 }
 
 // Update rebuilds the Services in dirty (every Service when all) from store
-// and returns the keys whose ports really changed.
+// and returns the keys whose ports really changed. A port built again
+// equal to the one it had stays that one (the same pointer), so a Backend
+// can tell by identity which of a changed Service's ports changed: one
+// family's, when an EndpointSlice of that address type changed.
 func (s *State) Update(store *cluster.Store, nodeName string, dirty map[cluster.Key]bool, all bool) map[cluster.Key]bool {
 	node := NodeInfo{Name: nodeName}
 	if n := store.Node(nodeName); n != nil {
@@ -114,11 +118,28 @@ func (s *State) Update(store *cluster.Store, nodeName string, dirty map[cluster.
 			}
 			continue
 		}
-		if had && reflect.DeepEqual(old, ports) {
-			continue
+		if had {
+			ports = keepUnchanged(old, ports)
+			if slices.Equal(old, ports) {
+				continue
+			}
 		}
 		s.Ports[key] = ports
 		changed[key] = true
 	}
 	return changed
+}
+
+// keepUnchanged returns built with each port equal to one of old (the same
+// port of the same family) replaced by that one.
+func keepUnchanged(old, built []*ServicePort) []*ServicePort {
+	for i, sp := range built {
+		for _, o := range old {
+			if o.Name == sp.Name && o.ClusterIP == sp.ClusterIP && reflect.DeepEqual(o, sp) {
+				built[i] = o
+				break
+			}
+		}
+	}
+	return built
 }

@@ -24,10 +24,10 @@ func BenchmarkDualStackSync(b *testing.B) {
 	}
 	roottest.Require(b)
 	proxytest.BenchDualStack(b, "iptables-nft", func(_ *proxytest.NetnsLab, dual bool) proxy.Backend {
-		pf := proxy.PerFamily{ipfamily.IPv4: iptables.NewProxier(iptables.Config{Family: ipfamily.IPv4, ClusterCIDR: proxytest.ClusterCIDR},
-			iptables.ExecRunner{Backend: iptables.BackendNFT, Family: ipfamily.IPv4})}
+		pf := proxy.NewPerFamily(map[ipfamily.Family]proxy.Backend{ipfamily.IPv4: iptables.NewProxier(iptables.Config{Family: ipfamily.IPv4, ClusterCIDR: proxytest.ClusterCIDR},
+			iptables.ExecRunner{Backend: iptables.BackendNFT, Family: ipfamily.IPv4})})
 		if dual {
-			pf[ipfamily.IPv6] = iptables.NewProxier(iptables.Config{Family: ipfamily.IPv6, ClusterCIDR: netip.MustParsePrefix("fd00:10:244::/56")},
+			pf.Backends[ipfamily.IPv6] = iptables.NewProxier(iptables.Config{Family: ipfamily.IPv6, ClusterCIDR: netip.MustParsePrefix("fd00:10:244::/56")},
 				iptables.ExecRunner{Backend: iptables.BackendNFT, Family: ipfamily.IPv6})
 		}
 		return pf

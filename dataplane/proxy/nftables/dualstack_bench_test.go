@@ -25,9 +25,9 @@ func BenchmarkDualStackSync(b *testing.B) {
 	roottest.Require(b)
 	proxytest.BenchDualStack(b, "nftables", func(l *proxytest.NetnsLab, dual bool) proxy.Backend {
 		k := nftables.Netlink{NetNS: int(l.Node.Fd())}
-		pf := proxy.PerFamily{ipfamily.IPv4: nftables.NewProxier(benchCfg, k)}
+		pf := proxy.NewPerFamily(map[ipfamily.Family]proxy.Backend{ipfamily.IPv4: nftables.NewProxier(benchCfg, k)})
 		if dual {
-			pf[ipfamily.IPv6] = nftables.NewProxier(nftables.Config{Family: ipfamily.IPv6, ClusterCIDR: netip.MustParsePrefix("fd00:10:244::/56")}, k)
+			pf.Backends[ipfamily.IPv6] = nftables.NewProxier(nftables.Config{Family: ipfamily.IPv6, ClusterCIDR: netip.MustParsePrefix("fd00:10:244::/56")}, k)
 		}
 		return pf
 	})

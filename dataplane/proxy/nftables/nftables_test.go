@@ -433,3 +433,43 @@ func TestAffinityKeptWhenAnotherEndpointLeaves(t *testing.T) {
 		t.Errorf("its own endpoint left: the client reaches %v, want %v", got, want)
 	}
 }
+
+// TestDualStackEndpointChangeLeavesTheOtherFamily: one Proxier per family
+// behind proxy.PerFamily, as proxyd runs them, over dual-stack Services;
+// an endpoint of one family changes: that family's Proxier writes the
+// change, the other writes nothing, and each family's table then equals a
+// fresh full sync's (PerFamily now updates the family maps it hands in
+// place). The old code passed this too: the IPv6 Proxier was handed the
+// Service, built its objects again and found nothing to write; what it
+// no longer does is tested in proxy (TestPerFamilyHandsOnlyTheFamilysChanges).
+func TestDualStackEndpointChangeLeavesTheOtherFamily(t *testing.T) {
+	const n = 20
+	st, state := proxytest.DualStackState(n, 3, true)
+	cfg6 := nftables.Config{Family: ipfamily.IPv6, ClusterCIDR: netip.MustParsePrefix("fd00:10:244::/56"), Shards: 4}
+	f := nftables.NewFake()
+	p4, p6 := nftables.NewProxier(defaultCfg, f), nftables.NewProxier(cfg6, f)
+	pf := proxy.NewPerFamily(map[ipfamily.Family]proxy.Backend{ipfamily.IPv4: p4, ipfamily.IPv6: p6})
+	if _, err := pf.Sync(state.Ports, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	changed := proxytest.ChangeOneEndpoint(st, state, n)
+	if len(changed) != 1 {
+		t.Fatalf("changed %v, want one Service", changed)
+	}
+	if _, err := pf.Sync(state.Ports, changed, false); err != nil {
+		t.Fatal(err)
+	}
+	if p4.LastOps == 0 || p6.LastOps != 0 {
+		t.Errorf("IPv4 endpoint change: IPv4 Proxier wrote %d steps, IPv6 %d; want some and none", p4.LastOps, p6.LastOps)
+	}
+	fresh := nftables.NewFake()
+	pff := proxy.NewPerFamily(map[ipfamily.Family]proxy.Backend{ipfamily.IPv4: nftables.NewProxier(defaultCfg, fresh), ipfamily.IPv6: nftables.NewProxier(cfg6, fresh)})
+	if _, err := pff.Sync(state.Ports, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	for _, fam := range ipfamily.All {
+		if got, want := f.Table(fam).String(), fresh.Table(fam).String(); got != want {
+			t.Errorf("%v table after the partial sync\n%s\nwant (full sync)\n%s", fam, got, want)
+		}
+	}
+}
