@@ -40,8 +40,8 @@ spec:
 // its node's podCIDRs; pod to pod over each family on every pair of nodes
 // (host-gw on the shared segment, VXLAN across the router); a
 // RequireDualStack Service answers on both cluster IPs from every node and
-// on its NodePort at every node's address of each family from outside;
-// cluster DNS answers A and AAAA for it.
+// on its NodePort at every node's address of each family from outside and
+// from every node itself; cluster DNS answers A and AAAA for it.
 func TestRealNodesDualStack(t *testing.T) {
 	testRealNodesDualStackOpts(t, realClusterOptions{dualStack: true})
 }
@@ -101,6 +101,9 @@ func testRealNodesDualStackOpts(t *testing.T, o realClusterOptions) {
 				}
 			}
 		}
+	})
+	t.Run("from every node itself to both cluster IPs and each family's NodePort", func(t *testing.T) {
+		c.checkDualStackFromNodes(ctx, t, svc)
 	})
 	t.Run("DNS answers A and AAAA for the Service", func(t *testing.T) {
 		for _, from := range names {
@@ -206,6 +209,28 @@ func (c *realCluster) checkDualStackService(ctx context.Context, t *testing.T, s
 			}
 			if len(seen) < 2 {
 				t.Errorf("from %s the cluster IP %s reached only %v", from, ip, fmt.Sprint(seen))
+			}
+		}
+	}
+}
+
+// checkDualStackFromNodes: a node's own processes (as a host-network pod's)
+// reach the Service at each cluster IP and at the NodePort of every node's
+// address of each family, its own included.
+func (c *realCluster) checkDualStackFromNodes(ctx context.Context, t *testing.T, svc *corev1.Service) {
+	port := uint16(svc.Spec.Ports[0].NodePort)
+	var urls []string
+	for _, ip := range svc.Spec.ClusterIPs {
+		urls = append(urls, "http://"+netip.AddrPortFrom(netip.MustParseAddr(ip), 80).String()+"/")
+	}
+	for _, n := range c.l.Nodes {
+		urls = append(urls, "http://"+netip.AddrPortFrom(n.IP, port).String()+"/", "http://"+netip.AddrPortFrom(n.IP6, port).String()+"/")
+	}
+	for _, n := range c.nodes {
+		for _, url := range urls {
+			out, err := n.Exec(ctx, c.testapp, "get", url)
+			if err != nil || !strings.HasPrefix(out, "web-") {
+				t.Errorf("node %s → %s: %q, %v", n.Name, url, out, err)
 			}
 		}
 	}
