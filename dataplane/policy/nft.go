@@ -122,12 +122,18 @@ func (t *Table) chain(name string) *nftables.Chain {
 // skeleton adds the base chains and the fixed chains and sets:
 //
 //	in (forward hook):  ct state established,related accept
+//	                    icmpv6 type 133-137 accept
 //	                    <family> daddr @iso-in-<f> jump in-check
-//	in-check:           jump in-allow; jump in-deny; limit; log group; drop
+//	in-check:           jump in-allow; jump in-deny
+//	                    limit rate <LogRate>/second log group <LogGroup> prefix "in"
+//	                    drop
 //	in-allow:           per policy: <family> daddr @<id>-in-sel-<f> jump <id>-in
-//	in-deny:            per policy: <family> daddr @<id>-in-sel-<f> counter drop
+//	in-deny:            per policy: <family> daddr @<id>-in-sel-<f> counter name "<ns>/<name>/dropped"
 //
-// and the same with saddr for eg.
+// and the same with saddr for eg. in-deny only counts, for every policy
+// that selected the pod, and returns: the drop is in-check's last rule,
+// after the log. A <id>-in rule that matches counts its policy's allowed
+// counter and accepts.
 func (t *Table) skeleton() {
 	for d, name := range dirNames {
 		prio := nftables.ChainPriority(ingressPriority)
