@@ -78,7 +78,7 @@ type polPod struct {
 func (p *polPod) key() string { return p.ns + "/" + p.name }
 
 func TestNetworkPolicyMatrix(t *testing.T) {
-	for _, mode := range []string{"iptables", "ebpf"} {
+	for _, mode := range svcModes {
 		t.Run(mode, func(t *testing.T) { testPolicyMatrix(t, mode) })
 	}
 }
@@ -240,6 +240,9 @@ func testPolicyMatrix(t *testing.T, mode string) {
 	if denied == 0 {
 		t.Fatal("the policies deny nothing: the matrix proves nothing")
 	}
+
+	t.Run("a node reaches its own isolated pods (kubelet probes)", c.nodeReachesOwnPods)
+	t.Run("proxyd logs denied new connections, rate-limited", c.deniedLog)
 
 	t.Run("Service traffic is judged at the endpoint the proxy chose", func(t *testing.T) {
 		red := []svcEndpoint{svcReady(c.pods[0].pod), svcReady(c.pods[1].pod)}

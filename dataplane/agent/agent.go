@@ -194,7 +194,7 @@ func Run(ctx context.Context, o Options) error {
 	board := &status.Board{}
 	board.Provide(StatusHealth, func() any { return healthStatus(progress, checker) })
 
-	src, err := app.NewSource(app.SourceOptions{StateDir: o.StateDir, StateLimits: o.StateLimits, Kube: o.Kube, Kinds: o.kinds(), Logger: log})
+	src, err := app.NewSource(app.SourceOptions{StateDir: o.StateDir, StateLimits: o.StateLimits, Kube: o.Kube, Kinds: o.Kinds(), Logger: log})
 	if err != nil {
 		return err
 	}
@@ -250,10 +250,10 @@ func Run(ctx context.Context, o Options) error {
 	return g.Wait()
 }
 
-// kinds are what the API server source watches: with NetworkPolicy, every
+// Kinds are what the API server source watches: with NetworkPolicy, every
 // Pod (peers on other nodes match selectors too; each is reduced to its
 // labels, addresses and named ports as it arrives) and the policies.
-func (o Options) kinds() []cluster.Kind {
+func (o Options) Kinds() []cluster.Kind {
 	if !o.NetworkPolicy {
 		return nil
 	}
