@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make bench: the long benchmarks, never part of make test. Needs root.
-# BENCH=cni,routing,services,dns,go runs a subset.
+# BENCH=cni,routing,services,dns,policy,go runs a subset.
 #
 # Each part prints its own figures as it runs, and its output is kept in a
 # run directory, $BENCH_RESULTS/<UTC time>-<commit>/ (default bench-results/,
@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PODNET_BIN="${PODNET_BIN:-$PWD/bin}"
-want="${BENCH:-cni,routing,services,dns,go}"
+want="${BENCH:-cni,routing,services,dns,policy,go}"
 results="${BENCH_RESULTS:-bench-results}"
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 if ! git diff --quiet HEAD 2>/dev/null; then
@@ -50,6 +50,11 @@ run services services bash scripts/bench-services.sh
 # 10,000 for the memory target.
 run dns dns-1000 bash scripts/bench-dns.sh 1000 10
 run dns dns-10000 bash scripts/bench-dns.sh 10000 10
+# NetworkPolicy (issue 24), side by side in one part: full programming and
+# first-packet latency of 1,000 policies over 5,000 pods, one change to
+# enforcement, Pod memory, and proxyd's RSS growth fed the same world.
+run policy policy-go go test -count=1 -run '^$' -bench 'BenchmarkProgramFull|BenchmarkFirstPacket|BenchmarkEnforce|BenchmarkCompile|BenchmarkIncremental|BenchmarkPodMemoryPer1000' -timeout 60m ./dataplane/policy/
+run policy policy-rss env PODNET_BENCH=1 go test -count=1 -run '^$' -bench 'BenchmarkProxydPolicyRSS' -benchtime 1x -timeout 30m ./e2e/
 run go go go test -run '^$' -bench . -benchmem -timeout 60m ./...
 
 go run ./scripts/benchtable extract "$dir"

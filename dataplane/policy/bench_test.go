@@ -1,32 +1,19 @@
 package policy
 
 import (
-	"fmt"
 	"maps"
-	"net/netip"
 	"runtime"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/cluster/convert"
+	"github.com/podnet/podnet/dataplane/policy/policybench"
 )
 
-// apiPod is a v1.Pod as a ReplicaSet makes it: three labels, one
-// container with a named port, an address per family.
-func apiPod(i int) *v1.Pod {
-	return &v1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("ns%d", i%100), Name: fmt.Sprintf("app%d-7d4b9c8f6-%05d", i%50, i),
-			Labels: map[string]string{"app": fmt.Sprintf("app%d", i%50), "pod-template-hash": "7d4b9c8f6", "tier": []string{"web", "db"}[i%2]}},
-		Spec: v1.PodSpec{NodeName: fmt.Sprintf("node%d", i%50), Containers: []v1.Container{{Name: "main", Image: "registry.example/app:1",
-			Ports: []v1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: v1.ProtocolTCP}}}}},
-		Status: v1.PodStatus{PodIPs: []v1.PodIP{
-			{IP: netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)}).String()},
-			{IP: netip.AddrFrom16([16]byte{0xfd, 0, 0x10, 0, 0x2, 0x44, 0, 0, 0, 0, 0, 0, 0, 0, byte(i >> 8), byte(i)}).String()}}},
-	}
-}
+// apiPod is pod i of the benchmarks' world.
+func apiPod(i int) *v1.Pod { return policybench.Pod(i) }
 
 // BenchmarkPodMemoryPer1000 is what proxyd holds for 1,000 Pods in its
 // Store once each is reduced (labels, addresses, named ports): the cost of
@@ -51,32 +38,27 @@ func BenchmarkPodMemoryPer1000(b *testing.B) {
 	}
 }
 
-// benchWorld is the benchmark's cluster: 5,000 pods in 100 namespaces over
-// 50 nodes, 1,000 policies (10 a namespace: a default deny, and ingress
-// from a namespace and pod selector on a port).
-func benchWorld(b *testing.B) ([]*cluster.Pod, []*cluster.Namespace, []*cluster.NetworkPolicy) {
+// benchWorld is the benchmarks' cluster (policybench): 5,000 pods in 100
+// namespaces over 50 nodes, 1,000 policies (10 a namespace: a default deny,
+// and ingress from a namespace and pod selector on a port).
+func benchWorld(b testing.TB) ([]*cluster.Pod, []*cluster.Namespace, []*cluster.NetworkPolicy) {
 	var pods []*cluster.Pod
-	for i := range 5000 {
-		p, err := convert.FromV1Pod(apiPod(i))
+	for i := range policybench.Pods {
+		p, err := convert.FromV1Pod(policybench.Pod(i))
 		if err != nil {
 			b.Fatal(err)
 		}
 		pods = append(pods, p)
 	}
 	var nss []*cluster.Namespace
-	var docs []string
-	for n := range 100 {
-		nss = append(nss, &cluster.Namespace{Name: fmt.Sprintf("ns%d", n), Labels: map[string]string{"team": fmt.Sprintf("t%d", n%10)}})
-		docs = append(docs, fmt.Sprintf("metadata: {namespace: ns%d, name: deny}\nspec: {podSelector: {}, policyTypes: [Ingress, Egress]}", n))
-		for k := range 9 {
-			docs = append(docs, fmt.Sprintf(`metadata: {namespace: ns%d, name: allow%d}
-spec:
-  podSelector: {matchLabels: {app: app%d}}
-  ingress: [{from: [{namespaceSelector: {matchLabels: {team: t%d}}, podSelector: {matchLabels: {tier: web}}}], ports: [{port: http}, {port: 9000, endPort: 9100}]}]
-  egress: [{to: [{podSelector: {matchLabels: {app: app%d}}}]}]`, n, k, (n+k)%50, k, (n+k+1)%50))
+	for n := range policybench.Namespaces {
+		ns, err := convert.FromV1Namespace(policybench.Namespace(n))
+		if err != nil {
+			b.Fatal(err)
 		}
+		nss = append(nss, ns)
 	}
-	return pods, nss, mustPolicies(b, docs...)
+	return pods, nss, mustPolicies(b, policybench.PolicyDocs()...)
 }
 
 // BenchmarkCompile is the whole model's compile for node1.

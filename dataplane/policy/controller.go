@@ -101,6 +101,13 @@ func (c *Controller) sync() error {
 	return nil
 }
 
+// rebuildAfter is the most changes a sync takes in one by one; a larger
+// batch (a state file or a namespace's worth of pods arriving at once) is
+// compiled afresh from the Store. Each pod change walks every policy: the
+// benchmark's 5,000 pods arriving after its 1,000 policies took 35 s one by
+// one on a loaded machine, where the whole compile takes 0.5 s of CPU.
+const rebuildAfter = 100
+
 // compile brings the program up to date with the Store; c.mu is held (the
 // model it changes is the one Status reads).
 func (c *Controller) compile() *Program {
@@ -108,7 +115,7 @@ func (c *Controller) compile() *Program {
 	events := c.pending
 	c.pending = nil
 	c.pendMu.Unlock()
-	if c.compiler == nil {
+	if c.compiler == nil || len(events) > rebuildAfter {
 		// Every event taken is in the Store already; one after this
 		// point may be in the snapshot too, and replaying it later
 		// changes nothing.

@@ -104,3 +104,48 @@ func compareKeys(a, b cluster.Key) int {
 	}
 	return 0
 }
+
+// TestControllerBatchEqualsFullCompile: the benchmark's world written into
+// a synced Store at once, policies before pods (far more changes than a
+// sync takes in one by one), ends in the program a whole compile of the
+// Store gives, and the status shows node1's 100 pods selected.
+func TestControllerBatchEqualsFullCompile(t *testing.T) {
+	pods, nss, pols := benchWorld(t)
+	store := cluster.NewStore()
+	store.MarkSynced()
+	f := &fakeApplier{applied: make(chan *Program, 1000)}
+	// As proxyd's --min-sync-period folds a burst of changes.
+	c := NewController(ControllerOptions{NodeName: "node1", Store: store, Table: f, MinInterval: 100 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	if p := next(t, f); len(p.Policies) != 0 {
+		t.Fatalf("first program %+v, want no policies", p)
+	}
+	for _, n := range nss {
+		store.Upsert(n)
+	}
+	for _, np := range pols {
+		store.Upsert(np)
+	}
+	for _, p := range pods {
+		store.Upsert(p)
+	}
+	want := dump(NewModel(store.Pods(), store.Namespaces(), store.NetworkPolicies()).Compile(onNode("node1")))
+	var got string
+	for deadline := time.Now().Add(time.Minute); got != want; {
+		select {
+		case p := <-f.applied:
+			got = dump(p)
+		case <-time.After(time.Until(deadline)):
+			t.Fatalf("no program equal to a whole compile within a minute; the last:\n%s", got)
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); len(c.Status().Pods) != 100 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	if n := len(c.Status().Pods); n != 100 {
+		t.Errorf("status shows %d pods of node1 selected, want 100", n)
+	}
+}

@@ -25,13 +25,13 @@ import (
 // br_netfilter on (as proxyd sets it), and one host "far" behind a route,
 // so both the bridged and the routed forward paths are crossed.
 type testNode struct {
-	t      *testing.T
+	t      testing.TB
 	prefix string
 	node   ns.NetNS
 	pods   map[string]ns.NetNS // by namespace/name, and "far"
 }
 
-func run(t *testing.T, args ...string) {
+func run(t testing.TB, args ...string) {
 	t.Helper()
 	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
 		t.Fatalf("%s: %v: %s", strings.Join(args, " "), err, out)
@@ -68,7 +68,7 @@ func (n *testNode) addPod(key string, i int) {
 		"ip route add default via 10.244.1.1", "ip -6 route add default via fd00:10:244:1::1")
 }
 
-func newTestNode(t *testing.T) *testNode {
+func newTestNode(t testing.TB) *testNode {
 	roottest.Require(t)
 	roottest.Tool(t, "ip", "iproute2")
 	n := &testNode{t: t, prefix: fmt.Sprintf("podnet-pol-%d", os.Getpid()), pods: make(map[string]ns.NetNS)}

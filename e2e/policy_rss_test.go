@@ -1,0 +1,108 @@
+package e2e
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/podnet/podnet/dataplane/agent"
+	"github.com/podnet/podnet/dataplane/policy"
+	"github.com/podnet/podnet/dataplane/policy/policybench"
+	"github.com/podnet/podnet/dataplane/roottest"
+	"github.com/podnet/podnet/e2e/lab"
+)
+
+// BenchmarkProxydPolicyRSS is the resident memory proxyd --network-policy
+// (on by default) gains from the NetworkPolicy benchmark's world: 100
+// namespaces, 5,000 pods and 1,000 policies (policybench) written into the
+// state directory of a running proxyd on node1 of a lab, in iptables mode.
+// RSS is read once the policy controller has synced without them, once its
+// status shows node1's 100 pods selected (the objects read, compiled and
+// programmed), and after five more syncs (every 2 s). Goal (issue 24):
+// growth <= 30 MiB. Only with PODNET_BENCH=1 (scripts/bench.sh's policy
+// part sets it).
+//
+//	PODNET_BENCH_ROUNDS=3   rounds (a fresh proxyd each); medians printed
+func BenchmarkProxydPolicyRSS(b *testing.B) {
+	if os.Getenv("PODNET_BENCH") == "" {
+		roottest.Optional(b, "set PODNET_BENCH=1, as scripts/bench.sh's policy part does")
+	}
+	roottest.Require(b)
+	rounds, _ := strconv.Atoi(cmp.Or(os.Getenv("PODNET_BENCH_ROUNDS"), "3"))
+	world, err := policybench.StateYAML()
+	if err != nil {
+		b.Fatal(err)
+	}
+	l := lab.Start(b, lab.Options{})
+	n := l.Node("node1")
+	const file, laterSyncs = "policy-world.yaml", 5
+	// status is the policy section of proxyd's /status.
+	status := func() (policy.Status, bool) {
+		code, body, err := svcHTTPGet(n.NSPath(), "127.0.0.1:10249/status")
+		if err != nil || code != 200 {
+			return policy.Status{}, false
+		}
+		var r map[string]json.RawMessage
+		var st policy.Status
+		if json.Unmarshal([]byte(body), &r) != nil || json.Unmarshal(r[agent.StatusPolicy], &st) != nil {
+			return policy.Status{}, false
+		}
+		return st, true
+	}
+	await := func(what string, ok func(policy.Status) bool) policy.Status {
+		deadline := time.Now().Add(5 * time.Minute)
+		for {
+			if st, got := status(); got && ok(st) {
+				return st
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("proxyd's policy status: no %s within 5 minutes", what)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	var before, after, later, took []float64
+	for range rounds {
+		if err := l.RemoveState(file); err != nil {
+			b.Fatal(err)
+		}
+		p, err := n.StartProxyd(b.Context(), "--proxy-mode", "iptables", "--sync-period", "2s",
+			"--metrics-bind-address", "127.0.0.1:10249", "--healthz-bind-address", "")
+		if err != nil {
+			b.Fatal(err)
+		}
+		pid := strconv.Itoa(p.Pid())
+		await("first sync", func(s policy.Status) bool { return s.Syncs >= 1 })
+		before = append(before, float64(procRSS(pid))/1024)
+		start := time.Now()
+		if err := l.WriteState(file, world); err != nil {
+			b.Fatal(err)
+		}
+		st := await("sync selecting node1's 100 pods", func(s policy.Status) bool { return len(s.Pods) == 100 })
+		took = append(took, time.Since(start).Seconds())
+		after = append(after, float64(procRSS(pid))/1024)
+		await(fmt.Sprintf("%d more syncs", laterSyncs), func(s policy.Status) bool { return s.Syncs >= st.Syncs+laterSyncs })
+		later = append(later, float64(procRSS(pid))/1024)
+		if err := p.Stop(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	growth := func(v []float64) []float64 {
+		out := make([]float64, len(v))
+		for i := range v {
+			out[i] = v[i] - before[i]
+		}
+		return out
+	}
+	b.ReportMetric(benchMedian(before), "before-MiB")
+	b.ReportMetric(benchMedian(growth(after)), "growth-MiB")
+	b.ReportMetric(benchMedian(growth(later)), "growth-later-MiB")
+	b.ReportMetric(benchMedian(took), "objects-to-programmed-s")
+	fmt.Printf("| proxyd (iptables mode) | RSS without the objects | with them, programmed | after %d more syncs | growth | objects written to programmed | rounds (MiB before / after / later) |\n|---|---|---|---|---|---|---|\n", laterSyncs)
+	fmt.Printf("| 5,000 pods, 100 namespaces, 1,000 policies | %.1f MiB | %.1f MiB | %.1f MiB | %.1f MiB (later %.1f) | %.2f s | %v / %v / %v |\n",
+		benchMedian(before), benchMedian(after), benchMedian(later), benchMedian(growth(after)), benchMedian(growth(later)), benchMedian(took), before, after, later)
+}
