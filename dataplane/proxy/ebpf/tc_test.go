@@ -376,65 +376,96 @@ func (e *tcEnv) checkNodePort(t *testing.T, f tcFamily) {
 	})
 }
 
-// Every node picks the same backend for a flow: two datapaths loaded
-// separately (two nodes) agree on each of many flows, and the flows spread
-// over both backends.
+// Every node picks the same backend for a flow, in each family: two
+// datapaths loaded separately (two nodes) agree on each of many flows, and
+// the flows spread over both backends.
 func TestTCConsistentPick(t *testing.T) {
 	// Node b knows another Service first: its ids differ from a's.
 	other := tcServices()
-	other[key("aaa")] = []*proxy.ServicePort{clusterIPPort("aaa", "10.96.0.99", 80, cluster.TCP, ep("10.244.9.9", 80, false))}
-	other[key("aaa")][0].NodePort = 30099
-	a, b := newTCEnv(t, tcServices()), newTCEnv(t, other)
-	seen := map[netip.AddrPort]int{}
-	for port := uint16(20000); port < 20100; port++ {
-		p := pkt{src: netip.AddrPortFrom(netip.MustParseAddr("198.51.100.9"), port), dst: ap(nodeIP + ":30080"), proto: 6}
-		_, oa := a.run(t, TCNodePort, p)
-		_, ob := b.run(t, TCNodePort, p)
-		if oa.dst != ob.dst {
-			t.Fatalf("flow from port %d: node a picked %v, node b %v", port, oa.dst, ob.dst)
-		}
-		seen[oa.dst]++
+	for _, f := range tcFamilies {
+		sp := clusterIPPort("aaa", f.vip+"99", 80, cluster.TCP, ep(f.nth(9, 9), 80, false))
+		sp.NodePort = 30099
+		other[key("aaa")] = append(other[key("aaa")], sp)
 	}
-	if len(seen) != 2 || seen[ap("10.244.1.5:8080")] < 25 {
-		t.Errorf("100 flows went %v; want both backends used", seen)
+	a, b := newTCEnv(t, tcServices()), newTCEnv(t, other)
+	for _, f := range tcFamilies {
+		t.Run(f.name, func(t *testing.T) {
+			seen := map[netip.AddrPort]int{}
+			for port := uint16(20000); port < 20100; port++ {
+				p := pkt{src: at(f.client, port), dst: at(f.node, 30080), proto: 6}
+				_, oa := a.run(t, TCNodePort, p)
+				_, ob := b.run(t, TCNodePort, p)
+				if oa.dst != ob.dst {
+					t.Fatalf("flow from port %d: node a picked %v, node b %v", port, oa.dst, ob.dst)
+				}
+				seen[oa.dst]++
+			}
+			if len(seen) != 2 || seen[at(f.local, 8080)] < 25 {
+				t.Errorf("100 flows went %v; want both backends used", seen)
+			}
+		})
 	}
 }
 
-// Maglev: with one of ten endpoints gone, flows to the other nine keep
-// their backend (compared between two nodes, one with the endpoint, one
-// without).
+// nth is the address of f's pod network node i, host j.
+func (f tcFamily) nth(i, j int) string {
+	if f.name == "IPv6" {
+		return fmt.Sprintf("fd00:244:%d::%d", i, j)
+	}
+	return fmt.Sprintf("10.244.%d.%d", i, j)
+}
+
+// Maglev, in each family: with one of ten endpoints gone, flows to the
+// other nine keep their backend (compared between two nodes, one with the
+// endpoint, one without; the Service is dual-stack, the endpoint goes in
+// the family under test).
 func TestTCMaglevFewFlowsMove(t *testing.T) {
-	var eps []proxy.Endpoint
-	for i := range 10 {
-		eps = append(eps, ep(fmt.Sprintf("10.244.%d.%d", i%3, 10+i), 8080, false))
-	}
-	svcs := func(eps []proxy.Endpoint) map[cluster.Key][]*proxy.ServicePort {
-		sp := clusterIPPort("big", "10.96.0.30", 80, cluster.TCP, eps...)
-		sp.NodePort = 30030
-		return map[cluster.Key][]*proxy.ServicePort{key("big"): {sp}}
-	}
-	all, less := newTCEnv(t, svcs(eps)), newTCEnv(t, svcs(append(eps[:4:4], eps[5:]...)))
-	gone := eps[4].AddrPort()
-	var kept, stayed int
-	seen := map[netip.AddrPort]bool{}
-	for port := uint16(30000); port < 30400; port++ {
-		p := pkt{src: netip.AddrPortFrom(netip.MustParseAddr("198.51.100.7"), port), dst: ap(nodeIP + ":30030"), proto: 6}
-		_, before := all.run(t, TCNodePort, p)
-		_, after := less.run(t, TCNodePort, p)
-		seen[before.dst] = true
-		if before.dst == gone {
-			continue
-		}
-		kept++
-		if after.dst == before.dst {
-			stayed++
+	eps := map[string][]proxy.Endpoint{}
+	for _, f := range tcFamilies {
+		for i := range 10 {
+			eps[f.name] = append(eps[f.name], ep(f.nth(i%3, 10+i), 8080, false))
 		}
 	}
-	if len(seen) != 10 {
-		t.Errorf("400 flows reached %d of 10 backends", len(seen))
+	svcs := func(without string) map[cluster.Key][]*proxy.ServicePort {
+		var sps []*proxy.ServicePort
+		for _, f := range tcFamilies {
+			mine := eps[f.name]
+			if f.name == without {
+				mine = append(mine[:4:4], mine[5:]...)
+			}
+			sp := clusterIPPort("big", f.vip+"30", 80, cluster.TCP, mine...)
+			sp.NodePort = 30030
+			sps = append(sps, sp)
+		}
+		return map[cluster.Key][]*proxy.ServicePort{key("big"): sps}
 	}
-	if stayed < kept*9/10 {
-		t.Errorf("of %d flows not on the removed backend, %d kept theirs; want ≥ 90%%", kept, stayed)
+	all := newTCEnv(t, svcs(""))
+	for _, f := range tcFamilies {
+		t.Run(f.name, func(t *testing.T) {
+			less := newTCEnv(t, svcs(f.name))
+			gone := eps[f.name][4].AddrPort()
+			var kept, stayed int
+			seen := map[netip.AddrPort]bool{}
+			for port := uint16(30000); port < 30400; port++ {
+				p := pkt{src: at(f.client, port), dst: at(f.node, 30030), proto: 6}
+				_, before := all.run(t, TCNodePort, p)
+				_, after := less.run(t, TCNodePort, p)
+				seen[before.dst] = true
+				if before.dst == gone {
+					continue
+				}
+				kept++
+				if after.dst == before.dst {
+					stayed++
+				}
+			}
+			if len(seen) != 10 {
+				t.Errorf("400 flows reached %d of 10 backends", len(seen))
+			}
+			if stayed < kept*9/10 {
+				t.Errorf("of %d flows not on the removed backend, %d kept theirs; want ≥ 90%%", kept, stayed)
+			}
+		})
 	}
 }
 
