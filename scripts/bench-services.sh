@@ -11,6 +11,7 @@
 # network namespaces the benchmark creates and removes; needs root.
 #
 #   BENCH_BACKENDS="nft legacy"   iptables backends to measure
+#   BENCH_MODES="ebpf nftables iptables"  proxy modes of the lab benchmarks
 #   BENCH_SIZES="1000 5000 10000" Service counts for the sync figures
 #   BENCH_ROUNDS=1                sync figures are the median of this many
 #                                 rounds, each in a fresh namespace
@@ -66,10 +67,24 @@ if [ "$rc" -ne 0 ]; then
 fi
 grep -E '^(\||$|[0-9]+ interleaved rounds)' "$out"
 
-# A real proxyd's memory at 10,000 Services × 10 endpoints, both modes, on a
-# lab node (needs the binaries: make build).
+# kube-proxy v1.36.3 in nftables mode beside proxyd in each of its modes,
+# all reading 10,000 Services × 10 endpoints from one kube-apiserver: first
+# full sync and one endpoint added, timed from the kernel (nftables
+# generation, iptables-legacy's nat entries). Needs PODNET_KUBE_PROXY and
+# PODNET_NFT_ROOT (make bench sets them: make nft).
 echo
 PODNET_BENCH=1 PODNET_BIN="${PODNET_BIN:-$PWD/bin}" \
+	go test -count=1 -timeout 60m -run '^$' -bench '^BenchmarkProxySyncAgainstKubeProxy$' -benchtime 1x -v ./e2e/ >"$out" 2>&1 || rc=$?
+if [ "$rc" -ne 0 ]; then
+	cat "$out" >&2
+	exit "$rc"
+fi
+grep -E '^(\||$)' "$out"
+
+# A real proxyd's memory at 10,000 Services × 10 endpoints, single- and
+# dual-stack, in each mode, on a lab node (needs the binaries: make build).
+echo
+PODNET_BENCH=1 PODNET_BIN="${PODNET_BIN:-$PWD/bin}" PODNET_BENCH_MODES="${BENCH_MODES:-ebpf nftables iptables}" \
 	go test -count=1 -timeout 30m -run '^$' -bench '^BenchmarkProxydRSS$' -benchtime 1x -v ./e2e/ >"$out" 2>&1 || rc=$?
 if [ "$rc" -ne 0 ]; then
 	cat "$out" >&2
@@ -82,7 +97,7 @@ grep -E '^(\||$)' "$out"
 # connect by connect in lock-step (medians of the rounds' ratios, and the
 # same rounds at 10 against 10 first: the noise floor).
 echo
-PODNET_BENCH=1 PODNET_BIN="${PODNET_BIN:-$PWD/bin}" \
+PODNET_BENCH=1 PODNET_BIN="${PODNET_BIN:-$PWD/bin}" PODNET_BENCH_MODES="${BENCH_MODES:-ebpf nftables iptables}" \
 	go test -count=1 -timeout 30m -run '^$' -bench '^BenchmarkClusterIPConnectLockstep$' -benchtime 1x -v ./e2e/ >"$out" 2>&1 || rc=$?
 if [ "$rc" -ne 0 ]; then
 	cat "$out" >&2
