@@ -11,6 +11,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/podnet/podnet/dataplane/roottest"
 	"github.com/podnet/podnet/e2e/apiserver"
@@ -118,8 +120,18 @@ func kubeProxyChains(ctx context.Context, n *lab.Node) []string {
 // kube-proxy (iptables mode, the real binary) serves the node's Services
 // with proxyd beside it programming nothing (--proxy-mode=none, stage 1's
 // ports); then kube-proxy stops (its rules stay) and proxyd restarts with
-// --proxy-mode=iptables --take-over-from-kube-proxy. No connect fails,
-// before, during or after, and kube-proxy's chains are gone.
+// --take-over-from-kube-proxy. No connect fails, before, during or after,
+// and kube-proxy's chains are gone.
+//
+// Before and after, a second Service flaps between no endpoint and one:
+// with proxyd serving, a connect either is refused (no endpoint) or gets
+// through. kube-proxy's count of connects that did neither is logged: it
+// writes the filter table (where its reject of an endpoint-less Service
+// lives) and the nat table (its DNAT) in two commits, so when endpoints
+// appear a SYN can pass between them neither rejected nor translated, and
+// leaves the node for the Service's address ("network is unreachable" from
+// the lab's router). proxyd marks for rejection in the nat table, in the
+// same commit as the DNAT that replaces it.
 func TestKubeProxyTakeOver(t *testing.T) {
 	kubeProxy := kubeProxyBinary(t)
 	k := startKubeLab(t)
@@ -134,33 +146,14 @@ func TestKubeProxyTakeOver(t *testing.T) {
 		}
 		webs = append(webs, w)
 	}
-	const vip = "10.96.100.20:80"
+	const vip, flapVIP = "10.96.100.20:80", "10.96.100.21:80"
 	k.createService(ctx, kubeLabNS, "web", "10.96.100.20", []svcPortSpec{{"http", corev1.ProtocolTCP, 80, 8080}}, webs...)
+	k.createService(ctx, kubeLabNS, "flap", "10.96.100.21", []svcPortSpec{{"http", corev1.ProtocolTCP, 80, 8080}})
 	waitUntil(t, 10*time.Second, func() bool { return k.reaches(vip, "web2") || k.reaches(vip, "web3") }, "the Service through podnet")
 
-	// kube-proxy on node1 beside proxyd, then proxyd as in stage 1:
-	// nothing programmed (its own rules removed), kube-proxy's serve.
-	kc := filepath.Join(node.Dir, "kube-proxy.kubeconfig")
-	if err := k.srv.WriteKubeconfig(kc, apiserver.Admin, kubeAPIAddr.Addr()); err != nil {
-		t.Fatal(err)
-	}
-	cfg := filepath.Join(node.Dir, "kube-proxy.conf")
-	if err := os.WriteFile(cfg, []byte(takeOverKubeProxyConfig(kc, node.Name)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	kp, err := node.Start("kube-proxy", kubeProxy, "--config="+cfg, "--v=2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitUntil(t, 30*time.Second, func() bool {
-		out, _ := node.Exec(ctx, "iptables-save", "-t", "nat")
-		return strings.Contains(out, "default/web:http cluster IP")
-	}, "kube-proxy's rules for the Service on node1")
-	k.restartProxyd(ctx, "node1", "--proxy-mode=none", "--healthz-bind-address=0.0.0.0:10356", "--metrics-bind-address=127.0.0.1:10349")
-	waitUntil(t, 10*time.Second, func() bool {
-		out, _ := node.Exec(ctx, "iptables-save", "-t", "nat")
-		return !strings.Contains(out, "PODSVC-SERVICES")
-	}, "podnet's Service rules gone from node1")
+	kp := k.kubeProxyBeside(ctx, kubeProxy, node)
+	byKubeProxy := k.flap(ctx, flapVIP, webs[0])
+	t.Logf("kube-proxy, endpoints of a Service flapping none ↔ one: %v", byKubeProxy)
 
 	stop := make(chan struct{})
 	load := startConnectLoad(t, k.client, vip, stop)
@@ -196,6 +189,103 @@ func TestKubeProxyTakeOver(t *testing.T) {
 	}
 	if total <= before {
 		t.Errorf("no connect during the take-over (%d before, %d in all)", before, total)
+	}
+
+	byProxyd := k.flap(ctx, flapVIP, webs[0])
+	t.Logf("proxyd, endpoints of a Service flapping none ↔ one: %v", byProxyd)
+	if byProxyd.ok == 0 || byProxyd.refused == 0 || len(byProxyd.other) > 0 {
+		t.Errorf("proxyd: want connects through and refused, nothing else: %v", byProxyd)
+	}
+}
+
+// kubeProxyBeside starts kube-proxy on node beside its proxyd, then
+// restarts proxyd as README's stage 1 runs it: nothing programmed (its
+// own rules removed), so kube-proxy's rules serve.
+func (k *kubeLab) kubeProxyBeside(ctx context.Context, kubeProxy string, node *lab.Node) *lab.Proc {
+	t := k.t
+	t.Helper()
+	kc := filepath.Join(node.Dir, "kube-proxy.kubeconfig")
+	if err := k.srv.WriteKubeconfig(kc, apiserver.Admin, kubeAPIAddr.Addr()); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(node.Dir, "kube-proxy.conf")
+	if err := os.WriteFile(cfg, []byte(takeOverKubeProxyConfig(kc, node.Name)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kp, err := node.Start("kube-proxy", kubeProxy, "--config="+cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 30*time.Second, func() bool {
+		out, _ := node.Exec(ctx, "iptables-save", "-t", "nat")
+		return strings.Contains(out, "default/web:http cluster IP")
+	}, "kube-proxy's rules for the Service on "+node.Name)
+	k.restartProxyd(ctx, node.Name, "--proxy-mode=none", "--healthz-bind-address=0.0.0.0:10356", "--metrics-bind-address=127.0.0.1:10349")
+	waitUntil(t, 10*time.Second, func() bool {
+		out, _ := node.Exec(ctx, "iptables-save", "-t", "nat")
+		return !strings.Contains(out, "PODSVC-SERVICES")
+	}, "podnet's Service rules gone from "+node.Name)
+	return kp
+}
+
+// flapOutcome counts the connects of flap: through, refused, and the
+// others' errors.
+type flapOutcome struct {
+	ok, refused int
+	other       []string
+}
+
+func (o flapOutcome) String() string {
+	return fmt.Sprintf("%d through, %d refused, %d other %q", o.ok, o.refused, len(o.other), o.other)
+}
+
+// flapCycles is how often flap takes the Service's endpoint away and
+// gives it back: each time a none-to-one change in the proxy's rules
+// (their sync period is a second, each phase longer).
+const flapCycles = 12
+
+// flap connects to vip from the client pod while the Service flap's
+// EndpointSlice alternates between no endpoint and web, flapCycles times.
+func (k *kubeLab) flap(ctx context.Context, vip string, web *lab.Pod) flapOutcome {
+	stop := make(chan struct{})
+	load := startConnectLoad(k.t, k.client, vip, stop)
+	for range flapCycles {
+		k.setEndpoints(ctx, "flap")
+		time.Sleep(1200 * time.Millisecond)
+		k.setEndpoints(ctx, "flap", web)
+		time.Sleep(1200 * time.Millisecond)
+	}
+	close(stop)
+	<-load.done
+	var o flapOutcome
+	var fails []string
+	o.ok, fails = load.counts()
+	for _, f := range fails {
+		if strings.HasSuffix(f, "connection refused") {
+			o.refused++
+		} else {
+			o.other = append(o.other, f)
+		}
+	}
+	return o
+}
+
+// setEndpoints makes the EndpointSlice of createService's Service name
+// hold pods, ready, as the endpointslice controller would.
+func (k *kubeLab) setEndpoints(ctx context.Context, name string, pods ...*lab.Pod) {
+	k.t.Helper()
+	slices := k.admin.DiscoveryV1().EndpointSlices(kubeLabNS)
+	s, err := slices.Get(ctx, name+"-abcde", metav1.GetOptions{})
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	s.Endpoints = nil
+	for _, p := range pods {
+		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{Addresses: []string{p.IP.String()},
+			Conditions: discoveryv1.EndpointConditions{Ready: new(true), Serving: new(true)}, NodeName: new(p.Node.Name)})
+	}
+	if _, err := slices.Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+		k.t.Fatal(err)
 	}
 }
 
