@@ -16,7 +16,7 @@ FUZZTIME ?= 20s
 
 BINARIES := bin/podnet bin/loopback bin/portmap bin/proxyd bin/dnsd bin/podnet-lab
 
-.PHONY: all build deps test demo demo-down bench bench-table soak lint generate clean apiserver image kube-node nft conformance conformance-dualstack conformance-policy flannel migrate
+.PHONY: all build deps test demo demo-down bench bench-table soak lint generate clean apiserver image kube-node nft conformance conformance-dualstack conformance-policy flannel migrate dns-lab
 
 all: build
 
@@ -239,6 +239,21 @@ conformance-policy:
 	$(MAKE) conformance CONFORMANCE_LABS='podnet podnet-ebpf kube-network-policies' \
 		CONFORMANCE_FOCUS='\[Feature:NetworkPolicy\]' \
 		CONFORMANCE_TESTS='TestAgnhostStandInRunsTheFrameworksCommands|TestNFTQueueProbe|TestConformance'
+
+# Issue 20's DNS under disruption on real nodes (e2e/realnode_dns_test.go):
+# TestRealNodesDNS starts the podnet lab and the baseline lab (kube-proxy,
+# CoreDNS with kubeadm's Corefile) at once, three nodes each, drives both
+# through the same steps under the same load (clients on every node at 200
+# lookups/s over UDP and TCP: rolling update of the DNS Deployment, a node
+# drained, scale 3 -> 1; parallel A+AAAA for DNS_RACE_SECONDS; node-local
+# DNS with a local server killed; queries per external lookup with and
+# without autopath) and prints one table of both.
+DNS_LAB_TIMEOUT ?= 60m
+DNS_RACE_SECONDS ?= 60
+dns-lab: deps build apiserver image kube-node $(KUBE_PROXY) $(COREDNS)
+	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) PODNET_IMAGE=$(CURDIR)/$(IMAGE) PODNET_KUBE_CACHE=$(APISERVER_CACHE) \
+	PODNET_KUBE_PROXY=$(KUBE_PROXY) PODNET_COREDNS=$(COREDNS) PODNET_DNS_RACE_SECONDS=$(DNS_RACE_SECONDS) \
+		$(GO) test -tags conformance -count=1 -timeout $(DNS_LAB_TIMEOUT) -v -run '^TestRealNodesDNS$$' ./e2e/
 
 # README's "Migrating from flannel, kube-proxy and CoreDNS" on three real
 # nodes (e2e/migrate_test.go): TestFlannelNodes, the starting point alone

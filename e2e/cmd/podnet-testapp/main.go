@@ -15,6 +15,17 @@
 //	                                (RATE 0, no NAME: HTTP alone); print a line a second:
 //	                                "T http OK FAILED dns OK FAILED",
 //	                                T the Unix second, and a "fail ..." line per failure
+//	podnet-testapp dnsload RATE DUR TYPE NAME...
+//	                                RATE lookups a second over UDP and RATE over TCP to
+//	                                resolv.conf's nameserver (a new socket and one 2 s try
+//	                                each) for DUR (0: until TERM); a line a second
+//	                                "T udp OK FAILED tcp OK FAILED", "fail ..." and
+//	                                "gap FROMMS TOMS" lines (dnsload.go)
+//	podnet-testapp pairs DUR WORKERS NAME
+//	                                A and AAAA from one socket in one sendmmsg, back to
+//	                                back for DUR: "pairs N slow S failed F max MS"
+//	podnet-testapp lookups COUNT NAME
+//	                                COUNT lookups through resolv.conf's search path
 package main
 
 import (
@@ -32,7 +43,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: podnet-testapp pause|serve [ADDR]|get URL|resolve NAME|load URL DUR|mix URL RATE NAME...")
+		fmt.Fprintln(os.Stderr, "usage: podnet-testapp pause|serve [ADDR]|get URL|resolve NAME|load URL DUR|mix URL RATE NAME...|dnsload RATE DUR TYPE NAME...|pairs DUR WORKERS NAME|lookups COUNT NAME")
 		os.Exit(2)
 	}
 	var err error
@@ -54,6 +65,12 @@ func main() {
 		err = load(arg(2), arg(3))
 	case "mix":
 		err = mix(arg(2), arg(3), os.Args[min(4, len(os.Args)):])
+	case "dnsload":
+		err = dnsload(arg(2), arg(3), arg(4), os.Args[min(5, len(os.Args)):])
+	case "pairs":
+		err = pairs(arg(2), arg(3), arg(4))
+	case "lookups":
+		err = lookups(arg(2), arg(3))
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}

@@ -1,0 +1,754 @@
+//go:build conformance
+
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/podnet/podnet/e2e/realnode"
+)
+
+// TestRealNodesDNS is issue 20's "how it is shown": two labs of three real
+// nodes started in one run, podnet (deploy/) and the baseline (kube-proxy in
+// iptables mode and CoreDNS v1.14.2 with kubeadm's Corefile, lameduck 5s),
+// each driven through the same steps under the same load, a table of both
+// side by side at the end.
+//
+//  1. Clients on every node (the dnsload DaemonSet) resolve cluster names,
+//     200 a second over UDP and 200 over TCP, each from a new socket with
+//     one 2 s try, while the cluster DNS Deployment (3 replicas) is rolled
+//     (kubectl rollout restart), a node holding a replica is drained, and
+//     the Deployment scales 3 → 1.
+//  2. Parallel A+AAAA from one socket (glibc's default) from every node for
+//     PODNET_DNS_RACE_SECONDS (60), conntrack's insert_failed on every node.
+//  3. Node-local: podnet switches to deploy/node-local-dns, the baseline
+//     keeps CoreDNS (scaled to 3); the share of each node's queries its own
+//     DNS pod answered (by the servers' coredns_dns_requests_total), then
+//     node1's DNS server SIGKILLed: node1's clients' longest time without
+//     an answer and their failed lookups.
+//  4. autopath: queries on the wire (every DNS pod's request counters) per
+//     lookup of an external name from an ndots:5 pod; podnet without and
+//     with --autopath, the baseline as kubeadm configures it.
+//
+// It fails if podnet loses a lookup in step 1, a pair waits over 1 s or
+// insert_failed rises in step 2, the node-local share is under 99 % or the
+// kill's gap over 1 s. make dns-lab runs it.
+func TestRealNodesDNS(t *testing.T) {
+	kubeProxy, coredns := os.Getenv("PODNET_KUBE_PROXY"), os.Getenv("PODNET_COREDNS")
+	if kubeProxy == "" || coredns == "" {
+		t.Fatal("$PODNET_KUBE_PROXY or $PODNET_COREDNS is unset: run make dns-lab")
+	}
+	checkCoreDNSVersion(t, coredns)
+	raceFor := 60 * time.Second
+	if v := os.Getenv("PODNET_DNS_RACE_SECONDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("PODNET_DNS_RACE_SECONDS %q: want seconds", v)
+		}
+		raceFor = time.Duration(n) * time.Second
+	}
+	corednsTar := corednsImageTar(t, t.TempDir(), coredns)
+	results := map[string]*dnsLabResult{}
+	var mu sync.Mutex
+	labs := []struct {
+		name string
+		o    realClusterOptions
+	}{
+		{confPodnet, realClusterOptions{}},
+		{confBaseline, realClusterOptions{
+			extraImages: func(*realCluster) []string { return []string{corednsTar} },
+			users:       map[string]string{kubeProxyUser: "system:authenticated"},
+			install:     installBaseline(kubeProxy),
+		}},
+	}
+	t.Run("labs", func(t *testing.T) {
+		for _, l := range labs {
+			t.Run(l.name, func(t *testing.T) {
+				t.Parallel()
+				c := startRealClusterOpts(t, realNodes(), l.o)
+				d := &dnsLab{c: c, podnet: l.name == confPodnet, coredns: coredns, raceFor: raceFor}
+				d.run()
+				mu.Lock()
+				results[l.name] = &d.res
+				mu.Unlock()
+			})
+		}
+	})
+	t.Logf("%s", dnsTable(results[confPodnet], results[confBaseline]))
+}
+
+// dnsLab is one lab of TestRealNodesDNS and what it measured.
+type dnsLab struct {
+	c       *realCluster
+	podnet  bool
+	coredns string
+	raceFor time.Duration
+	res     dnsLabResult
+}
+
+// dnsLabResult is one column of TestRealNodesDNS's table.
+type dnsLabResult struct {
+	// steps are the lookups of each disruption, in order.
+	steps []dnsStepResult
+	// pairs of the race step.
+	pairs, pairsSlow, pairsFailed, pairsMaxMS int
+	insertFailed, clashres                    int64
+	// onNode, onNodeAll: queries of the node-local step answered by the
+	// DNS pod of the querying pod's node, and all of them.
+	onNode, onNodeAll float64
+	// killGap is node1's clients' longest time without an answer after
+	// its DNS server was killed; killFailed their failed lookups then.
+	killGap    time.Duration
+	killFailed int
+	// wire and wireAutopath are queries on the wire per external lookup.
+	wire, wireAutopath float64
+}
+
+type dnsStepResult struct {
+	name                               string
+	took                               time.Duration
+	udpOK, udpFailed, tcpOK, tcpFailed int
+	firstFailures                      []string
+}
+
+// The load's names, answered by both labs' DNS: cluster names, fully
+// qualified (no search path).
+var dnsLoadNames = []string{"kubernetes.default.svc.cluster.local.", "kube-dns.kube-system.svc.cluster.local."}
+
+// dnsLoadYAML is the clients: dnsload (200 lookups a second over UDP and
+// as many over TCP, until stopped) and dnsclient (to exec into), a pod of
+// each on every node; DaemonSets, so a drain leaves them where they are.
+func dnsLoadYAML() string {
+	var b strings.Builder
+	for _, ds := range []struct{ name, cmd string }{
+		{"dnsload", `[/testapp, dnsload, "200", "0", A, ` + strings.Join(dnsLoadNames, ", ") + `]`},
+		{"dnsclient", `[/testapp, pause]`},
+	} {
+		fmt.Fprintf(&b, `---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: %[1]s, namespace: default}
+spec:
+  selector: {matchLabels: {app: %[1]s}}
+  template:
+    metadata: {labels: {app: %[1]s}}
+    spec:
+      terminationGracePeriodSeconds: 2
+      dnsConfig: {options: [{name: ndots, value: "5"}]}
+      containers:
+        - {name: client, image: %[2]s, command: %[3]s}
+`, ds.name, testappImage, ds.cmd)
+	}
+	return b.String()
+}
+
+// dnsName is what the lab's cluster DNS is called: a Deployment (a
+// DaemonSet once podnet is node-local) in kube-system.
+func (d *dnsLab) dnsName() string {
+	if d.podnet {
+		return "podnet-dns"
+	}
+	return "coredns"
+}
+
+func (d *dnsLab) run() {
+	c, t := d.c, d.c.t
+	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Minute)
+	defer cancel()
+	d.startOutsideDNS()
+	d.scale(ctx, 3)
+	c.applyYAML(ctx, dnsLoadYAML())
+	for _, app := range []string{"dnsload", "dnsclient"} {
+		c.waitFor(2*time.Minute, app+" on every node", func(ctx context.Context) (bool, string) {
+			return c.podsReady(ctx, "app="+app, len(c.nodes)), ""
+		})
+	}
+	// The load runs a few seconds before the first step.
+	c.waitFor(time.Minute, "dnsload's first answers on every node", func(ctx context.Context) (bool, string) {
+		for _, l := range d.loadLogs(ctx) {
+			if l.ok == 0 {
+				return false, "a client without answers yet"
+			}
+		}
+		return true, ""
+	})
+	d.disruptions(ctx)
+	d.races(ctx)
+	d.nodeLocal(ctx)
+	d.autopath(ctx)
+}
+
+// startOutsideDNS starts the nodes' upstream resolver in the lab's outside
+// namespace (CoreDNS answering ext.example.org), as TestFlannelNodes does.
+func (d *dnsLab) startOutsideDNS() {
+	c := d.c
+	corefile := filepath.Join(c.cp.Dir, "outside.Corefile")
+	if err := os.WriteFile(corefile, []byte(outsideDNSCorefile(c.l.OutsideIP.String())), 0o644); err != nil {
+		c.t.Fatal(err)
+	}
+	if _, err := c.l.OutsideHost.Start("outside-dns", d.coredns, "-conf", corefile); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// dnsPods are the cluster DNS's pods (k8s-app=kube-dns, dnsd's as
+// CoreDNS's).
+func (d *dnsLab) dnsPods(ctx context.Context) ([]corev1.Pod, error) {
+	l, err := d.c.admin.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "k8s-app=kube-dns"})
+	if err != nil {
+		return nil, err
+	}
+	return l.Items, nil
+}
+
+// waitDNSPods waits until exactly want DNS pods exist, every one ready and
+// none terminating.
+func (d *dnsLab) waitDNSPods(want int, what string) {
+	d.c.waitFor(5*time.Minute, what, func(ctx context.Context) (bool, string) {
+		pods, err := d.dnsPods(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		var why []string
+		for _, p := range pods {
+			if p.DeletionTimestamp != nil || !podReady(&p) {
+				why = append(why, p.Name+" not ready or terminating")
+			}
+		}
+		if len(pods) != want || len(why) > 0 {
+			return false, fmt.Sprintf("%d DNS pods, want %d: %v", len(pods), want, why)
+		}
+		return true, ""
+	})
+}
+
+// scale sets the DNS Deployment's replicas and waits for exactly that many
+// ready pods.
+func (d *dnsLab) scale(ctx context.Context, n int) {
+	if out, err := d.c.kubectl(ctx, "-n", "kube-system", "scale", "deployment/"+d.dnsName(), "--replicas="+strconv.Itoa(n)); err != nil {
+		d.c.fatalf("scale %s to %d: %v\n%s", d.dnsName(), n, err, out)
+	}
+	d.waitDNSPods(n, fmt.Sprintf("%s at %d ready replicas", d.dnsName(), n))
+}
+
+// settle is how long a step's window goes on after the DNS pods are as
+// the step wants them: the last drained replica's queries have ended.
+const settle = 5 * time.Second
+
+// disruptions runs the three steps of issue 20 under the load and counts
+// each one's lookups from every node.
+func (d *dnsLab) disruptions(ctx context.Context) {
+	c := d.c
+	dep := "deployment/" + d.dnsName()
+	steps := []struct {
+		name string
+		do   func()
+	}{
+		{"rolling update of the DNS Deployment", func() {
+			if out, err := c.kubectl(ctx, "-n", "kube-system", "rollout", "restart", dep); err != nil {
+				c.fatalf("rollout restart: %v\n%s", err, out)
+			}
+			if out, err := c.kubectl(ctx, "-n", "kube-system", "rollout", "status", dep, "--timeout=5m"); err != nil {
+				c.fatalf("rollout status: %v\n%s", err, out)
+			}
+			d.waitDNSPods(3, "the rolled Deployment's 3 pods alone")
+		}},
+		{"a node holding a replica drained", func() {
+			node := d.nodeWithDNS(ctx)
+			if out, err := c.kubectl(ctx, "drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=5m"); err != nil {
+				c.fatalf("drain %s: %v\n%s", node, err, out)
+			}
+			d.waitDNSPods(3, "3 DNS pods again after the drain")
+			if out, err := c.kubectl(ctx, "uncordon", node); err != nil {
+				c.fatalf("uncordon %s: %v\n%s", node, err, out)
+			}
+		}},
+		{"scale 3 → 1", func() {
+			d.scale(ctx, 1)
+		}},
+	}
+	for _, s := range steps {
+		from := time.Now()
+		s.do()
+		time.Sleep(settle) // the window's tail: clients keep asking the new layout
+		to := time.Now()
+		r := dnsStepResult{name: s.name, took: to.Sub(from).Round(time.Second)}
+		for _, l := range d.loadLogs(ctx) {
+			l.window(from, to, &r)
+		}
+		c.t.Logf("%s: %s: udp %d ok %d failed, tcp %d ok %d failed\n%s", d.label(), r.name, r.udpOK, r.udpFailed, r.tcpOK, r.tcpFailed, strings.Join(r.firstFailures, "\n"))
+		if d.podnet && r.udpFailed+r.tcpFailed > 0 {
+			c.errorf("podnet lost %d lookups in step %q (udp %d, tcp %d)", r.udpFailed+r.tcpFailed, r.name, r.udpFailed, r.tcpFailed)
+		}
+		d.res.steps = append(d.res.steps, r)
+	}
+}
+
+func (d *dnsLab) label() string {
+	if d.podnet {
+		return confPodnet
+	}
+	return confBaseline
+}
+
+// nodeWithDNS is a node that runs a DNS pod (the last in name order).
+func (d *dnsLab) nodeWithDNS(ctx context.Context) string {
+	pods, err := d.dnsPods(ctx)
+	if err != nil || len(pods) == 0 {
+		d.c.fatalf("DNS pods: %v", err)
+	}
+	var nodes []string
+	for _, p := range pods {
+		nodes = append(nodes, p.Spec.NodeName)
+	}
+	slices.Sort(nodes)
+	return nodes[len(nodes)-1]
+}
+
+// loadLog is what one dnsload client printed.
+type loadLog struct {
+	node  string
+	secs  map[int64][4]int // udp ok, failed, tcp ok, failed
+	fails []loadEvent
+	gaps  [][2]int64 // Unix ms
+	ok    int
+}
+
+type loadEvent struct {
+	ms   int64
+	line string
+}
+
+var (
+	loadSecLine  = regexp.MustCompile(`^(\d+) udp (\d+) (\d+) tcp (\d+) (\d+)$`)
+	loadFailLine = regexp.MustCompile(`^fail (\d+) (.*)$`)
+	loadGapLine  = regexp.MustCompile(`^gap (\d+) (\d+)$`)
+)
+
+// loadLogs reads every dnsload pod's log.
+func (d *dnsLab) loadLogs(ctx context.Context) []*loadLog {
+	c := d.c
+	pods, err := c.admin.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=dnsload"})
+	if err != nil {
+		c.fatalf("dnsload pods: %v", err)
+	}
+	var out []*loadLog
+	for _, p := range pods.Items {
+		text, err := c.kubectl(ctx, "logs", p.Name)
+		if err != nil {
+			c.fatalf("logs of %s: %v\n%s", p.Name, err, text)
+		}
+		out = append(out, parseLoadLog(p.Spec.NodeName, text))
+	}
+	return out
+}
+
+func parseLoadLog(node, text string) *loadLog {
+	l := &loadLog{node: node, secs: map[int64][4]int{}}
+	sc := bufio.NewScanner(strings.NewReader(text))
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if m := loadSecLine.FindStringSubmatch(line); m != nil {
+			var v [5]int64
+			for i := range v {
+				v[i], _ = strconv.ParseInt(m[i+1], 10, 64)
+			}
+			l.secs[v[0]] = [4]int{int(v[1]), int(v[2]), int(v[3]), int(v[4])}
+			l.ok += int(v[1] + v[3])
+		} else if m := loadFailLine.FindStringSubmatch(line); m != nil {
+			ms, _ := strconv.ParseInt(m[1], 10, 64)
+			l.fails = append(l.fails, loadEvent{ms, m[2]})
+		} else if m := loadGapLine.FindStringSubmatch(line); m != nil {
+			a, _ := strconv.ParseInt(m[1], 10, 64)
+			b, _ := strconv.ParseInt(m[2], 10, 64)
+			l.gaps = append(l.gaps, [2]int64{a, b})
+		}
+	}
+	return l
+}
+
+// window adds the lookups started in [from, to] (whole seconds) to r.
+func (l *loadLog) window(from, to time.Time, r *dnsStepResult) {
+	for s := from.Unix(); s <= to.Unix(); s++ {
+		v := l.secs[s]
+		r.udpOK += v[0]
+		r.udpFailed += v[1]
+		r.tcpOK += v[2]
+		r.tcpFailed += v[3]
+	}
+	for _, f := range l.fails {
+		if f.ms >= from.Unix()*1000 && f.ms < (to.Unix()+1)*1000 && len(r.firstFailures) < 10 {
+			r.firstFailures = append(r.firstFailures, fmt.Sprintf("%s %s %s", l.node, time.UnixMilli(f.ms).UTC().Format("15:04:05.000"), f.line))
+		}
+	}
+}
+
+// maxGap is the longest time without an answer that began or ended in
+// [from, to].
+func (l *loadLog) maxGap(from, to time.Time) time.Duration {
+	var g time.Duration
+	for _, p := range l.gaps {
+		if p[1] >= from.UnixMilli() && p[0] <= to.UnixMilli() {
+			g = max(g, time.Duration(p[1]-p[0])*time.Millisecond)
+		}
+	}
+	return g
+}
+
+// dnsClientPod is the dnsclient pod on a node.
+func (d *dnsLab) dnsClientPod(ctx context.Context, node string) string {
+	pods, err := d.c.admin.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=dnsclient", FieldSelector: "spec.nodeName=" + node})
+	if err != nil || len(pods.Items) != 1 {
+		d.c.fatalf("dnsclient on %s: %v", node, err)
+	}
+	return pods.Items[0].Name
+}
+
+var pairsLine = regexp.MustCompile(`pairs (\d+) slow (\d+) failed (\d+) max (\d+)`)
+
+// races runs parallel A+AAAA from every node's dnsclient at once (four
+// lookers each) beside the load, and reads conntrack's statistics of every
+// node before and after.
+func (d *dnsLab) races(ctx context.Context) {
+	c := d.c
+	stats := func() (ins, clash int64) {
+		for _, n := range c.nodes {
+			ins += nodeConntrackStat(ctx, c, n, "insert_failed")
+			clash += nodeConntrackStat(ctx, c, n, "clashres")
+		}
+		return ins, clash
+	}
+	ins0, clash0 := stats()
+	outs := make([]string, len(c.nodes))
+	var wg sync.WaitGroup
+	for i, n := range c.nodes {
+		pod := d.dnsClientPod(ctx, n.Name)
+		wg.Go(func() {
+			outs[i], _ = c.kubectl(ctx, "exec", pod, "--", "/testapp", "pairs", d.raceFor.String(), "4", dnsLoadNames[0])
+		})
+	}
+	wg.Wait()
+	ins1, clash1 := stats()
+	d.res.insertFailed, d.res.clashres = ins1-ins0, clash1-clash0
+	for i, out := range outs {
+		m := pairsLine.FindStringSubmatch(out)
+		if m == nil {
+			c.fatalf("pairs on %s: %q", c.nodes[i].Name, out)
+		}
+		v := make([]int, 4)
+		for j := range v {
+			v[j], _ = strconv.Atoi(m[j+1])
+		}
+		d.res.pairs += v[0]
+		d.res.pairsSlow += v[1]
+		d.res.pairsFailed += v[2]
+		d.res.pairsMaxMS = max(d.res.pairsMaxMS, v[3])
+	}
+	c.t.Logf("%s: parallel A+AAAA %v: %d lookups, %d over 1 s, %d without both answers, longest %d ms; insert_failed +%d, clashres +%d\n%s",
+		d.label(), d.raceFor, d.res.pairs, d.res.pairsSlow, d.res.pairsFailed, d.res.pairsMaxMS, d.res.insertFailed, d.res.clashres, strings.Join(outs, "\n"))
+	if d.podnet && (d.res.pairsSlow > 0 || d.res.pairsFailed > 0 || d.res.insertFailed > 0) {
+		c.errorf("podnet: parallel A+AAAA: %d over 1 s, %d without answers, insert_failed +%d", d.res.pairsSlow, d.res.pairsFailed, d.res.insertFailed)
+	}
+}
+
+// nodeConntrackStat sums a column of a real node's conntrack statistics.
+func nodeConntrackStat(ctx context.Context, c *realCluster, n *realnode.Node, column string) int64 {
+	out, err := n.Exec(ctx, "cat", "/proc/net/stat/nf_conntrack")
+	if err != nil {
+		c.fatalf("conntrack statistics of %s: %v %s", n.Name, err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	col := slices.Index(strings.Fields(lines[0]), column)
+	if col < 0 {
+		c.fatalf("conntrack statistics of %s: no column %s", n.Name, column)
+	}
+	var sum int64
+	for _, line := range lines[1:] {
+		if f := strings.Fields(line); col < len(f) {
+			v, _ := strconv.ParseInt(f[col], 16, 64)
+			sum += v
+		}
+	}
+	return sum
+}
+
+// requestsByType is, per DNS pod (by node), the requests of each query
+// type its /metrics counts.
+func (d *dnsLab) requestsByType(ctx context.Context) map[string]map[string]float64 {
+	c := d.c
+	pods, err := d.dnsPods(ctx)
+	if err != nil {
+		c.fatalf("DNS pods: %v", err)
+	}
+	typeLabel := regexp.MustCompile(`type="([A-Z0-9]+)"`)
+	out := map[string]map[string]float64{}
+	for _, p := range pods {
+		if p.DeletionTimestamp != nil || p.Status.PodIP == "" {
+			continue
+		}
+		body, err := c.nodes[0].Exec(ctx, c.testapp, "get", "http://"+p.Status.PodIP+":9153/metrics")
+		if err != nil {
+			c.fatalf("metrics of %s: %v %s", p.Name, err, body)
+		}
+		m := out[p.Spec.NodeName]
+		if m == nil {
+			m = map[string]float64{}
+			out[p.Spec.NodeName] = m
+		}
+		for line := range strings.Lines(body) {
+			if !strings.HasPrefix(line, "coredns_dns_requests_total{") {
+				continue
+			}
+			tl := typeLabel.FindStringSubmatch(line)
+			v, err := strconv.ParseFloat(strings.TrimSpace(line[strings.LastIndexByte(line, ' ')+1:]), 64)
+			if tl != nil && err == nil {
+				m[tl[1]] += v
+			}
+		}
+	}
+	return out
+}
+
+// nodeLocalTypes are the query types each node's burst asks with, so that
+// the servers' counters tell whose queries they answered.
+var nodeLocalTypes = []string{"SRV", "TXT", "MX"}
+
+// nodeLocal makes DNS node-local (podnet: deploy/node-local-dns; the
+// baseline: CoreDNS at 3 replicas, as kubeadm's stays), measures where each
+// node's queries are answered, then SIGKILLs node1's DNS server.
+func (d *dnsLab) nodeLocal(ctx context.Context) {
+	if d.podnet {
+		d.applyNodeLocal(ctx)
+	} else {
+		d.scale(ctx, 3)
+	}
+	before := d.requestsByType(ctx)
+	var wg sync.WaitGroup
+	for i, n := range d.c.nodes {
+		pod := d.dnsClientPod(ctx, n.Name)
+		wg.Go(func() {
+			out, err := d.c.kubectl(ctx, "exec", pod, "--", "/testapp", "dnsload", "50", "10s", nodeLocalTypes[i], dnsLoadNames[0])
+			if err != nil {
+				d.c.errorf("burst on %s: %v\n%s", n.Name, err, out)
+			}
+		})
+	}
+	wg.Wait()
+	after := d.requestsByType(ctx)
+	for i, n := range d.c.nodes {
+		typ := nodeLocalTypes[i]
+		for node, m := range after {
+			delta := m[typ] - before[node][typ]
+			d.res.onNodeAll += delta
+			if node == n.Name {
+				d.res.onNode += delta
+			}
+		}
+	}
+	share := d.res.onNode / max(d.res.onNodeAll, 1)
+	d.c.t.Logf("%s: node-local: %.0f of %.0f queries answered on the querying pod's node (%.2f %%)", d.label(), d.res.onNode, d.res.onNodeAll, 100*share)
+	if d.podnet && (share < 0.99 || d.res.onNodeAll < 1000) {
+		d.c.errorf("podnet node-local: %.0f of %.0f queries answered on the client's node, want >= 99 %% of at least 1000", d.res.onNode, d.res.onNodeAll)
+	}
+	d.killLocal(ctx)
+}
+
+// applyNodeLocal applies deploy/node-local-dns over the running podnet
+// (README, "Node-local DNS"): the podnet-dns DaemonSet and kube-dns's
+// PreferSameNode, then deletes the Deployment it replaces.
+func (d *dnsLab) applyNodeLocal(ctx context.Context) {
+	c := d.c
+	repo, tag := imageRepoTag(c.t, podnetImage(c.t))
+	deploy, err := filepath.Abs("../deploy/node-local-dns")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	overlay := filepath.Join(c.cp.Dir, "deploy-node-local")
+	if err := os.MkdirAll(overlay, 0o755); err != nil {
+		c.t.Fatal(err)
+	}
+	rel, err := filepath.Rel(overlay, deploy)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	kust := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - %s\nimages:\n  - name: %s\n    newTag: %q\n", rel, repo, tag)
+	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
+		c.t.Fatal(err)
+	}
+	if out, err := c.kubectl(ctx, "apply", "-k", overlay); err != nil {
+		c.fatalf("kubectl apply -k deploy/node-local-dns: %v\n%s", err, out)
+	}
+	if out, err := c.kubectl(ctx, "-n", "kube-system", "delete", "deployment/podnet-dns", "poddisruptionbudget/podnet-dns"); err != nil {
+		c.fatalf("delete the podnet-dns Deployment: %v\n%s", err, out)
+	}
+	d.waitDNSPods(len(c.nodes), "podnet-dns on every node")
+	time.Sleep(settle) // proxyd has the DaemonSet's endpoints
+}
+
+// killLocal SIGKILLs the DNS server process on node1 and measures node1's
+// dnsload: the longest time without an answer and the failed lookups, from
+// the kill until the pod is ready again and settle has passed.
+func (d *dnsLab) killLocal(ctx context.Context) {
+	c := d.c
+	node := c.nodes[0]
+	pods, err := d.dnsPods(ctx)
+	if err != nil {
+		c.fatalf("DNS pods: %v", err)
+	}
+	i := slices.IndexFunc(pods, func(p corev1.Pod) bool { return p.Spec.NodeName == node.Name })
+	if i < 0 {
+		c.fatalf("no DNS pod on %s to kill", node.Name)
+	}
+	from := time.Now()
+	if err := killContainerProcs(node, string(pods[i].UID), "dnsd", "coredns"); err != nil {
+		c.fatalf("kill the DNS server on %s: %v", node.Name, err)
+	}
+	c.waitFor(2*time.Minute, "the killed DNS container restarted", func(ctx context.Context) (bool, string) {
+		p, err := c.admin.CoreV1().Pods("kube-system").Get(ctx, pods[i].Name, metav1.GetOptions{})
+		if err != nil || len(p.Status.ContainerStatuses) == 0 {
+			return false, fmt.Sprint(err)
+		}
+		return p.Status.ContainerStatuses[0].RestartCount > 0 && podReady(p), ""
+	})
+	time.Sleep(settle)
+	to := time.Now()
+	for _, l := range d.loadLogs(ctx) {
+		if l.node != node.Name {
+			continue
+		}
+		var r dnsStepResult
+		l.window(from, to, &r)
+		d.res.killGap = l.maxGap(from, to)
+		d.res.killFailed = r.udpFailed + r.tcpFailed
+		c.t.Logf("%s: %s's DNS server killed: longest without an answer %v, %d lookups failed\n%s", d.label(), node.Name, d.res.killGap, d.res.killFailed, strings.Join(r.firstFailures, "\n"))
+	}
+	if d.podnet && d.res.killGap > time.Second {
+		c.errorf("podnet node-local: %s went %v without an answer after its dnsd was killed, want <= 1 s", node.Name, d.res.killGap)
+	}
+}
+
+// killContainerProcs SIGKILLs the processes of the pod with the given UID
+// on n whose command is one of names (the container's, not its shim's: the
+// kubelet restarts it).
+func killContainerProcs(n *realnode.Node, uid string, names ...string) error {
+	procs, err := filepath.Glob("/proc/[0-9]*")
+	if err != nil {
+		return err
+	}
+	killed := 0
+	for _, p := range procs {
+		cg, err := os.ReadFile(filepath.Join(p, "cgroup"))
+		if err != nil || !strings.Contains(string(cg), "/"+n.CgroupV1+"/") || !strings.Contains(string(cg), "/pod"+uid+"/") {
+			continue
+		}
+		comm, err := os.ReadFile(filepath.Join(p, "comm"))
+		if err != nil || !slices.Contains(names, strings.TrimSpace(string(comm))) {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(p))
+		if err := syscall.Kill(pid, syscall.SIGKILL); err == nil {
+			killed++
+		}
+	}
+	if killed == 0 {
+		return fmt.Errorf("no %v process of pod %s on %s", names, uid, n.Name)
+	}
+	return nil
+}
+
+// autopathLookups is how many lookups of the external name each count
+// makes.
+const autopathLookups = 50
+
+// autopath stops the load and counts the queries every DNS pod received
+// per lookup of externalName (search path walked: ndots:5) from node1's
+// dnsclient; podnet again with --autopath.
+func (d *dnsLab) autopath(ctx context.Context) {
+	c := d.c
+	if out, err := c.kubectl(ctx, "delete", "daemonset/dnsload", "--wait=true"); err != nil {
+		c.fatalf("delete dnsload: %v\n%s", err, out)
+	}
+	d.res.wire = d.wirePerLookup(ctx)
+	if !d.podnet {
+		return
+	}
+	patch := `[{"op":"add","path":"/spec/template/spec/containers/0/command/-","value":"--autopath"}]`
+	if out, err := c.kubectl(ctx, "-n", "kube-system", "patch", "daemonset/podnet-dns", "--type=json", "-p", patch); err != nil {
+		c.fatalf("podnet-dns --autopath: %v\n%s", err, out)
+	}
+	if out, err := c.kubectl(ctx, "-n", "kube-system", "rollout", "status", "daemonset/podnet-dns", "--timeout=5m"); err != nil {
+		c.fatalf("rollout status: %v\n%s", err, out)
+	}
+	d.waitDNSPods(len(c.nodes), "podnet-dns with --autopath on every node")
+	d.res.wireAutopath = d.wirePerLookup(ctx)
+	if d.res.wireAutopath > 4 || d.res.wireAutopath >= d.res.wire {
+		c.errorf("podnet --autopath: %.2f queries per external lookup (A and AAAA), want at most 2 a type and fewer than %.2f without", d.res.wireAutopath, d.res.wire)
+	}
+}
+
+// wirePerLookup makes autopathLookups lookups of externalName from node1's
+// dnsclient and returns the queries the DNS pods received per lookup.
+func (d *dnsLab) wirePerLookup(ctx context.Context) float64 {
+	c := d.c
+	pod := d.dnsClientPod(ctx, c.nodes[0].Name)
+	sum := func() (n float64) {
+		for _, m := range d.requestsByType(ctx) {
+			for _, v := range m {
+				n += v
+			}
+		}
+		return n
+	}
+	before := sum()
+	out, err := c.kubectl(ctx, "exec", pod, "--", "/testapp", "lookups", strconv.Itoa(autopathLookups), externalName)
+	if err != nil || !strings.Contains(out, fmt.Sprintf("ok %d failed 0", autopathLookups)) {
+		c.errorf("%s: lookups of %s: %v\n%s", d.label(), externalName, err, out)
+	}
+	per := (sum() - before) / autopathLookups
+	c.t.Logf("%s: %.2f queries on the wire per lookup of %s", d.label(), per, externalName)
+	return per
+}
+
+// dnsTable is both labs' results side by side.
+func dnsTable(p, b *dnsLabResult) string {
+	if p == nil || b == nil {
+		return "a lab did not finish: no table"
+	}
+	var s strings.Builder
+	fmt.Fprintf(&s, "| step | %s | %s |\n|---|---|---|\n", confPodnet, confBaseline)
+	row := func(name, pv, bv string) { fmt.Fprintf(&s, "| %s | %s | %s |\n", name, pv, bv) }
+	for i := range min(len(p.steps), len(b.steps)) {
+		f := func(r dnsStepResult) string {
+			return fmt.Sprintf("%d failed of %d (udp %d/%d, tcp %d/%d), %v", r.udpFailed+r.tcpFailed, r.udpOK+r.udpFailed+r.tcpOK+r.tcpFailed,
+				r.udpFailed, r.udpOK+r.udpFailed, r.tcpFailed, r.tcpOK+r.tcpFailed, r.took)
+		}
+		row(p.steps[i].name, f(p.steps[i]), f(b.steps[i]))
+	}
+	pairs := func(r *dnsLabResult) string {
+		return fmt.Sprintf("%d lookups, %d over 1 s, %d unanswered, max %d ms; insert_failed +%d, clashres +%d", r.pairs, r.pairsSlow, r.pairsFailed, r.pairsMaxMS, r.insertFailed, r.clashres)
+	}
+	row("parallel A+AAAA (iptables mode)", pairs(p), pairs(b))
+	share := func(r *dnsLabResult) string {
+		return fmt.Sprintf("%.2f %% (%.0f of %.0f)", 100*r.onNode/max(r.onNodeAll, 1), r.onNode, r.onNodeAll)
+	}
+	row("answered on the client's node", share(p), share(b))
+	kill := func(r *dnsLabResult) string { return fmt.Sprintf("gap %v, %d failed", r.killGap, r.killFailed) }
+	row("node1's DNS server SIGKILLed", kill(p), kill(b))
+	row("queries per external lookup (ndots:5, A+AAAA)", fmt.Sprintf("%.2f; %.2f with --autopath", p.wire, p.wireAutopath), fmt.Sprintf("%.2f", b.wire))
+	return s.String()
+}
