@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -62,6 +63,10 @@ func TestRealNodesDNS(t *testing.T) {
 		}
 		raceFor = time.Duration(n) * time.Second
 	}
+	mode := os.Getenv("PODNET_DNS_PROXY_MODE")
+	if mode != "" && mode != "ebpf" {
+		t.Fatalf("PODNET_DNS_PROXY_MODE %q: want empty (iptables) or ebpf", mode)
+	}
 	corednsTar := corednsImageTar(t, t.TempDir(), coredns)
 	results := map[string]*dnsLabResult{}
 	var mu sync.Mutex
@@ -69,7 +74,7 @@ func TestRealNodesDNS(t *testing.T) {
 		name string
 		o    realClusterOptions
 	}{
-		{confPodnet, realClusterOptions{}},
+		{confPodnet, realClusterOptions{variant: mode}},
 		{confBaseline, realClusterOptions{
 			extraImages: func(*realCluster) []string { return []string{corednsTar} },
 			users:       map[string]string{kubeProxyUser: "system:authenticated"},
@@ -81,7 +86,7 @@ func TestRealNodesDNS(t *testing.T) {
 			t.Run(l.name, func(t *testing.T) {
 				t.Parallel()
 				c := startRealClusterOpts(t, realNodes(), l.o)
-				d := &dnsLab{c: c, podnet: l.name == confPodnet, coredns: coredns, raceFor: raceFor}
+				d := &dnsLab{c: c, podnet: l.name == confPodnet, mode: mode, coredns: coredns, raceFor: raceFor}
 				d.run()
 				mu.Lock()
 				results[l.name] = &d.res
@@ -89,13 +94,16 @@ func TestRealNodesDNS(t *testing.T) {
 			})
 		}
 	})
-	t.Logf("%s", dnsTable(results[confPodnet], results[confBaseline]))
+	t.Logf("podnet's Service proxy in %s mode, the baseline's kube-proxy in iptables mode\n%s", cmp.Or(mode, "iptables"), dnsTable(results[confPodnet], results[confBaseline]))
 }
 
 // dnsLab is one lab of TestRealNodesDNS and what it measured.
 type dnsLab struct {
-	c       *realCluster
-	podnet  bool
+	c      *realCluster
+	podnet bool
+	// mode is podnet's Service proxy mode, the variant of deploy/: ""
+	// (iptables) or "ebpf".
+	mode    string
 	coredns string
 	raceFor time.Duration
 	res     dnsLabResult
@@ -569,24 +577,32 @@ func (d *dnsLab) nodeLocal(ctx context.Context) {
 }
 
 // applyNodeLocal applies deploy/node-local-dns over the running podnet
-// (README, "Node-local DNS"): the podnet-dns DaemonSet and kube-dns's
+// (README, "Node-local DNS"), its base with the proxy mode's component
+// first in ebpf mode: the podnet-dns DaemonSet and kube-dns's
 // PreferSameNode, then deletes the Deployment it replaces.
 func (d *dnsLab) applyNodeLocal(ctx context.Context) {
 	c := d.c
 	repo, tag := imageRepoTag(c.t, podnetImage(c.t))
-	deploy, err := filepath.Abs("../deploy/node-local-dns")
-	if err != nil {
-		c.t.Fatal(err)
-	}
 	overlay := filepath.Join(c.cp.Dir, "deploy-node-local")
 	if err := os.MkdirAll(overlay, 0o755); err != nil {
 		c.t.Fatal(err)
 	}
-	rel, err := filepath.Rel(overlay, deploy)
-	if err != nil {
-		c.t.Fatal(err)
+	rel := func(p string) string {
+		abs, err := filepath.Abs(filepath.Join("../deploy", p))
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		r, err := filepath.Rel(overlay, abs)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		return r
 	}
-	kust := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - %s\nimages:\n  - name: %s\n    newTag: %q\n", rel, repo, tag)
+	components := "  - " + rel("components/node-local-dns") + "\n"
+	if d.mode != "" {
+		components = "  - " + rel("components/"+d.mode) + "\n" + components
+	}
+	kust := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - %s\ncomponents:\n%simages:\n  - name: %s\n    newTag: %q\n", rel("base"), components, repo, tag)
 	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
 		c.t.Fatal(err)
 	}
@@ -742,7 +758,7 @@ func dnsTable(p, b *dnsLabResult) string {
 	pairs := func(r *dnsLabResult) string {
 		return fmt.Sprintf("%d lookups, %d over 1 s, %d unanswered, max %d ms; insert_failed +%d, clashres +%d", r.pairs, r.pairsSlow, r.pairsFailed, r.pairsMaxMS, r.insertFailed, r.clashres)
 	}
-	row("parallel A+AAAA (iptables mode)", pairs(p), pairs(b))
+	row("parallel A+AAAA, every node", pairs(p), pairs(b))
 	share := func(r *dnsLabResult) string {
 		return fmt.Sprintf("%.2f %% (%.0f of %.0f)", 100*r.onNode/max(r.onNodeAll, 1), r.onNode, r.onNodeAll)
 	}
