@@ -19,6 +19,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/podnet/podnet/e2e/realnode"
@@ -85,6 +86,10 @@ func TestRealNodesDNS(t *testing.T) {
 	// nodes importing images at once overran the start's 4 minutes on the
 	// two cores. The steps then run side by side.
 	podnetUp := make(chan struct{})
+	// PODNET_DNS_LABS=podnet runs the podnet lab alone (to look into it).
+	if os.Getenv("PODNET_DNS_LABS") == confPodnet {
+		labs = labs[:1]
+	}
 	t.Run("labs", func(t *testing.T) {
 		for _, l := range labs {
 			t.Run(l.name, func(t *testing.T) {
@@ -128,6 +133,71 @@ type dnsLab struct {
 	coredns string
 	raceFor time.Duration
 	res     dnsLabResult
+	tl      timeline
+}
+
+// timeline keeps when the kube-dns EndpointSlices changed, and to what,
+// to print beside a lookup podnet lost.
+type timeline struct {
+	mu     sync.Mutex
+	events []loadEvent
+}
+
+func (tl *timeline) add(line string) {
+	tl.mu.Lock()
+	tl.events = append(tl.events, loadEvent{time.Now().UnixMilli(), line})
+	tl.mu.Unlock()
+}
+
+// around is what happened within 10 s of ms.
+func (tl *timeline) around(ms int64) string {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	var b strings.Builder
+	for _, e := range tl.events {
+		if e.ms > ms-10000 && e.ms < ms+10000 {
+			fmt.Fprintf(&b, "  %s %s\n", time.UnixMilli(e.ms).UTC().Format("15:04:05.000"), e.line)
+		}
+	}
+	return b.String()
+}
+
+// watchDNSEndpoints records every change of kube-dns's EndpointSlices
+// into d.tl until ctx ends.
+func (d *dnsLab) watchDNSEndpoints(ctx context.Context) {
+	w, err := d.c.admin.DiscoveryV1().EndpointSlices("kube-system").Watch(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=kube-dns"})
+	if err != nil {
+		d.c.fatalf("watch kube-dns's EndpointSlices: %v", err)
+	}
+	go func() {
+		defer w.Stop()
+		for ev := range w.ResultChan() {
+			es, ok := ev.Object.(*discoveryv1.EndpointSlice)
+			if !ok {
+				continue
+			}
+			var eps []string
+			for _, e := range es.Endpoints {
+				flag := func(b *bool, name string) string {
+					if b != nil && *b {
+						return name
+					}
+					return "-"
+				}
+				eps = append(eps, fmt.Sprintf("%s@%s[%s%s%s]", strings.Join(e.Addresses, ","), ptrString(e.NodeName),
+					flag(e.Conditions.Ready, "R"), flag(e.Conditions.Serving, "S"), flag(e.Conditions.Terminating, "T")))
+			}
+			slices.Sort(eps)
+			d.tl.add(fmt.Sprintf("EndpointSlice %s %s: %s", ev.Type, es.Name, strings.Join(eps, " ")))
+		}
+	}()
+}
+
+func ptrString(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
 }
 
 // dnsLabResult is one column of TestRealNodesDNS's table.
@@ -144,6 +214,9 @@ type dnsLabResult struct {
 	// its DNS server was killed; killFailed their failed lookups then.
 	killGap    time.Duration
 	killFailed int
+	// quietGap is the longest time without an answer in the 20 s before
+	// the kill: what the box's load alone makes.
+	quietGap time.Duration
 	// wire and wireAutopath are queries on the wire per external lookup.
 	wire, wireAutopath float64
 }
@@ -153,6 +226,8 @@ type dnsStepResult struct {
 	took                               time.Duration
 	udpOK, udpFailed, tcpOK, tcpFailed int
 	firstFailures                      []string
+	// failedAt is when the first failed lookup started (Unix ms).
+	failedAt int64
 }
 
 // The load's names, answered by both labs' DNS: cluster names, fully
@@ -200,6 +275,7 @@ func (d *dnsLab) run() {
 	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Minute)
 	defer cancel()
 	d.startOutsideDNS()
+	d.watchDNSEndpoints(ctx)
 	d.scale(ctx, 3)
 	c.applyYAML(ctx, dnsLoadYAML())
 	for _, app := range []string{"dnsload", "dnsclient"} {
@@ -313,6 +389,7 @@ func (d *dnsLab) disruptions(ctx context.Context) {
 	}
 	for _, s := range steps {
 		from := time.Now()
+		d.tl.add("step: " + s.name)
 		s.do()
 		time.Sleep(settle) // the window's tail: clients keep asking the new layout
 		to := time.Now()
@@ -323,6 +400,7 @@ func (d *dnsLab) disruptions(ctx context.Context) {
 		c.t.Logf("%s: %s: udp %d ok %d failed, tcp %d ok %d failed\n%s", d.label(), r.name, r.udpOK, r.udpFailed, r.tcpOK, r.tcpFailed, strings.Join(r.firstFailures, "\n"))
 		if d.podnet && r.udpFailed+r.tcpFailed > 0 {
 			c.errorf("podnet lost %d lookups in step %q (udp %d, tcp %d)", r.udpFailed+r.tcpFailed, r.name, r.udpFailed, r.tcpFailed)
+			d.explain(ctx, r.failedAt)
 		}
 		d.res.steps = append(d.res.steps, r)
 	}
@@ -333,6 +411,23 @@ func (d *dnsLab) label() string {
 		return confPodnet
 	}
 	return confBaseline
+}
+
+// explain logs, for a lookup podnet lost at ms, kube-dns's EndpointSlice
+// changes around it and every node's proxyd log of that time.
+func (d *dnsLab) explain(ctx context.Context, ms int64) {
+	c := d.c
+	var b strings.Builder
+	fmt.Fprintf(&b, "kube-dns's EndpointSlices around %s:\n%s", time.UnixMilli(ms).UTC().Format("15:04:05.000"), d.tl.around(ms))
+	pods, err := c.admin.CoreV1().Pods("podnet-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=podnet-node"})
+	if err == nil {
+		since := time.UnixMilli(ms - 15000).UTC().Format(time.RFC3339)
+		for _, p := range pods.Items {
+			out, _ := c.kubectl(ctx, "-n", "podnet-system", "logs", p.Name, "-c", "proxyd", "--timestamps", "--since-time="+since)
+			fmt.Fprintf(&b, "=== proxyd on %s since %s\n%s\n", p.Spec.NodeName, since, tailLines(out, 60))
+		}
+	}
+	c.t.Logf("%s", b.String())
 }
 
 // nodeWithDNS is a node that runs a DNS pod (the last in name order).
@@ -421,7 +516,10 @@ func (l *loadLog) window(from, to time.Time, r *dnsStepResult) {
 		r.tcpFailed += v[3]
 	}
 	for _, f := range l.fails {
-		if f.ms >= from.Unix()*1000 && f.ms < (to.Unix()+1)*1000 && len(r.firstFailures) < 10 {
+		if f.ms >= from.Unix()*1000 && f.ms < (to.Unix()+1)*1000 && len(r.firstFailures) < 40 {
+			if r.failedAt == 0 || f.ms < r.failedAt {
+				r.failedAt = f.ms
+			}
 			r.firstFailures = append(r.firstFailures, fmt.Sprintf("%s %s %s", l.node, time.UnixMilli(f.ms).UTC().Format("15:04:05.000"), f.line))
 		}
 	}
@@ -437,6 +535,44 @@ func (l *loadLog) maxGap(from, to time.Time) time.Duration {
 		}
 	}
 	return g
+}
+
+// gapsIn lists the gaps that overlap [from, to].
+func (l *loadLog) gapsIn(from, to time.Time) string {
+	var out []string
+	for _, p := range l.gaps {
+		if p[1] >= from.UnixMilli() && p[0] <= to.UnixMilli() {
+			out = append(out, fmt.Sprintf("%s+%dms", time.UnixMilli(p[0]).UTC().Format("15:04:05.000"), p[1]-p[0]))
+		}
+	}
+	return strings.Join(out, " ")
+}
+
+// killTimes logs what the kubelet and the restarted DNS server say of the
+// kill: the container's end and new start, the pod's Ready transitions,
+// the new container's first log lines, and kube-dns's EndpointSlices then.
+func (d *dnsLab) killTimes(ctx context.Context, pod string, killed time.Time) {
+	c := d.c
+	p, err := c.admin.CoreV1().Pods("kube-system").Get(ctx, pod, metav1.GetOptions{})
+	if err != nil {
+		c.errorf("%s: %v", pod, err)
+		return
+	}
+	var b strings.Builder
+	for _, cs := range p.Status.ContainerStatuses {
+		if t := cs.LastTerminationState.Terminated; t != nil {
+			fmt.Fprintf(&b, "container %s ended %s (%s)\n", cs.Name, t.FinishedAt.UTC().Format("15:04:05"), t.Reason)
+		}
+		if r := cs.State.Running; r != nil {
+			fmt.Fprintf(&b, "container %s started %s\n", cs.Name, r.StartedAt.UTC().Format("15:04:05"))
+		}
+	}
+	for _, cond := range p.Status.Conditions {
+		fmt.Fprintf(&b, "condition %s=%s since %s\n", cond.Type, cond.Status, cond.LastTransitionTime.UTC().Format("15:04:05"))
+	}
+	logs, _ := c.kubectl(ctx, "-n", "kube-system", "logs", pod, "--timestamps")
+	fmt.Fprintf(&b, "new container's log:\n%s\nEndpointSlices:\n%s", tailLines(logs, 15), d.tl.around(killed.UnixMilli()))
+	c.t.Logf("%s: kill of %s:\n%s", d.label(), pod, b.String())
 }
 
 // dnsClientPod is the dnsclient pod on a node.
@@ -672,8 +808,11 @@ func (d *dnsLab) killLocal(ctx context.Context) {
 		l.window(from, to, &r)
 		d.res.killGap = l.maxGap(from, to)
 		d.res.killFailed = r.udpFailed + r.tcpFailed
-		c.t.Logf("%s: %s's DNS server killed: longest without an answer %v, %d lookups failed\n%s", d.label(), node.Name, d.res.killGap, d.res.killFailed, strings.Join(r.firstFailures, "\n"))
+		d.res.quietGap = l.maxGap(from.Add(-20*time.Second), from.Add(-time.Second))
+		c.t.Logf("%s: %s's DNS server killed %s: longest without an answer %v (%v in the 20 s before), %d lookups failed\ngaps over 100 ms: %s\n%s",
+			d.label(), node.Name, from.UTC().Format("15:04:05.000"), d.res.killGap, d.res.quietGap, d.res.killFailed, l.gapsIn(from.Add(-20*time.Second), to), strings.Join(r.firstFailures, "\n"))
 	}
+	d.killTimes(ctx, pods[i].Name, from)
 	if d.podnet && d.res.killGap > time.Second {
 		c.errorf("podnet node-local: %s went %v without an answer after its dnsd was killed, want <= 1 s", node.Name, d.res.killGap)
 	}
@@ -784,7 +923,9 @@ func dnsTable(p, b *dnsLabResult) string {
 		return fmt.Sprintf("%.2f %% (%.0f of %.0f)", 100*r.onNode/max(r.onNodeAll, 1), r.onNode, r.onNodeAll)
 	}
 	row("answered on the client's node", share(p), share(b))
-	kill := func(r *dnsLabResult) string { return fmt.Sprintf("gap %v, %d failed", r.killGap, r.killFailed) }
+	kill := func(r *dnsLabResult) string {
+		return fmt.Sprintf("gap %v (%v before the kill), %d failed", r.killGap, r.quietGap, r.killFailed)
+	}
 	row("node1's DNS server SIGKILLed", kill(p), kill(b))
 	row("queries per external lookup (ndots:5, A+AAAA)", fmt.Sprintf("%.2f; %.2f with --autopath", p.wire, p.wireAutopath), fmt.Sprintf("%.2f", b.wire))
 	return s.String()
