@@ -570,8 +570,11 @@ func (d *dnsLab) killTimes(ctx context.Context, pod string, killed time.Time) {
 	for _, cond := range p.Status.Conditions {
 		fmt.Fprintf(&b, "condition %s=%s since %s\n", cond.Type, cond.Status, cond.LastTransitionTime.UTC().Format("15:04:05"))
 	}
-	logs, _ := c.kubectl(ctx, "-n", "kube-system", "logs", pod, "--timestamps")
-	fmt.Fprintf(&b, "new container's log:\n%s\nEndpointSlices:\n%s", tailLines(logs, 15), d.tl.around(killed.UnixMilli()))
+	logs, err := c.kubectl(ctx, "-n", "kube-system", "logs", pod, "--timestamps")
+	d.tl.mu.Lock()
+	changes := len(d.tl.events)
+	d.tl.mu.Unlock()
+	fmt.Fprintf(&b, "new container's log (%v):\n%s\nkube-dns's EndpointSlice changes within 10 s (of %d recorded in the run):\n%s", err, tailLines(logs, 15), changes, d.tl.around(killed.UnixMilli()))
 	c.t.Logf("%s: kill of %s:\n%s", d.label(), pod, b.String())
 }
 
