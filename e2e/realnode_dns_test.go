@@ -163,34 +163,45 @@ func (tl *timeline) around(ms int64) string {
 }
 
 // watchDNSEndpoints records every change of kube-dns's EndpointSlices
-// into d.tl until ctx ends.
+// into d.tl until ctx ends, as seen by listing them every 200 ms.
 func (d *dnsLab) watchDNSEndpoints(ctx context.Context) {
-	w, err := d.c.admin.DiscoveryV1().EndpointSlices("kube-system").Watch(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=kube-dns"})
-	if err != nil {
-		d.c.fatalf("watch kube-dns's EndpointSlices: %v", err)
-	}
 	go func() {
-		defer w.Stop()
-		for ev := range w.ResultChan() {
-			es, ok := ev.Object.(*discoveryv1.EndpointSlice)
-			if !ok {
-				continue
-			}
-			var eps []string
-			for _, e := range es.Endpoints {
-				flag := func(b *bool, name string) string {
-					if b != nil && *b {
-						return name
+		last := map[string]string{}
+		for ctx.Err() == nil {
+			l, err := d.c.admin.DiscoveryV1().EndpointSlices("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=kube-dns"})
+			if err == nil {
+				for i := range l.Items {
+					es := &l.Items[i]
+					if sum := sliceSummary(es); last[es.Name] != sum {
+						last[es.Name] = sum
+						d.tl.add(fmt.Sprintf("EndpointSlice %s: %s", es.Name, sum))
 					}
-					return "-"
 				}
-				eps = append(eps, fmt.Sprintf("%s@%s[%s%s%s]", strings.Join(e.Addresses, ","), ptrString(e.NodeName),
-					flag(e.Conditions.Ready, "R"), flag(e.Conditions.Serving, "S"), flag(e.Conditions.Terminating, "T")))
 			}
-			slices.Sort(eps)
-			d.tl.add(fmt.Sprintf("EndpointSlice %s %s: %s", ev.Type, es.Name, strings.Join(eps, " ")))
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
 		}
 	}()
+}
+
+// sliceSummary is an EndpointSlice's endpoints: address@node[Ready
+// Serving Terminating], a dash for a condition that does not hold.
+func sliceSummary(es *discoveryv1.EndpointSlice) string {
+	var eps []string
+	for _, e := range es.Endpoints {
+		flag := func(b *bool, name string) string {
+			if b != nil && *b {
+				return name
+			}
+			return "-"
+		}
+		eps = append(eps, fmt.Sprintf("%s@%s[%s%s%s]", strings.Join(e.Addresses, ","), ptrString(e.NodeName),
+			flag(e.Conditions.Ready, "R"), flag(e.Conditions.Serving, "S"), flag(e.Conditions.Terminating, "T")))
+	}
+	slices.Sort(eps)
+	return strings.Join(eps, " ")
 }
 
 func ptrString(p *string) string {
