@@ -250,9 +250,11 @@ conformance-policy:
 # without autopath) and prints one table of both.
 DNS_LAB_TIMEOUT ?= 60m
 DNS_RACE_SECONDS ?= 60
+# DNS_ONE_LAB=1: the baseline lab after podnet's, not beside it.
+DNS_ONE_LAB ?=
 dns-lab: deps build apiserver image kube-node $(KUBE_PROXY) $(COREDNS)
 	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) PODNET_IMAGE=$(CURDIR)/$(IMAGE) PODNET_KUBE_CACHE=$(APISERVER_CACHE) \
-	PODNET_KUBE_PROXY=$(KUBE_PROXY) PODNET_COREDNS=$(COREDNS) PODNET_DNS_RACE_SECONDS=$(DNS_RACE_SECONDS) \
+	PODNET_KUBE_PROXY=$(KUBE_PROXY) PODNET_COREDNS=$(COREDNS) PODNET_DNS_RACE_SECONDS=$(DNS_RACE_SECONDS) PODNET_DNS_ONE_LAB=$(DNS_ONE_LAB) \
 		$(GO) test -tags conformance -count=1 -timeout $(DNS_LAB_TIMEOUT) -v -run '^TestRealNodesDNS$$' ./e2e/
 
 # README's "Migrating from flannel, kube-proxy and CoreDNS" on three real
