@@ -75,8 +75,8 @@ func TestRealNodesDNS(t *testing.T) {
 		name string
 		o    realClusterOptions
 	}{
-		{confPodnet, realClusterOptions{variant: mode}},
-		{confBaseline, realClusterOptions{
+		{dnsPodnet, realClusterOptions{variant: mode}},
+		{dnsBaseline, realClusterOptions{
 			extraImages: func(*realCluster) []string { return []string{corednsTar} },
 			users:       map[string]string{kubeProxyUser: "system:authenticated"},
 			install:     installBaseline(kubeProxy),
@@ -91,7 +91,7 @@ func TestRealNodesDNS(t *testing.T) {
 	// overran its 4 minutes at load 75 beside podnet's steps).
 	oneLab := os.Getenv("PODNET_DNS_ONE_LAB") != ""
 	// PODNET_DNS_LABS=podnet runs the podnet lab alone (to look into it).
-	if os.Getenv("PODNET_DNS_LABS") == confPodnet {
+	if os.Getenv("PODNET_DNS_LABS") == dnsPodnet {
 		labs = labs[:1]
 	}
 	t.Run("labs", func(t *testing.T) {
@@ -100,16 +100,16 @@ func TestRealNodesDNS(t *testing.T) {
 				if !oneLab {
 					t.Parallel()
 				}
-				if l.name == confPodnet {
+				if l.name == dnsPodnet {
 					defer closeOnce(podnetUp)
 				} else {
 					<-podnetUp
 				}
 				c := startRealClusterOpts(t, realNodes(), l.o)
-				if l.name == confPodnet {
+				if l.name == dnsPodnet {
 					closeOnce(podnetUp)
 				}
-				d := &dnsLab{c: c, podnet: l.name == confPodnet, mode: mode, coredns: coredns, raceFor: raceFor}
+				d := &dnsLab{c: c, podnet: l.name == dnsPodnet, mode: mode, coredns: coredns, raceFor: raceFor}
 				d.run()
 				mu.Lock()
 				results[l.name] = &d.res
@@ -117,7 +117,7 @@ func TestRealNodesDNS(t *testing.T) {
 			})
 		}
 	})
-	t.Logf("podnet's Service proxy in %s mode, the baseline's kube-proxy in iptables mode\n%s", cmp.Or(mode, "iptables"), dnsTable(results[confPodnet], results[confBaseline]))
+	t.Logf("podnet's Service proxy in %s mode, the baseline's kube-proxy in iptables mode\n%s", cmp.Or(mode, "iptables"), dnsTable(results[dnsPodnet], results[dnsBaseline]))
 }
 
 // closeOnce closes ch unless it is closed.
@@ -128,6 +128,12 @@ func closeOnce(ch chan struct{}) {
 		close(ch)
 	}
 }
+
+// The two labs of TestRealNodesDNS, as the table names them.
+const (
+	dnsPodnet   = "podnet"
+	dnsBaseline = "kube-proxy+CoreDNS"
+)
 
 // dnsLab is one lab of TestRealNodesDNS and what it measured.
 type dnsLab struct {
@@ -425,9 +431,9 @@ func (d *dnsLab) disruptions(ctx context.Context) {
 
 func (d *dnsLab) label() string {
 	if d.podnet {
-		return confPodnet
+		return dnsPodnet
 	}
-	return confBaseline
+	return dnsBaseline
 }
 
 // explain logs, for a lookup podnet lost at ms, kube-dns's EndpointSlice
@@ -926,7 +932,7 @@ func dnsTable(p, b *dnsLabResult) string {
 		return "a lab did not finish: no table"
 	}
 	var s strings.Builder
-	fmt.Fprintf(&s, "| step | %s | %s |\n|---|---|---|\n", confPodnet, confBaseline)
+	fmt.Fprintf(&s, "| step | %s | %s |\n|---|---|---|\n", dnsPodnet, dnsBaseline)
 	row := func(name, pv, bv string) { fmt.Fprintf(&s, "| %s | %s | %s |\n", name, pv, bv) }
 	for i := range min(len(p.steps), len(b.steps)) {
 		f := func(r dnsStepResult) string {
