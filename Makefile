@@ -264,10 +264,17 @@ dns-lab: deps build apiserver image kube-node $(KUBE_PROXY) $(COREDNS)
 # stages, README's commands word for word, under load from a client pod and
 # from outside the cluster, one node rolled back to flannel and forward
 # again; it prints a table of what each step lost.
+# MIGRATE_CONFORMANCE=1 then runs make conformance's CONFORMANCE_FOCUS
+# specs on the migrated cluster (e2e.test, agnhost and ginkgo as make
+# conformance builds them: build them first; give MIGRATE_TIMEOUT room).
 MIGRATE_TIMEOUT ?= 60m
+MIGRATE_CONFORMANCE ?=
 migrate: deps build apiserver image kube-node flannel $(KUBE_PROXY) $(COREDNS)
 	PODNET_BIN=$(CURDIR)/bin PODNET_KUBE_APISERVER=$(APISERVER) PODNET_IMAGE=$(CURDIR)/$(IMAGE) PODNET_KUBE_CACHE=$(APISERVER_CACHE) \
 	PODNET_FLANNELD=$(FLANNELD) PODNET_KUBE_PROXY=$(KUBE_PROXY) PODNET_COREDNS=$(COREDNS) \
+	PODNET_MIGRATE_CONFORMANCE=$(MIGRATE_CONFORMANCE) PODNET_E2E_TEST=$(E2E_TEST) PODNET_AGNHOST=$(AGNHOST) PODNET_GINKGO=$(GINKGO) \
+	PODNET_CONFORMANCE_FOCUS='$(CONFORMANCE_FOCUS)' PODNET_CONFORMANCE_SKIP='$(CONFORMANCE_SKIP)' \
+	PODNET_CONFORMANCE_PROCS=$(CONFORMANCE_PROCS) PODNET_CONFORMANCE_BUDGET=$(CONFORMANCE_BUDGET) \
 		$(GO) test -tags conformance -count=1 -timeout $(MIGRATE_TIMEOUT) -v -run '^(TestFlannelNodes|TestMigrate)$$' ./e2e/
 
 # podnet's image as a docker-archive tarball (`ctr images import`, `docker

@@ -469,10 +469,15 @@ func nodeLeftovers(ctx context.Context, n *realnode.Node) []string {
 // drained fails; at the end no node holds flannel.1, cni0 or a KUBE-*
 // chain and no CoreDNS pod runs; one node rolled back to flannel and
 // forward again loses nothing either.
+//
+// With PODNET_MIGRATE_CONFORMANCE=1 (make migrate MIGRATE_CONFORMANCE=1,
+// which passes make conformance's variables), e2e.test's specs run on the
+// migrated cluster at the end, as TestConformance runs them on a lab.
 func TestMigrate(t *testing.T) {
 	e := flannelEnvFromEnv(t)
+	conf, confImages := migrateConformance(t)
 	c := startRealClusterOpts(t, realNodes(), realClusterOptions{
-		extraImages: func(c *realCluster) []string { return flannelStackImages(t, t.TempDir(), e) },
+		extraImages: func(c *realCluster) []string { return append(flannelStackImages(t, t.TempDir(), e), confImages...) },
 		install:     installFlannelStack(e),
 	})
 	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Minute)
@@ -530,4 +535,21 @@ func TestMigrate(t *testing.T) {
 			}
 		}
 	}
+	if conf != nil {
+		c.runConformance(t, *conf)
+	}
+}
+
+// migrateConformance is, with PODNET_MIGRATE_CONFORMANCE=1, the
+// conformance run make conformance's variables describe and the specs'
+// images for the nodes; nil otherwise.
+func migrateConformance(t *testing.T) (*conformanceRun, []string) {
+	t.Helper()
+	if os.Getenv("PODNET_MIGRATE_CONFORMANCE") != "1" {
+		return nil, nil
+	}
+	r := conformanceRunFromEnv(t)
+	checkGinkgoVersion(t, r.ginkgo)
+	dir := t.TempDir()
+	return &r, conformanceImages(t, dir, r.agnhost, r.coredns, buildTestapp(t, dir))
 }
