@@ -122,6 +122,7 @@ type kpResult struct {
 	first        time.Duration
 	firstSelf    float64   // seconds, the sum of its syncs by then
 	firstSyncs   float64   // how many
+	rssMiB       int       // resident memory once the first sync is in the kernel
 	change, self []float64 // seconds, each change
 }
 
@@ -273,6 +274,7 @@ func runKPBench(b *testing.B, admin kubernetes.Interface, n *lab.Node, kubeconfi
 	waitSelfSync(b, n, 1)
 	m := selfMetrics(b, n)
 	res.firstSelf, res.firstSyncs = m[selfSyncMetric+"_sum"], m[selfSyncMetric+"_count"]
+	res.rssMiB = procRSS(strconv.Itoa(p.Pid())) >> 10 // env execs kube-proxy: the same pid
 	for c := range o.changes {
 		kpQuiet(b, k, mode, 2*time.Second)
 		before := selfSyncCount(b, n)
@@ -412,7 +414,7 @@ func waitSelfSync(b *testing.B, n *lab.Node, count float64) {
 }
 
 func printKPResults(o kpBenchOptions, rows []kpResult) {
-	fmt.Printf("| program, %d Services × %d endpoints | first full sync, in the kernel | its own first-sync figure | one endpoint added, in the kernel (median) | its own figure (median) | changes (ms, kernel) | load before |\n|---|---|---|---|---|---|---|\n", o.services, o.endpoints)
+	fmt.Printf("| program, %d Services × %d endpoints | first full sync, in the kernel | its own first-sync figure | one endpoint added, in the kernel (median) | its own figure (median) | changes (ms, kernel) | RSS after the first sync | load before |\n|---|---|---|---|---|---|---|---|\n", o.services, o.endpoints)
 	for _, r := range rows {
 		name := "proxyd " + r.mode
 		if r.mode == "kube-proxy" {
@@ -422,7 +424,7 @@ func printKPResults(o kpBenchOptions, rows []kpResult) {
 		for _, c := range r.change {
 			each = append(each, fmt.Sprintf("%.1f", c*1000))
 		}
-		fmt.Printf("| %s | %.2f s | %.2f s (%.0f syncs) | %.1f ms | %.1f ms | %s | %s |\n", name, r.first.Seconds(), r.firstSelf, r.firstSyncs,
-			benchMedian(r.change)*1000, benchMedian(r.self)*1000, strings.Join(each, " "), r.load)
+		fmt.Printf("| %s | %.2f s | %.2f s (%.0f syncs) | %.1f ms | %.1f ms | %s | %d MiB | %s |\n", name, r.first.Seconds(), r.firstSelf, r.firstSyncs,
+			benchMedian(r.change)*1000, benchMedian(r.self)*1000, strings.Join(each, " "), r.rssMiB, r.load)
 	}
 }
