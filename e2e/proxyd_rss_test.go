@@ -57,6 +57,7 @@ func BenchmarkProxydRSS(b *testing.B) {
 		cidrs = append(cidrs, p.String())
 	}
 	clusterCIDR := map[string]string{"single": cidrs[0], "dual": strings.Join(cidrs, ",")}
+	serviceCIDR := map[string]string{"single": "10.96.0.0/12", "dual": "10.96.0.0/12,fd00:10:96::/112"}
 	n := l.Node("node1")
 	// metric waits until the sample name reaches at least want, asking
 	// every interval. Each scrape leaves proxyd ~0.1 MB of garbage: asked
@@ -94,7 +95,7 @@ func BenchmarkProxydRSS(b *testing.B) {
 				for _, bin := range order {
 					l.BinDir = bin
 					start := time.Now()
-					p, err := n.StartProxyd(b.Context(), "--proxy-mode", mode, "--sync-period", "5s", "--cluster-cidr", clusterCIDR[stack],
+					p, err := n.StartProxyd(b.Context(), "--proxy-mode", mode, "--sync-period", "5s", "--cluster-cidr", clusterCIDR[stack], "--service-cluster-ip-range", serviceCIDR[stack],
 						"--metrics-bind-address", "127.0.0.1:10249", "--healthz-bind-address", "")
 					if err != nil {
 						b.Fatal(err)
