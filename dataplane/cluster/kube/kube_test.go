@@ -378,3 +378,63 @@ func TestStaleStateProbedUntilTheAPIServerAnswers(t *testing.T) {
 		t.Errorf("%d probes after the state was current again", len(probes))
 	}
 }
+
+// TestNotSyncedUntilEndpointSlicesListed: the store is marked synced (and
+// so the Service proxy's first sync may run) only once every kind has
+// listed: with the Services listed but the EndpointSlice list failing, then
+// held back, the store stays unsynced; a first sync then would program the
+// Service without endpoints and reject its connections. Once the list gets
+// through, the store is synced with the slice in it.
+func TestNotSyncedUntilEndpointSlicesListed(t *testing.T) {
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web"},
+		Spec:       corev1.ServiceSpec{ClusterIP: "10.96.0.30", ClusterIPs: []string{"10.96.0.30"}, Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}},
+	}
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "default", Name: "web-abcde", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.244.1.5"}, Conditions: discoveryv1.EndpointConditions{Ready: new(true)}}},
+		Ports:       []discoveryv1.EndpointPort{{Name: new("http"), Port: new(int32(8080)), Protocol: new(corev1.ProtocolTCP)}},
+	}
+	client := fake.NewClientset(svc, slice)
+	release := make(chan struct{})
+	var lists atomic.Int32
+	client.PrependReactor("list", "endpointslices", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if lists.Add(1) == 1 {
+			return true, nil, fmt.Errorf("list endpointslices: %w", syscall.ECONNREFUSED)
+		}
+		<-release
+		return false, nil, nil
+	})
+	servicesListed := make(chan struct{})
+	var once sync.Once
+	client.PrependReactor("list", "services", func(k8stesting.Action) (bool, runtime.Object, error) {
+		once.Do(func() { close(servicesListed) })
+		return false, nil, nil
+	})
+	backoff := wait.Backoff{Duration: 10 * time.Millisecond, Factor: 1, Steps: 100}
+	store := cluster.NewStore()
+	src := New(Options{Client: client, Store: store, Kinds: []cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, Backoff: &backoff})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = src.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	<-servicesListed
+	eventually(t, "the EndpointSlice list retried after its failure", func() bool { return lists.Load() >= 2 })
+	eventually(t, "the Service in the store", func() bool { return store.Service(cluster.Key{Namespace: "default", Name: "web"}) != nil })
+	select {
+	case <-store.Synced():
+		t.Fatal("store synced while the EndpointSlices were not listed yet")
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	select {
+	case <-store.Synced():
+	case <-time.After(10 * time.Second):
+		t.Fatal("store never synced once the EndpointSlices were listed")
+	}
+	if got := store.EndpointSlicesFor(cluster.Key{Namespace: "default", Name: "web"}); len(got) != 1 {
+		t.Fatalf("slices of default/web at sync: %v", got)
+	}
+}
