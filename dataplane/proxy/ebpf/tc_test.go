@@ -213,8 +213,6 @@ func (e *tcEnv) run(t *testing.T, prog string, p pkt) (int, pkt) {
 	return int(int32(ret)), parsePkt(t, out[:len(in)])
 }
 
-func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
-
 // tcFamily holds one family's addresses for the tc tests; a dual-stack
 // node holds both families' Services at once.
 type tcFamily struct {
