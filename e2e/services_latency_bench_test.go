@@ -412,21 +412,25 @@ func (r *lockstepResults) print(o lockstepOptions) {
 }
 
 // TestClusterIPConnectLockstepSetup runs BenchmarkClusterIPConnectLockstep's
-// setup and rounds at a tiny size (3 against 30 Services, 20 connects), so
-// the benchmark keeps working between benchmark runs.
+// setup and rounds at a tiny size (3 against 30 Services, 20 connects), in
+// ebpf and nftables mode, so the benchmark keeps working between benchmark
+// runs.
 func TestClusterIPConnectLockstepSetup(t *testing.T) {
 	roottest.Require(t)
-	o := lockstepOptions{modes: []string{"ebpf"}, small: 3, big: 30, endpoints: 2, rounds: 2, floorRounds: 1, connects: 20, warmup: 2}
+	modes := []string{"ebpf", "nftables"}
+	o := lockstepOptions{modes: modes, small: 3, big: 30, endpoints: 2, rounds: 2, floorRounds: 1, connects: 20, warmup: 2}
 	res := lockstepLatency(t, o)
-	for _, phase := range []string{"floor", "scale"} {
-		rounds := res.rounds["ebpf"][phase]
-		if want := map[string]int{"floor": 1, "scale": 2}[phase]; len(rounds) != want {
-			t.Fatalf("%s: %d rounds, want %d", phase, len(rounds), want)
-		}
-		for _, r := range rounds {
-			for v := range lsVariants {
-				if r.p50[v] <= 0 || r.p99[v] < r.p50[v] || r.p99[v] > 2*time.Second {
-					t.Errorf("%s, variant %d: p50 %v, p99 %v: want 0 < p50 <= p99 < 2s", phase, v, r.p50[v], r.p99[v])
+	for _, mode := range modes {
+		for _, phase := range []string{"floor", "scale"} {
+			rounds := res.rounds[mode][phase]
+			if want := map[string]int{"floor": 1, "scale": 2}[phase]; len(rounds) != want {
+				t.Fatalf("%s, %s: %d rounds, want %d", mode, phase, len(rounds), want)
+			}
+			for _, r := range rounds {
+				for v := range lsVariants {
+					if r.p50[v] <= 0 || r.p99[v] < r.p50[v] || r.p99[v] > 2*time.Second {
+						t.Errorf("%s, %s, variant %d: p50 %v, p99 %v: want 0 < p50 <= p99 < 2s", mode, phase, v, r.p50[v], r.p99[v])
+					}
 				}
 			}
 		}
