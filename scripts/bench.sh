@@ -53,7 +53,7 @@ run dns dns-10000 bash scripts/bench-dns.sh 10000 10
 # NetworkPolicy (issue 24), side by side in one part: full programming and
 # first-packet latency of 1,000 policies over 5,000 pods, one change to
 # enforcement, Pod memory, and proxyd's RSS growth fed the same world.
-run policy policy-go go test -count=1 -run '^$' -bench 'BenchmarkProgramFull|BenchmarkFirstPacket|BenchmarkEnforce|BenchmarkCompile|BenchmarkIncremental|BenchmarkPodMemoryPer1000' -timeout 60m ./dataplane/policy/
+run policy policy-go go test -count=1 -run '^$' -bench 'BenchmarkProgramFull|BenchmarkFirstPacket|BenchmarkEnforce|BenchmarkCompile|BenchmarkIncremental|BenchmarkPodMemoryPer1000|BenchmarkWorldHeap' -timeout 60m ./dataplane/policy/
 run policy policy-rss env PODNET_BENCH=1 go test -count=1 -run '^$' -bench 'BenchmarkProxydPolicyRSS' -benchtime 1x -timeout 30m ./e2e/
 run go go go test -run '^$' -bench . -benchmem -timeout 60m ./...
 

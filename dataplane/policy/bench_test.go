@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"context"
 	"maps"
 	"runtime"
 	"testing"
@@ -121,5 +122,49 @@ func BenchmarkIncremental(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkWorldHeap is the live heap (after a GC) that the benchmark's
+// world adds to a process: its 5,100 Pods and Namespaces and 1,000 policies
+// in a Store, and a Controller for node1 synced over them (its model and
+// program; the table is a fake). A stand-in for proxyd's RSS growth (goal
+// <= 30 MiB), which BenchmarkProxydPolicyRSS measures on a real proxyd:
+// RSS is about twice the live heap once the collector has run (see
+// BENCHMARKS.md, Memory).
+func BenchmarkWorldHeap(b *testing.B) {
+	for range b.N {
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		pods, nss, pols := benchWorld(b)
+		store := cluster.NewStore()
+		for _, n := range nss {
+			store.Upsert(n)
+		}
+		for _, np := range pols {
+			store.Upsert(np)
+		}
+		for _, p := range pods {
+			store.Upsert(p)
+		}
+		store.MarkSynced()
+		f := &fakeApplier{applied: make(chan *Program, 1)}
+		c := NewController(ControllerOptions{NodeName: "node1", Store: store, Table: f})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { c.Run(ctx); close(done) }()
+		prog := <-f.applied
+		for c.Synced() == 0 {
+			runtime.Gosched()
+		}
+		pods, nss, pols = nil, nil, nil
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/(1<<20), "heap-MiB")
+		b.ReportMetric(float64(len(prog.Policies)), "policies")
+		cancel()
+		<-done
+		runtime.KeepAlive(store)
 	}
 }
