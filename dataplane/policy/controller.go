@@ -45,6 +45,11 @@ type Controller struct {
 	mu       sync.Mutex
 	compiler *Compiler // nil until the first sync
 	model    *Model
+
+	// resMu guards the last sync's outcome apart from mu, which a sync
+	// holds while it compiles (seconds at scale): /healthz asks Err, and
+	// must not wait for a compile.
+	resMu    sync.Mutex
 	lastErr  error
 	lastSync time.Time
 	syncs    uint64
@@ -91,6 +96,8 @@ func (c *Controller) sync() error {
 	err := c.o.Table.Apply(prog)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.resMu.Lock()
+	defer c.resMu.Unlock()
 	c.lastErr = err
 	if err != nil {
 		c.o.Logger.Error("network policy sync failed", "err", err)
@@ -168,15 +175,15 @@ func describeDenied(m *Model, d Denied) []any {
 
 // Err is the last sync's failure, nil when it succeeded.
 func (c *Controller) Err() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.resMu.Lock()
+	defer c.resMu.Unlock()
 	return c.lastErr
 }
 
 // Synced is how many syncs succeeded.
 func (c *Controller) Synced() uint64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.resMu.Lock()
+	defer c.resMu.Unlock()
 	return c.syncs
 }
 

@@ -149,3 +149,24 @@ func TestControllerBatchEqualsFullCompile(t *testing.T) {
 		t.Errorf("status shows %d pods of node1 selected, want 100", n)
 	}
 }
+
+// TestControllerErrDoesNotWaitForACompile: /healthz asks Err, and a sync
+// holds the controller's lock while it compiles (seconds at scale; in a
+// lab at load ~40, long enough that proxyd's /healthz stopped answering).
+// With that lock held, Err and Synced still answer.
+func TestControllerErrDoesNotWaitForACompile(t *testing.T) {
+	c := NewController(ControllerOptions{NodeName: "node1", Store: cluster.NewStore(), Table: &fakeApplier{}})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		c.Err()
+		c.Synced()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Err and Synced wait for the lock a compile holds")
+	}
+}

@@ -36,10 +36,12 @@ type PolicyStatus struct {
 func (c *Controller) Status() Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.resMu.Lock()
 	st := Status{Syncs: c.syncs, LastSync: c.lastSync}
 	if c.lastErr != nil {
 		st.Error = c.lastErr.Error()
 	}
+	c.resMu.Unlock()
 	if c.model != nil {
 		st.Pods = c.model.PodStatuses(func(p *cluster.Pod) bool { return p.NodeName == c.o.NodeName })
 	}
