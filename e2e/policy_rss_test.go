@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -54,8 +55,10 @@ func BenchmarkProxydPolicyRSS(b *testing.B) {
 		}
 		return st, true
 	}
-	await := func(what string, ok func(policy.Status) bool) policy.Status {
-		deadline := time.Now().Add(5 * time.Minute)
+	// await fails after 10 minutes with proxyd's goroutines (SIGQUIT)
+	// in full: the lab's log keeps only its tail.
+	await := func(p *lab.Proc, what string, ok func(policy.Status) bool) policy.Status {
+		deadline := time.Now().Add(10 * time.Minute)
 		var last policy.Status
 		for {
 			st, got := status()
@@ -66,8 +69,10 @@ func BenchmarkProxydPolicyRSS(b *testing.B) {
 				last = st
 			}
 			if time.Now().After(deadline) {
-				b.Fatalf("proxyd's policy status: no %s within 5 minutes; the last: %d syncs (last %v), error %q, %d pods selected",
-					what, last.Syncs, last.LastSync, last.Error, len(last.Pods))
+				_ = syscall.Kill(p.Pid(), syscall.SIGQUIT)
+				<-p.Done()
+				b.Fatalf("proxyd's policy status: no %s within 10 minutes; the last: %d syncs (last %v), error %q, %d pods selected; proxyd's output:\n%s",
+					what, last.Syncs, last.LastSync, last.Error, len(last.Pods), p.Output())
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
@@ -88,7 +93,7 @@ func BenchmarkProxydPolicyRSS(b *testing.B) {
 			b.Fatal(err)
 		}
 		p, pid := start()
-		await("first sync", func(s policy.Status) bool { return s.Syncs >= 1 })
+		await(p, "first sync", func(s policy.Status) bool { return s.Syncs >= 1 })
 		before = append(before, float64(procRSS(pid))/1024)
 		if err := p.Stop(); err != nil {
 			b.Fatal(err)
@@ -99,10 +104,10 @@ func BenchmarkProxydPolicyRSS(b *testing.B) {
 		}
 		t0 := time.Now()
 		p, pid = start()
-		st := await("sync selecting node1's 100 pods", func(s policy.Status) bool { return len(s.Pods) == 100 })
+		st := await(p, "sync selecting node1's 100 pods", func(s policy.Status) bool { return len(s.Pods) == 100 })
 		took = append(took, time.Since(t0).Seconds())
 		after = append(after, float64(procRSS(pid))/1024)
-		await(fmt.Sprintf("%d more syncs", laterSyncs), func(s policy.Status) bool { return s.Syncs >= st.Syncs+laterSyncs })
+		await(p, fmt.Sprintf("%d more syncs", laterSyncs), func(s policy.Status) bool { return s.Syncs >= st.Syncs+laterSyncs })
 		later = append(later, float64(procRSS(pid))/1024)
 		if err := p.Stop(); err != nil {
 			b.Fatal(err)
