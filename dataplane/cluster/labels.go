@@ -7,6 +7,7 @@ const (
 	LabelZone             = "topology.kubernetes.io/zone"
 	LabelServiceName      = "kubernetes.io/service-name"
 	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+	LabelHeadless         = "service.kubernetes.io/headless"
 )
 
 // TaintToBeDeleted is the taint the cluster autoscaler puts on a node it is

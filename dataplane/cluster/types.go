@@ -234,6 +234,12 @@ type EndpointSlice struct {
 	// update). Zero when absent. The proxy and DNS measure their
 	// programming latency from it, as kube-proxy and CoreDNS do.
 	TriggerTime time.Time
+	// NotProxied: the slice carries the label service.kubernetes.io/headless
+	// or service.kubernetes.io/service-proxy-name (any value). Service
+	// proxies leave such a slice's endpoints out, as kube-proxy's watch
+	// does; DNS still serves them (the endpoint slice controller labels
+	// every headless Service's slices so).
+	NotProxied bool
 }
 
 func (e *EndpointSlice) Kind() Kind { return KindEndpointSlice }

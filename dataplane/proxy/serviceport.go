@@ -252,11 +252,12 @@ func BuildServicePorts(svc *cluster.Service, eps []*cluster.EndpointSlice, node 
 
 // collectEndpoints merges the slices' endpoints for one Service port: the
 // slice port with the same name and protocol gives the target port. An
-// address listed twice keeps its most usable entry.
+// address listed twice keeps its most usable entry. Slices labelled
+// headless or for another proxy give none.
 func collectEndpoints(p cluster.ServicePort, eps []*cluster.EndpointSlice, node NodeInfo, f ipfamily.Family) []Endpoint {
 	byAddr := make(map[netip.AddrPort]Endpoint)
 	for _, es := range eps {
-		if es.AddressType != "" && es.AddressType != f.String() {
+		if es.NotProxied || es.AddressType != "" && es.AddressType != f.String() {
 			continue
 		}
 		var port uint16

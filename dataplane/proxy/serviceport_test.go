@@ -188,3 +188,32 @@ func TestEndpointLocalityFromPodCIDR(t *testing.T) {
 		}
 	}
 }
+
+// A slice labelled service.kubernetes.io/headless or with a
+// service-proxy-name gives the Service no endpoint in either family, while
+// the Service's other slices still do (e2e.test's "should implement
+// service.kubernetes.io/headless" labels a selectorless Service's only
+// slice and expects the Service to stop answering).
+func TestSlicesNotProxied(t *testing.T) {
+	for _, f := range []ipfamily.Family{ipfamily.IPv4, ipfamily.IPv6} {
+		kept, dropped := "10.244.1.5", "10.244.2.5"
+		svc := service(nil)
+		if f == ipfamily.IPv6 {
+			kept, dropped = "fd00:10:244:1::5", "fd00:10:244:2::5"
+			svc.ClusterIPs = []netip.Addr{addr("fd00:10:96::10")}
+		}
+		slice := func(name, ip string, notProxied bool) *cluster.EndpointSlice {
+			return &cluster.EndpointSlice{Namespace: "ns", Name: name, ServiceName: svc.Name, AddressType: f.String(), NotProxied: notProxied,
+				Ports:     []cluster.EndpointPort{{Name: "http", Protocol: cluster.TCP, Port: 8080}},
+				Endpoints: []cluster.Endpoint{{Addresses: []netip.Addr{addr(ip)}, Ready: true, Serving: true}}}
+		}
+		sps := BuildServicePorts(svc, []*cluster.EndpointSlice{slice("a", kept, false), slice("b", dropped, true)}, NodeInfo{}, f)
+		if len(sps) != 1 || len(sps[0].Endpoints) != 1 || sps[0].Endpoints[0].Addr() != addr(kept) {
+			t.Fatalf("%v: service ports %+v, want one with the endpoint %s only", f, sps, kept)
+		}
+		sps = BuildServicePorts(svc, []*cluster.EndpointSlice{slice("b", dropped, true)}, NodeInfo{}, f)
+		if len(sps) != 1 || sps[0].HasEndpoints || len(sps[0].Endpoints) != 0 {
+			t.Errorf("%v: only a headless-labelled slice: %+v, want no endpoints", f, sps)
+		}
+	}
+}

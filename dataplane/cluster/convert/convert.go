@@ -205,6 +205,9 @@ func FromV1EndpointSlice(e *discoveryv1.EndpointSlice) (*cluster.EndpointSlice, 
 		ServiceName: e.Labels[cluster.LabelServiceName],
 		AddressType: intern(string(e.AddressType)),
 	}
+	_, headless := e.Labels[cluster.LabelHeadless]
+	_, otherProxy := e.Labels[cluster.LabelServiceProxyName]
+	out.NotProxied = headless || otherProxy
 	if v, ok := e.Annotations[cluster.AnnotationTriggerTime]; ok {
 		// A malformed time only costs the latency measurement.
 		out.TriggerTime, _ = time.Parse(time.RFC3339Nano, v)

@@ -142,6 +142,34 @@ func TestFromV1EndpointSlice(t *testing.T) {
 	}
 }
 
+// Slices labelled service.kubernetes.io/headless or
+// service.kubernetes.io/service-proxy-name (any value, even empty) are
+// marked for the Service proxies to leave out; others are not.
+func TestFromV1EndpointSliceNotProxied(t *testing.T) {
+	for labels, want := range map[string]bool{
+		"":                                   false,
+		cluster.LabelHeadless:                true,
+		cluster.LabelServiceProxyName:        true,
+		cluster.LabelHeadless + ",other=yes": true,
+	} {
+		l := map[string]string{cluster.LabelServiceName: "web"}
+		for _, k := range strings.Split(labels, ",") {
+			if k, v, ok := strings.Cut(k, "="); k != "" {
+				l[k] = map[bool]string{true: v, false: ""}[ok]
+			}
+		}
+		for _, at := range []discoveryv1.AddressType{discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6} {
+			got, err := FromV1EndpointSlice(&discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: "web-abc", Labels: l}, AddressType: at})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.NotProxied != want {
+				t.Errorf("labels %v, %s: NotProxied %v, want %v", l, at, got.NotProxied, want)
+			}
+		}
+	}
+}
+
 func TestFromV1NodeAndPod(t *testing.T) {
 	n, err := FromV1Node(&v1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: "node1", Labels: map[string]string{cluster.LabelZone: "z1"}},
