@@ -190,7 +190,7 @@ func startRealClusterOpts(t *testing.T, nodes []lab.NodeSpec, o realClusterOptio
 			t.Logf("FAILED (said again after the logs):\n%s", strings.Join(c.failures, "\n"))
 		}
 	})
-	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
 	defer cancel()
 
 	l := lab.Start(t, lab.Options{Nodes: nodes, Families: c.families()})
