@@ -234,8 +234,11 @@ func (s *syncer) syncOnce() error {
 	s.o.Logger.Debug("service proxy synced", "kind", kind, "changed", len(changed), "took", took)
 	s.mu.Lock()
 	s.lastOK, s.lastErr = s.now(), nil
-	s.updated(taken)
 	s.mu.Unlock()
+	// Not under s.mu: Progress.State holds Progress's lock while it asks
+	// health, which takes s.mu (a /healthz during this call deadlocked
+	// proxyd).
+	s.updated(taken)
 	if full {
 		s.forceFull = false
 		s.lastFull = began
