@@ -16,7 +16,7 @@ FUZZTIME ?= 20s
 
 BINARIES := bin/podnet bin/loopback bin/portmap bin/proxyd bin/dnsd bin/podnet-lab
 
-.PHONY: all build deps test demo demo-down bench bench-table soak lint generate clean apiserver image kube-node nft conformance conformance-dualstack conformance-policy flannel migrate dns-lab
+.PHONY: all build deps test demo demo-down bench bench-table soak lint generate clean apiserver image kube-node nft conformance conformance-modes conformance-dualstack conformance-policy flannel migrate dns-lab
 
 all: build
 
@@ -217,6 +217,14 @@ conformance: deps build apiserver image kube-node $(E2E_TEST) $(AGNHOST) $(KUBE_
 	PODNET_CONFORMANCE_ONE_LAB=$(CONFORMANCE_ONE_LAB) PODNET_CONFORMANCE_LABS='$(CONFORMANCE_LABS)' \
 	PODNET_KUBE_PROXY=$(KUBE_PROXY) PODNET_COREDNS=$(COREDNS) PODNET_KUBE_NETWORK_POLICIES=$(KUBE_NETWORK_POLICIES) \
 		$(GO) test -tags conformance -count=1 -timeout $(CONFORMANCE_TIMEOUT) -v -run '^($(CONFORMANCE_TESTS))$$' ./e2e/
+
+# make conformance's [Conformance] specs on podnet's other two proxy modes,
+# deploy/ebpf and deploy/nftables, side by side (the iptables mode and the
+# baseline are make conformance's own labs): make conformance split in
+# parts that each stay under an hour.
+conformance-modes:
+	$(MAKE) conformance CONFORMANCE_LABS='podnet-ebpf podnet-nftables' \
+		CONFORMANCE_TESTS='TestAgnhostStandInRunsTheFrameworksCommands|TestConformance'
 
 # make conformance on the dual-stack labs (e2e/conformance_dualstack_test.go):
 # TestRealNodesDualStack, then e2e.test's [Feature:IPv6DualStack] specs on
