@@ -127,47 +127,43 @@ func (p *kernelProbe) LegacyNATEntries() (int, error) {
 
 // NFTChains counts the chains of the nftables table family/name.
 func (p *kernelProbe) NFTChains(family nftables.TableFamily, table string) (int, error) {
-	c, err := nftables.New(nftables.WithNetNSFd(int(p.ns.Fd())))
-	if err != nil {
-		return 0, err
-	}
-	defer c.CloseLasting()
-	chains, err := c.ListChainsOfTableFamily(family)
-	if err != nil {
-		return 0, err
-	}
 	n := 0
-	for _, ch := range chains {
-		if ch.Table.Name == table {
-			n++
-		}
-	}
-	return n, nil
+	err := p.eachNFTChain(family, table, func(*nftables.Conn, *nftables.Chain) error { n++; return nil })
+	return n, err
 }
 
 // NFTRules counts the rules of the nftables table family/name.
 func (p *kernelProbe) NFTRules(family nftables.TableFamily, table string) (int, error) {
+	n := 0
+	err := p.eachNFTChain(family, table, func(c *nftables.Conn, ch *nftables.Chain) error {
+		rules, err := c.GetRules(ch.Table, ch)
+		n += len(rules)
+		return err
+	})
+	return n, err
+}
+
+// eachNFTChain calls fn with each chain of the nftables table family/name,
+// over one netlink connection in the probe's namespace.
+func (p *kernelProbe) eachNFTChain(family nftables.TableFamily, table string, fn func(*nftables.Conn, *nftables.Chain) error) error {
 	c, err := nftables.New(nftables.WithNetNSFd(int(p.ns.Fd())))
 	if err != nil {
-		return 0, err
+		return err
 	}
 	defer c.CloseLasting()
 	chains, err := c.ListChainsOfTableFamily(family)
 	if err != nil {
-		return 0, err
+		return err
 	}
-	n := 0
 	for _, ch := range chains {
 		if ch.Table.Name != table {
 			continue
 		}
-		rules, err := c.GetRules(ch.Table, ch)
-		if err != nil {
-			return 0, err
+		if err := fn(c, ch); err != nil {
+			return err
 		}
-		n += len(rules)
 	}
-	return n, nil
+	return nil
 }
 
 // ebpfFrontends counts the frontends of the Service maps pinned in pinDir.
