@@ -528,7 +528,7 @@ func TestRoutingAuto(t *testing.T) {
 		for _, name := range []string{"node1", "node2", "node4"} {
 			c.waitHealthy(c.lab.Node(name))
 			// A restart finds everything right and changes nothing.
-			if out := c.proxyd[name].Output(); strings.Contains(out, "node network changed") || strings.Contains(out, "iptables chains written") {
+			if out := c.proxyd[name].Output(); strings.Contains(out, "node network changed") || strings.Contains(out, "node firewall written") {
 				t.Errorf("%s: restarted proxyd changed the kernel state:\n%s", name, out)
 			}
 		}

@@ -572,8 +572,9 @@ func (n *Network) families() []ipfamily.Family {
 	return out
 }
 
-// ensureHost makes sure of the sysctls and podnet's iptables chains of
-// each family.
+// ensureHost makes sure of the sysctls and the node firewall of each
+// family (podnet's iptables chains, or the rules of the mode that brings
+// its own).
 func (n *Network) ensureHost() error {
 	var errs []error
 	if err := hostnet.EnsureSysctls(n.sysctl, n.mod, n.families()...); err != nil {
@@ -581,9 +582,9 @@ func (n *Network) ensureHost() error {
 	}
 	for _, fm := range n.fams {
 		if changed, err := fm.firewall.Ensure(hostnet.Rules{ClusterCIDR: fm.cluster, Masquerade: n.o.Masquerade && !n.o.NoPodNetwork, ServiceHooks: n.hooks}); err != nil {
-			errs = append(errs, fmt.Errorf("%v iptables: %w", fm.f, err))
+			errs = append(errs, fmt.Errorf("%v node firewall: %w", fm.f, err))
 		} else if changed {
-			n.log.Info("iptables chains written", "family", fm.f, "chains", []string{hostnet.ChainPostrouting, hostnet.ChainForward})
+			n.log.Info("node firewall written", "family", fm.f)
 		}
 	}
 	return errors.Join(errs...)
