@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -93,9 +94,9 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // tableElems counts the elements the applied program put in sets.
 func tableElems(t *Table) int {
 	n := 0
-	for _, inst := range t.applied {
-		for _, sc := range t.instanceSets(inst.id, inst.prog) {
-			n += len(sc.elems)
+	for name, elems := range tableSets(t) {
+		if !strings.HasPrefix(name, "iso-") {
+			n += len(elems)
 		}
 	}
 	return n

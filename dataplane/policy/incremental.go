@@ -31,9 +31,10 @@ type Compiler struct {
 // then on: change it only through the Compiler.
 func NewCompiler(m *Model, local func(*cluster.Pod) bool) *Compiler {
 	c := &Compiler{m: m, local: local, progs: make(map[cluster.Key]*PolicyProgram)}
+	res := m.newResolver()
 	for _, l := range m.policies {
 		for _, np := range l {
-			if pp := m.compilePolicy(np, local); pp != nil {
+			if pp := res.compilePolicy(np, local); pp != nil {
 				c.progs[np.Key()] = pp
 			}
 		}
@@ -137,6 +138,7 @@ func (c *Compiler) refresh(addrs []netip.Addr) {
 		return
 	}
 	addrs = slices.Compact(sortAddrs(addrs))
+	peers := make(map[string]splicedPeers)
 	for _, l := range c.m.policies {
 		for _, np := range l {
 			k := np.Key()
@@ -148,7 +150,7 @@ func (c *Compiler) refresh(addrs []netip.Addr) {
 			case old != nil && !np.Ingress && !np.Egress:
 				c.set(k, c.m.compilePolicy(np, c.local))
 			case old != nil:
-				c.set(k, c.m.refreshPolicy(old, np, addrs, c.local))
+				c.set(k, c.m.refreshPolicy(old, np, addrs, c.local, peers))
 			}
 		}
 	}
@@ -165,7 +167,9 @@ func (c *Compiler) selectsAt(np *cluster.NetworkPolicy, addrs []netip.Addr) bool
 // refreshPolicy is old brought up to date at addrs: old itself when nothing
 // changed there, nil when the policy selects no local pod any more, else a
 // copy with new slices where they changed.
-func (m *Model) refreshPolicy(old *PolicyProgram, np *cluster.NetworkPolicy, addrs []netip.Addr, local func(*cluster.Pod) bool) *PolicyProgram {
+// peers holds the pod peers already brought up to date in this refresh, by
+// PeerKey: rules with one key hold the same peers.
+func (m *Model) refreshPolicy(old *PolicyProgram, np *cluster.NetworkPolicy, addrs []netip.Addr, local func(*cluster.Pod) bool, peers map[string]splicedPeers) *PolicyProgram {
 	d0 := Ingress
 	if !old.Dir[Ingress].Applies {
 		d0 = Egress
@@ -197,7 +201,7 @@ func (m *Model) refreshPolicy(old *PolicyProgram, np *cluster.NetworkPolicy, add
 			cow().Dir[d].Selected = selected
 		}
 		for i, r := range rules(np, Direction(d)) {
-			if nr, changed := m.refreshRule(dir.Rules[i], np, r, Direction(d), selected, addrs); changed {
+			if nr, changed := m.refreshRule(dir.Rules[i], np, r, Direction(d), selected, addrs, peers); changed {
 				cow().Dir[d].Rules[i] = nr
 			}
 		}
@@ -210,13 +214,18 @@ func (m *Model) refreshPolicy(old *PolicyProgram, np *cluster.NetworkPolicy, add
 
 // refreshRule is one rule brought up to date at addrs (selected being the
 // policy's new selection), and whether it changed.
-func (m *Model) refreshRule(old RuleProgram, np *cluster.NetworkPolicy, r cluster.PolicyRule, d Direction, selected, addrs []netip.Addr) (RuleProgram, bool) {
+func (m *Model) refreshRule(old RuleProgram, np *cluster.NetworkPolicy, r cluster.PolicyRule, d Direction, selected, addrs []netip.Addr, peers map[string]splicedPeers) (RuleProgram, bool) {
 	rp, changed := old, false
 	if rp.HasPodPeers {
-		rp.Pods, changed = spliceAddrs(old.Pods, addrs, func(a netip.Addr) bool {
-			p := m.pods[a]
-			return p != nil && m.podPeer(np, r, a, p)
-		})
+		sp, done := peers[rp.PeerKey]
+		if !done {
+			sp.pods, sp.changed = spliceAddrs(old.Pods, addrs, func(a netip.Addr) bool {
+				p := m.pods[a]
+				return p != nil && m.podPeer(np, r, a, p)
+			})
+			peers[rp.PeerKey] = sp
+		}
+		rp.Pods, changed = sp.pods, sp.changed
 	}
 	if !rp.HasNamed {
 		return rp, changed
@@ -245,6 +254,13 @@ func (m *Model) refreshRule(old RuleProgram, np *cluster.NetworkPolicy, r cluste
 	rp.Named = append(rp.Named, named...)
 	slices.SortFunc(rp.Named, compareNamed)
 	return rp, true
+}
+
+// splicedPeers is one PeerKey's pods after a refresh, and whether they
+// changed.
+type splicedPeers struct {
+	pods    []netip.Addr
+	changed bool
 }
 
 // spliceAddrs is sorted s with each of addrs (sorted, distinct) in it when

@@ -50,8 +50,10 @@ type Table struct {
 	opts  Options
 	table *nftables.Table
 
-	applied map[cluster.Key]*instance
-	nextID  int
+	applied  map[cluster.Key]*instance
+	nextID   int
+	peers    map[string]*peerSet // by PeerKey
+	nextPeer int
 }
 
 // instance is one shape of one policy in the kernel: its chains, sets and
@@ -100,6 +102,7 @@ func (t *Table) full(prog *Program) error {
 	c.AddTable(t.table)
 	t.skeleton()
 	t.applied = make(map[cluster.Key]*instance)
+	t.peers = make(map[string]*peerSet)
 	for _, pp := range prog.Policies {
 		t.addCounters(pp.Key)
 		if err := t.addInstance(pp); err != nil {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"net/netip"
+	"slices"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -29,8 +31,9 @@ func setName(id int, d Direction, rule int, what string, f ipfamily.Family) stri
 }
 
 // instanceSets are the sets of one policy instance: per direction and family
-// the selected pods, and per rule the peer pods, the ipBlocks (an interval
-// set) and the named ports (address . protocol . port).
+// the selected pods, and per rule the ipBlocks (an interval set) and the
+// named ports (address . protocol . port). The rules' peer pods are in
+// shared sets (peerSets).
 func (t *Table) instanceSets(id int, pp *PolicyProgram) []setContent {
 	var out []setContent
 	for d, dir := range pp.Dir {
@@ -40,9 +43,6 @@ func (t *Table) instanceSets(id int, pp *PolicyProgram) []setContent {
 		for _, f := range t.opts.Families {
 			out = append(out, setContent{set: t.addrSet(setName(id, Direction(d), -1, "sel", f), f, false), elems: addrElems(f, dir.Selected)})
 			for i, r := range dir.Rules {
-				if r.HasPodPeers {
-					out = append(out, setContent{set: t.addrSet(setName(id, Direction(d), i, "pods", f), f, false), elems: addrElems(f, r.Pods)})
-				}
 				if blocks := rangeElems(f, r.Blocks); len(blocks) > 0 {
 					out = append(out, setContent{set: t.addrSet(setName(id, Direction(d), i, "blocks", f), f, true), elems: blocks, fixed: true})
 				}
@@ -112,6 +112,9 @@ func protoNumber(p cluster.Protocol) byte {
 func (t *Table) addInstance(pp *PolicyProgram) error {
 	id := t.nextID
 	t.nextID++
+	if err := t.holdPeers(pp); err != nil {
+		return err
+	}
 	for _, sc := range t.instanceSets(id, pp) {
 		// The elements go in messages of their own: AddSet would put
 		// them all in one attribute, which wraps past 64 KiB.
@@ -158,7 +161,7 @@ func (t *Table) ruleMatches(id int, d Direction, i int, r RuleProgram, f ipfamil
 		peers = append(peers, nfproto(f))
 	}
 	if r.HasPodPeers {
-		peers = append(peers, matchAddr(f, peerIsSrc, t.addrSet(setName(id, d, i, "pods", f), f, false)))
+		peers = append(peers, matchAddr(f, peerIsSrc, t.addrSet(peerSetName(t.peers[r.PeerKey].id, f), f, false)))
 	}
 	if len(rangeElems(f, r.Blocks)) > 0 {
 		peers = append(peers, matchAddr(f, peerIsSrc, t.addrSet(setName(id, d, i, "blocks", f), f, true)))
@@ -208,6 +211,97 @@ func (t *Table) removeInstance(inst *instance) error {
 	for _, sc := range t.instanceSets(inst.id, inst.prog) {
 		t.conn.DelSet(sc.set)
 	}
+	t.releasePeers(inst.prog)
+	return nil
+}
+
+// peerSet is a set of pod peers' addresses (both families) shared by every
+// rule with one PeerKey: in the benchmark's world 900 ingress rules take the
+// web tier of one of 10 teams, 250 pods each, and written once per rule they
+// were 450,000 of the table's 527,196 elements.
+type peerSet struct {
+	id    int
+	refs  int // rules holding it
+	addrs []netip.Addr
+}
+
+func peerSetName(id int, f ipfamily.Family) string {
+	return fmt.Sprintf("peers%d-%s", id, famSuffix(f))
+}
+
+// holdPeers makes the peer sets of pp's rules exist, adding those that do
+// not with the rules' addresses.
+func (t *Table) holdPeers(pp *PolicyProgram) error {
+	for _, dir := range pp.Dir {
+		for _, r := range dir.Rules {
+			if !dir.Applies || !r.HasPodPeers {
+				continue
+			}
+			if ps := t.peers[r.PeerKey]; ps != nil {
+				ps.refs++
+				continue
+			}
+			ps := &peerSet{id: t.nextPeer, refs: 1, addrs: r.Pods}
+			t.nextPeer++
+			t.peers[r.PeerKey] = ps
+			for _, f := range t.opts.Families {
+				set := t.addrSet(peerSetName(ps.id, f), f, false)
+				if err := t.conn.AddSet(set, nil); err != nil {
+					return fmt.Errorf("add set %s: %w", set.Name, err)
+				}
+				if err := nftmsg.AddElements(t.conn, set, addrElems(f, r.Pods)); err != nil {
+					return fmt.Errorf("add elements to set %s: %w", set.Name, err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// releasePeers lets go of pp's peer sets, deleting those no rule holds any
+// more (after the rules that referred to them, in the same transaction).
+func (t *Table) releasePeers(pp *PolicyProgram) {
+	for _, dir := range pp.Dir {
+		for _, r := range dir.Rules {
+			if !dir.Applies || !r.HasPodPeers {
+				continue
+			}
+			ps := t.peers[r.PeerKey]
+			if ps.refs--; ps.refs > 0 {
+				continue
+			}
+			for _, f := range t.opts.Families {
+				t.conn.DelSet(t.addrSet(peerSetName(ps.id, f), f, false))
+			}
+			delete(t.peers, r.PeerKey)
+		}
+	}
+}
+
+// updatePeers writes the element differences of the peer sets prog's rules
+// hold, once per set.
+func (t *Table) updatePeers(prog *Program) error {
+	done := make(map[string]bool)
+	for _, pp := range prog.Policies {
+		for _, dir := range pp.Dir {
+			for _, r := range dir.Rules {
+				ps := t.peers[r.PeerKey]
+				if !dir.Applies || !r.HasPodPeers || ps == nil || done[r.PeerKey] {
+					continue
+				}
+				done[r.PeerKey] = true
+				if slices.Equal(ps.addrs, r.Pods) {
+					continue
+				}
+				for _, f := range t.opts.Families {
+					if err := t.writeDiff(t.addrSet(peerSetName(ps.id, f), f, false), addrElems(f, ps.addrs), addrElems(f, r.Pods)); err != nil {
+						return err
+					}
+				}
+				ps.addrs = r.Pods
+			}
+		}
+	}
 	return nil
 }
 
@@ -216,6 +310,9 @@ func (t *Table) incremental(prog *Program) error {
 	old := &Program{}
 	for _, inst := range t.applied {
 		old.Policies = append(old.Policies, inst.prog)
+	}
+	if err := t.updatePeers(prog); err != nil {
+		return err
 	}
 	seen := make(map[cluster.Key]bool)
 	for _, pp := range prog.Policies {

@@ -103,19 +103,7 @@ func scaleNamespaces() []*cluster.Namespace {
 // sets, with the kernel's.
 func kernelHolds(t *testing.T, step string, conn *nftables.Conn, tbl *Table) {
 	t.Helper()
-	want := map[string][]nftables.SetElement{}
-	var all []*PolicyProgram
-	for _, inst := range tbl.applied {
-		all = append(all, inst.prog)
-		for _, sc := range tbl.instanceSets(inst.id, inst.prog) {
-			want[sc.set.Name] = sc.elems
-		}
-	}
-	for d := range dirNames {
-		for _, f := range tbl.opts.Families {
-			want[isoSet(Direction(d), f)] = addrElems(f, isolated(&Program{Policies: all}, Direction(d)))
-		}
-	}
+	want := tableSets(tbl)
 	big := 0
 	for name, elems := range want {
 		got, err := conn.GetSetElements(&nftables.Set{Table: tbl.table, Name: name})
@@ -132,6 +120,30 @@ func kernelHolds(t *testing.T, step string, conn *nftables.Conn, tbl *Table) {
 	if big == 0 {
 		t.Fatalf("%s: no set of 5,000 elements or more: the test proves nothing", step)
 	}
+}
+
+// tableSets is every set of the applied program and what it should hold:
+// the policies' own, the shared peer sets and the isolated sets.
+func tableSets(tbl *Table) map[string][]nftables.SetElement {
+	want := map[string][]nftables.SetElement{}
+	var all []*PolicyProgram
+	for _, inst := range tbl.applied {
+		all = append(all, inst.prog)
+		for _, sc := range tbl.instanceSets(inst.id, inst.prog) {
+			want[sc.set.Name] = sc.elems
+		}
+	}
+	for _, ps := range tbl.peers {
+		for _, f := range tbl.opts.Families {
+			want[peerSetName(ps.id, f)] = addrElems(f, ps.addrs)
+		}
+	}
+	for d := range dirNames {
+		for _, f := range tbl.opts.Families {
+			want[isoSet(Direction(d), f)] = addrElems(f, isolated(&Program{Policies: all}, Direction(d)))
+		}
+	}
+	return want
 }
 
 func elemKeys(es []nftables.SetElement) []string {
