@@ -205,15 +205,21 @@ func benchBareVeth(b *testing.B) (benchStart, benchExec) {
 		run("ip", "-n", n, "link", "set", "lo", "up")
 		run("ip", "-n", n, "link", "set", "eth0", "up")
 	}
-	server := func(args ...string) (func(), error) {
-		cmd := exec.Command("ip", append([]string{"netns", "exec", z}, args...)...)
+	return netnsPair(z, a)
+}
+
+// netnsPair starts servers in the named network namespace server and runs
+// clients in client.
+func netnsPair(server, client string) (benchStart, benchExec) {
+	start := func(args ...string) (func(), error) {
+		cmd := exec.Command("ip", append([]string{"netns", "exec", server}, args...)...)
 		if err := cmd.Start(); err != nil {
 			return nil, err
 		}
 		return func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }, nil
 	}
-	return server, func(ctx context.Context, args ...string) (string, error) {
-		out, err := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", a}, args...)...).CombinedOutput()
+	return start, func(ctx context.Context, args ...string) (string, error) {
+		out, err := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", client}, args...)...).CombinedOutput()
 		return string(out), err
 	}
 }

@@ -7,12 +7,20 @@
 # BRNF=1 adds what a podnet node has on the way: br_netfilter's hooks on
 # (bridge-nf-call-iptables and -ip6tables) and a MASQUERADE rule per family
 # (conntrack). ROUNDS (7) and SECS (5) set the runs. Needs root and iperf3;
-# everything lives in namespaces named v6bk-*, removed at exit.
+# everything lives in namespaces named $PREFIX-* (v6bk-*), removed at exit.
+# "up" only builds the path and leaves it (the server pod is $PREFIX-pod2
+# at 10.1.2.2 and fd00:1:2::2, the client $PREFIX-pod1; BenchmarkPodThroughputFamilies
+# measures it beside podnet's host-gw); "down" removes it.
 set -e
-P=v6bk
+P=${PREFIX:-v6bk}
 ROUNDS=${ROUNDS:-7}; SECS=${SECS:-5}
 cleanup() { for n in pod1 node1 ul node2 pod2; do ip netns del $P-$n 2>/dev/null || true; done; }
-trap cleanup EXIT
+case "${1:-}" in
+  down) cleanup; exit 0 ;;
+  up) ;;
+  "") trap cleanup EXIT ;;
+  *) echo "usage: $0 [up|down]" >&2; exit 2 ;;
+esac
 cleanup
 for n in pod1 node1 ul node2 pod2; do ip netns add $P-$n; ip -n $P-$n link set lo up; done
 ip -n $P-ul link add br0 type bridge; ip -n $P-ul link set br0 up
@@ -38,6 +46,7 @@ ip -n $P-node1 route add 10.1.2.0/24 via 192.168.50.12; ip -n $P-node1 -6 route 
 ip -n $P-node2 route add 10.1.1.0/24 via 192.168.50.11; ip -n $P-node2 -6 route add fd00:1:1::/64 via fd00:50::11
 sleep 1
 for a in 10.1.2.2 fd00:1:2::2; do for t in $(seq 50); do r=0; ip netns exec $P-pod1 timeout 1 bash -c "echo >/dev/tcp/$a/9" 2>/dev/null || r=$?; [ $r = 1 ] && break; sleep 0.1; done; done
+[ "${1:-}" = up ] && exit 0
 run() { ip netns exec $P-pod2 iperf3 -s -1 -p 5202 >/dev/null 2>&1 & sleep 0.3; ip netns exec $P-pod1 iperf3 -c $1 -p 5202 -t $SECS -J | python3 -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9))'; wait; }
 echo "load $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq $ROUNDS); do
