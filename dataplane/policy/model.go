@@ -16,11 +16,15 @@
 //
 // Policy state is data. Model evaluates the API's semantics over Pods,
 // Namespaces and NetworkPolicies; Compile turns them into a Program: per
-// policy, a set of the local pods it selects, per rule a set of the peers'
-// addresses (pod IPs and ipBlocks, as intervals) and a set of
-// (address, protocol, port) for named ports. Rules exist per policy rule and
-// port entry, never per pod pair, so a pod appearing or a label change is an
-// element update.
+// policy, the local pods it selects, per rule its peers' addresses (pod IPs
+// and ipBlocks, as intervals) and (address, protocol, port) for named
+// ports. The Table writes them as elements: a verdict map per direction and
+// family from a selected pod's address to the chain of the policies that
+// select it, shared sets of peers (one per distinct peer selector) and of
+// named ports, an interval set per ipBlock rule. Rules exist per policy rule
+// and port entry, never per pod pair, so a pod appearing or a label change
+// is an element update, and a first packet meets the rules of its own
+// policies, not of every policy on the node.
 package policy
 
 import (

@@ -3,7 +3,6 @@ package policy
 import (
 	"fmt"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -54,14 +53,24 @@ type Table struct {
 	nextID   int
 	peers    map[string]*peerSet // by PeerKey
 	nextPeer int
+	// nextNamed numbers the rules' named ports in the named sets (from
+	// 1, 0 meaning none).
+	nextNamed uint32
+	// groups are the group chains per direction, by groupKey; addrGroup
+	// the group each selected address is sent to.
+	groups    [2]map[string]*group
+	addrGroup [2]map[netip.Addr]*group
+	nextGroup int
 }
 
-// instance is one shape of one policy in the kernel: its chains, sets and
-// rules carry the id, so a new shape is added beside the old before the old
-// is removed.
+// instance is one shape of one policy in the kernel: its chains and sets
+// carry the id, so a new shape is added beside the old before the old is
+// removed.
 type instance struct {
 	id   int
 	prog *PolicyProgram
+	// named are each rule's id in the named ports sets, per direction.
+	named [2][]uint32
 }
 
 // NewTable returns a Table writing through conn.
@@ -78,7 +87,7 @@ func (t *Table) Apply(prog *Program) error {
 	if t.applied == nil {
 		err = t.full(prog)
 	} else {
-		err = t.incremental(prog)
+		err = t.sync(prog)
 	}
 	if err != nil {
 		t.applied = nil
@@ -95,24 +104,24 @@ func (t *Table) Remove() error {
 	return t.conn.Flush()
 }
 
+// full rebuilds the table in one transaction: the old one is deleted and
+// a new one written from nothing.
 func (t *Table) full(prog *Program) error {
 	c := t.conn
 	c.AddTable(t.table)
 	c.DelTable(t.table)
 	c.AddTable(t.table)
-	t.skeleton()
-	t.applied = make(map[cluster.Key]*instance)
-	t.peers = make(map[string]*peerSet)
-	for _, pp := range prog.Policies {
-		t.addCounters(pp.Key)
-		if err := t.addInstance(pp); err != nil {
-			return err
-		}
-	}
-	if err := t.setIsolated(nil, prog); err != nil {
+	if err := t.skeleton(); err != nil {
 		return err
 	}
-	return c.Flush()
+	t.applied = make(map[cluster.Key]*instance)
+	t.peers = make(map[string]*peerSet)
+	t.nextNamed = 1
+	for d := range dirNames {
+		t.groups[d] = make(map[string]*group)
+		t.addrGroup[d] = make(map[netip.Addr]*group)
+	}
+	return t.sync(prog)
 }
 
 // Directions' names in the table.
@@ -122,22 +131,29 @@ func (t *Table) chain(name string) *nftables.Chain {
 	return &nftables.Chain{Name: name, Table: t.table}
 }
 
-// skeleton adds the base chains and the fixed chains and sets:
+// skeleton adds the base chains, the drop chains and the shared sets:
 //
 //	in (forward hook):  ct state established,related accept
 //	                    icmpv6 type 133-137 accept
-//	                    <family> daddr @iso-in-<f> jump in-check
-//	in-check:           jump in-allow; jump in-deny
-//	                    limit rate <LogRate>/second log group <LogGroup> prefix "in"
+//	                    ip daddr vmap @in-pods-4
+//	                    ip6 daddr vmap @in-pods-6
+//	in-drop:            limit rate <LogRate>/second log group <LogGroup> prefix "in"
 //	                    drop
-//	in-allow:           per policy: <family> daddr @<id>-in-sel-<f> jump <id>-in
-//	in-deny:            per policy: <family> daddr @<id>-in-sel-<f> counter name "<ns>/<name>/dropped"
+//	g<n>-in (a group):  jump p<a>-in; jump p<b>-in (each policy selecting its pods, with rules)
+//	                    counter name "<a's ns>/<name>/dropped" counter name ... jump in-drop
+//	p<a>-in:            per rule: <peer match> <port match> counter name "<ns>/<name>/allowed" accept
 //
-// and the same with saddr for eg. in-deny only counts, for every policy
-// that selected the pod, and returns: the drop is in-check's last rule,
-// after the log. A <id>-in rule that matches counts its policy's allowed
-// counter and accepts.
-func (t *Table) skeleton() {
+// and the same with saddr for eg. An address in no verdict map is in no
+// policy's selection: not isolated, its packets pass. A policy chain's
+// accept ends the base chain; the drop is final.
+func (t *Table) skeleton() error {
+	for _, f := range t.opts.Families {
+		for _, set := range []*nftables.Set{t.peersSet(f), t.namedSet(f)} {
+			if err := t.conn.AddSet(set, nil); err != nil {
+				return fmt.Errorf("add set %s: %w", set.Name, err)
+			}
+		}
+	}
 	for d, name := range dirNames {
 		prio := nftables.ChainPriority(ingressPriority)
 		if Direction(d) == Egress {
@@ -146,25 +162,22 @@ func (t *Table) skeleton() {
 		accept := nftables.ChainPolicyAccept
 		base := t.conn.AddChain(&nftables.Chain{Name: name, Table: t.table, Type: nftables.ChainTypeFilter,
 			Hooknum: nftables.ChainHookForward, Priority: &prio, Policy: &accept})
-		check := t.conn.AddChain(t.chain(name + "-check"))
-		t.conn.AddChain(t.chain(name + "-allow"))
-		t.conn.AddChain(t.chain(name + "-deny"))
+		drop := t.conn.AddChain(t.chain(name + "-drop"))
 		t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: base, Exprs: ctEstablished()})
 		t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: base, Exprs: neighbourDiscovery()})
 		for _, f := range t.opts.Families {
-			set := &nftables.Set{Table: t.table, Name: isoSet(Direction(d), f), KeyType: addrType(f)}
-			_ = t.conn.AddSet(set, nil)
-			t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: base,
-				Exprs: concat(matchAddr(f, Direction(d) == Egress, set), jump(check.Name))})
+			if err := t.conn.AddSet(t.vmap(Direction(d), f), nil); err != nil {
+				return fmt.Errorf("add map %s: %w", vmapName(Direction(d), f), err)
+			}
+			t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: base, Exprs: vmapAddr(f, Direction(d) == Egress, vmapName(Direction(d), f))})
 		}
-		t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: check, Exprs: jump(name + "-allow")})
-		t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: check, Exprs: jump(name + "-deny")})
-		t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: check, Exprs: []expr.Any{
+		t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: drop, Exprs: []expr.Any{
 			&expr.Limit{Type: expr.LimitTypePkts, Rate: t.opts.LogRate, Unit: expr.LimitTimeSecond, Burst: uint32(t.opts.LogRate)},
 			&expr.Log{Key: 1<<unix.NFTA_LOG_GROUP | 1<<unix.NFTA_LOG_PREFIX, Group: t.opts.LogGroup, Data: []byte(name)},
 		}})
-		t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: check, Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}})
+		t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: drop, Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}})
 	}
+	return nil
 }
 
 // neighbourDiscovery accepts IPv6 neighbour and router discovery (ICMPv6
@@ -181,10 +194,6 @@ func neighbourDiscovery() []expr.Any {
 		&expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: []byte{133}, ToData: []byte{137}},
 		&expr.Verdict{Kind: expr.VerdictAccept},
 	})
-}
-
-func isoSet(d Direction, f ipfamily.Family) string {
-	return "iso-" + dirNames[d] + "-" + famSuffix(f)
 }
 
 func famSuffix(f ipfamily.Family) string {
@@ -211,34 +220,6 @@ func (t *Table) delCounters(k cluster.Key) {
 	for _, n := range []string{a, d} {
 		t.conn.DeleteObject(&nftables.NamedObj{Table: t.table, Name: n, Type: nftables.ObjTypeCounter, Obj: &expr.Counter{}})
 	}
-}
-
-// setIsolated writes the difference between the pods isolated by old and by
-// new (old nil: none).
-func (t *Table) setIsolated(old, new *Program) error {
-	for d := range dirNames {
-		was, is := isolated(old, Direction(d)), isolated(new, Direction(d))
-		for _, f := range t.opts.Families {
-			set := &nftables.Set{Table: t.table, Name: isoSet(Direction(d), f), KeyType: addrType(f)}
-			if err := t.writeDiff(set, addrElems(f, was), addrElems(f, is)); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-func isolated(prog *Program, d Direction) []netip.Addr {
-	if prog == nil {
-		return nil
-	}
-	var out []netip.Addr
-	for _, pp := range prog.Policies {
-		if pp.Dir[d].Applies {
-			out = append(out, pp.Dir[d].Selected...)
-		}
-	}
-	return slices.Compact(sortAddrs(out))
 }
 
 // writeDiff deletes what is in was and not in is, then adds the rest.
@@ -273,16 +254,6 @@ func addrType(f ipfamily.Family) nftables.SetDatatype {
 		return nftables.TypeIP6Addr
 	}
 	return nftables.TypeIPAddr
-}
-
-func addrElems(f ipfamily.Family, as []netip.Addr) []nftables.SetElement {
-	var out []nftables.SetElement
-	for _, a := range as {
-		if f.Has(a) {
-			out = append(out, nftables.SetElement{Key: a.AsSlice()})
-		}
-	}
-	return out
 }
 
 func idName(id int) string { return "p" + strconv.Itoa(id) }

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"strings"
@@ -8,6 +9,9 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/podnet/podnet/dataplane/cluster"
 	"github.com/podnet/podnet/dataplane/cluster/convert"
@@ -105,8 +109,19 @@ func kernelHolds(t *testing.T, step string, conn *nftables.Conn, tbl *Table) {
 	t.Helper()
 	want := tableSets(tbl)
 	big := 0
+	sets, err := conn.GetSets(tbl.table)
+	if err != nil {
+		t.Fatalf("%s: list sets: %v", step, err)
+	}
+	if len(sets) != len(want) {
+		t.Errorf("%s: the table has %d sets, want %d", step, len(sets), len(want))
+	}
 	for name, elems := range want {
-		got, err := conn.GetSetElements(&nftables.Set{Table: tbl.table, Name: name})
+		i := slices.IndexFunc(sets, func(s *nftables.Set) bool { return s.Name == name })
+		if i < 0 {
+			t.Fatalf("%s: no set %s", step, name)
+		}
+		got, err := conn.GetSetElements(sets[i])
 		if err != nil {
 			t.Fatalf("%s: read set %s: %v", step, name, err)
 		}
@@ -123,24 +138,39 @@ func kernelHolds(t *testing.T, step string, conn *nftables.Conn, tbl *Table) {
 }
 
 // tableSets is every set of the applied program and what it should hold:
-// the policies' own, the shared peer sets and the isolated sets.
+// the shared peers and named ports, the ipBlocks and the verdict maps.
 func tableSets(tbl *Table) map[string][]nftables.SetElement {
 	want := map[string][]nftables.SetElement{}
-	var all []*PolicyProgram
+	for _, f := range tbl.opts.Families {
+		want[peersSet(f)], want[namedSet(f)] = nil, nil
+		for _, ps := range tbl.peers {
+			want[peersSet(f)] = append(want[peersSet(f)], idElems(f, uint32(ps.id), ps.addrs)...)
+		}
+		for d := range dirNames {
+			want[vmapName(Direction(d), f)] = nil
+			for a, g := range tbl.addrGroup[d] {
+				if f.Has(a) {
+					want[vmapName(Direction(d), f)] = append(want[vmapName(Direction(d), f)], nftables.SetElement{Key: a.AsSlice(),
+						VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: g.chainName(Direction(d))}})
+				}
+			}
+		}
+	}
 	for _, inst := range tbl.applied {
-		all = append(all, inst.prog)
-		for _, sc := range tbl.instanceSets(inst.id, inst.prog) {
-			want[sc.set.Name] = sc.elems
-		}
-	}
-	for _, ps := range tbl.peers {
-		for _, f := range tbl.opts.Families {
-			want[peerSetName(ps.id, f)] = addrElems(f, ps.addrs)
-		}
-	}
-	for d := range dirNames {
-		for _, f := range tbl.opts.Families {
-			want[isoSet(Direction(d), f)] = addrElems(f, isolated(&Program{Policies: all}, Direction(d)))
+		for d, dir := range inst.prog.Dir {
+			for i, r := range dir.Rules {
+				for _, f := range tbl.opts.Families {
+					if !dir.Applies {
+						continue
+					}
+					if r.HasNamed {
+						want[namedSet(f)] = append(want[namedSet(f)], namedElems(f, inst.named[d][i], r.Named)...)
+					}
+					if blocks := rangeElems(f, r.Blocks); len(blocks) > 0 {
+						want[blocksSetName(inst.id, Direction(d), i, f)] = blocks
+					}
+				}
+			}
 		}
 	}
 	return want
@@ -149,10 +179,38 @@ func tableSets(tbl *Table) map[string][]nftables.SetElement {
 func elemKeys(es []nftables.SetElement) []string {
 	var out []string
 	for _, e := range es {
-		out = append(out, fmt.Sprintf("%x/%v", e.Key, e.IntervalEnd))
+		s := fmt.Sprintf("%x/%v", e.Key, e.IntervalEnd)
+		if v := elemVerdict(e); v != nil {
+			s += fmt.Sprintf("/%v %s", v.Kind, v.Chain)
+		}
+		out = append(out, s)
 	}
 	slices.Sort(out)
 	return out
+}
+
+// elemVerdict is a verdict map element's verdict: the one it was written
+// with, or the one read back (which the library leaves as the raw
+// NFTA_VERDICT_CODE and NFTA_VERDICT_CHAIN attributes in Val).
+func elemVerdict(e nftables.SetElement) *expr.Verdict {
+	if e.VerdictData != nil || len(e.Val) == 0 {
+		return e.VerdictData
+	}
+	ad, err := netlink.NewAttributeDecoder(e.Val)
+	if err != nil {
+		return &expr.Verdict{Chain: "undecodable: " + err.Error()}
+	}
+	ad.ByteOrder = binary.BigEndian
+	v := &expr.Verdict{}
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_VERDICT_CODE:
+			v.Kind = expr.VerdictKind(int32(ad.Uint32()))
+		case unix.NFTA_VERDICT_CHAIN:
+			v.Chain = ad.String()
+		}
+	}
+	return v
 }
 
 func firstDiff(got, want []string) string {
