@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"testing"
 	"time"
@@ -169,4 +170,59 @@ func TestControllerErrDoesNotWaitForACompile(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Err and Synced wait for the lock a compile holds")
 	}
+}
+
+// failingApplier fails while fail is set, and counts its calls.
+type failingApplier struct {
+	fakeApplier
+	fail  bool
+	calls int
+}
+
+func (f *failingApplier) Apply(p *Program) error {
+	f.calls++
+	if f.fail {
+		return errors.New("injected")
+	}
+	return nil
+}
+
+// TestControllerIdleSyncsWriteNothing: a sync that finds no change since a
+// successful one (the periodic ones) counts as a sync but compiles and
+// applies nothing; a change is applied; after a failed Apply the next sync
+// applies again even with no change.
+func TestControllerIdleSyncsWriteNothing(t *testing.T) {
+	pods, nss := fixture()
+	store := cluster.NewStore()
+	for _, o := range []cluster.Object{pods[0], pods[1], nss[0]} {
+		store.Upsert(o)
+	}
+	for _, np := range mustPolicies(t, `
+metadata: {namespace: a, name: web-in}
+spec: {podSelector: {matchLabels: {app: web}}, ingress: [{from: [{podSelector: {matchLabels: {app: db}}}]}]}`) {
+		store.Upsert(np)
+	}
+	f := &failingApplier{}
+	c := NewController(ControllerOptions{NodeName: "node1", Store: store, Table: f})
+	step := func(name string, wantErr bool, wantCalls int, wantSyncs uint64) {
+		t.Helper()
+		if err := c.sync(); (err != nil) != wantErr {
+			t.Errorf("%s: sync error %v, want an error: %v", name, err, wantErr)
+		}
+		if f.calls != wantCalls || c.Synced() != wantSyncs {
+			t.Errorf("%s: %d applies and %d syncs, want %d and %d", name, f.calls, c.Synced(), wantCalls, wantSyncs)
+		}
+	}
+	step("first sync", false, 1, 1)
+	step("idle sync", false, 1, 2)
+	step("another idle sync", false, 1, 3)
+	db := *pods[1]
+	db.Labels = map[string]string{"app": "other"}
+	store.Upsert(&db)
+	f.fail = true
+	step("a change, Apply failing", true, 2, 3)
+	step("no change after the failure", true, 3, 3)
+	f.fail = false
+	step("no change, Apply working again", false, 4, 4)
+	step("idle again", false, 4, 5)
 }

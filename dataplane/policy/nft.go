@@ -84,9 +84,11 @@ func NewTable(conn *nftables.Conn, o Options) *Table {
 // Apply makes the kernel hold prog.
 func (t *Table) Apply(prog *Program) error {
 	var err error
-	if t.applied == nil {
+	switch {
+	case t.applied == nil:
 		err = t.full(prog)
-	} else {
+	case t.holds(prog):
+	default:
 		err = t.sync(prog)
 	}
 	if err != nil {
@@ -94,6 +96,21 @@ func (t *Table) Apply(prog *Program) error {
 		return fmt.Errorf("program table %s: %w", TableName, err)
 	}
 	return nil
+}
+
+// holds says whether prog is the applied program, policy for policy (the
+// Compiler hands out the same PolicyProgram for a policy no change
+// touched): then there is nothing to write.
+func (t *Table) holds(prog *Program) bool {
+	if len(prog.Policies) != len(t.applied) {
+		return false
+	}
+	for _, pp := range prog.Policies {
+		if inst := t.applied[pp.Key]; inst == nil || inst.prog != pp {
+			return false
+		}
+	}
+	return true
 }
 
 // Remove deletes the table, if there is one.
