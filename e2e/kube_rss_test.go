@@ -40,10 +40,10 @@ func BenchmarkKubeSourceRSS(b *testing.B) {
 		b.Fatal(err)
 	}
 	start := time.Now()
-	if err := apiserver.CreateServices(b.Context(), admin, "rss", services, endpoints); err != nil {
+	if err := srv.SeedServices(b.Context(), admin, "rss", services, endpoints); err != nil {
 		b.Fatal(err)
 	}
-	b.Logf("created %d Services and EndpointSlices in %v", services, time.Since(start).Round(time.Second))
+	b.Logf("seeded %d Services and EndpointSlices in %v", services, time.Since(start).Round(time.Second))
 	kubeconfig := filepath.Join(cp.Dir, "rss.kubeconfig")
 	if err := srv.WriteKubeconfig(kubeconfig, apiserver.Admin, netipLoopback); err != nil {
 		b.Fatal(err)

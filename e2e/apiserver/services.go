@@ -49,17 +49,33 @@ func CreateServices(ctx context.Context, client kubernetes.Interface, ns string,
 }
 
 func createService(ctx context.Context, client kubernetes.Interface, ns string, i, m int) error {
+	svc := serviceObject(ns, i)
+	if _, err := client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create service %s: %w", svc.Name, err)
+	}
+	slice := sliceObject(ns, i, m)
+	if _, err := client.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create endpointslice %s: %w", slice.Name, err)
+	}
+	return nil
+}
+
+// serviceObject is the i-th Service as CreateServices sends it.
+func serviceObject(ns string, i int) *corev1.Service {
 	name := ServiceName(i)
-	svc := &corev1.Service{
+	return &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": name}},
 		Spec: corev1.ServiceSpec{
 			Selector: map[string]string{"app": name},
 			Ports:    []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}},
 		},
 	}
-	if _, err := client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create service %s: %w", name, err)
-	}
+}
+
+// sliceObject is the i-th Service's EndpointSlice of m ready endpoints as
+// CreateServices sends it.
+func sliceObject(ns string, i, m int) *discoveryv1.EndpointSlice {
+	name := ServiceName(i)
 	slice := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: name + "-abcde", Namespace: ns,
@@ -77,8 +93,5 @@ func createService(ctx context.Context, client kubernetes.Interface, ns string, 
 			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: fmt.Sprintf("%s-%d", name, j)},
 		})
 	}
-	if _, err := client.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create endpointslice %s: %w", slice.Name, err)
-	}
-	return nil
+	return slice
 }
