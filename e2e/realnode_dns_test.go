@@ -75,7 +75,10 @@ func TestRealNodesDNS(t *testing.T) {
 		name string
 		o    realClusterOptions
 	}{
-		{dnsPodnet, realClusterOptions{variant: mode}},
+		{dnsPodnet, realClusterOptions{variant: mode, install: func(ctx context.Context, c *realCluster, podnetTar string) {
+			c.applyPodnet(ctx, podnetTar, mode, "patches:\n"+dnsProxydDebug)
+			c.waitNetworkUp("podnet-dns")
+		}}},
 		{dnsBaseline, realClusterOptions{
 			extraImages: func(*realCluster) []string { return []string{corednsTar} },
 			users:       map[string]string{kubeProxyUser: "system:authenticated"},
@@ -120,6 +123,15 @@ func TestRealNodesDNS(t *testing.T) {
 	t.Logf("podnet's Service proxy in %s mode, the baseline's kube-proxy in iptables mode\n%s", cmp.Or(mode, "iptables"), dnsTable(results[dnsPodnet], results[dnsBaseline]))
 }
 
+// dnsProxydDebug is a kustomization patch that has proxyd log each sync
+// (--log-level=debug: when it ran, what changed, how long it took), for
+// the logs printed beside a lost lookup.
+const dnsProxydDebug = `  - target: {kind: DaemonSet, name: podnet-node}
+    patch: |-
+      - {op: test, path: /spec/template/spec/containers/0/name, value: proxyd}
+      - {op: add, path: /spec/template/spec/containers/0/command/-, value: "--log-level=debug"}
+`
+
 // closeOnce closes ch unless it is closed.
 func closeOnce(ch chan struct{}) {
 	select {
@@ -146,6 +158,77 @@ type dnsLab struct {
 	raceFor time.Duration
 	res     dnsLabResult
 	tl      timeline
+	// dnsLogs are the DNS pods' logs, followed from when their endpoint
+	// first appears (a drained pod's are gone once it is deleted).
+	dnsLogs podLogs
+}
+
+// podLogs collects the timestamped log lines of pods, followed.
+type podLogs struct {
+	mu       sync.Mutex
+	followed map[string]bool
+	lines    []loadEvent // "POD LINE" at the line's time
+}
+
+// follow streams pod's log into l until it ends (the container exits) or
+// ctx does; false if the stream could not start (try again later).
+func (l *podLogs) follow(ctx context.Context, c *realCluster, ns, pod string) bool {
+	l.mu.Lock()
+	if l.followed == nil {
+		l.followed = map[string]bool{}
+	}
+	done := l.followed[pod]
+	l.mu.Unlock()
+	if done {
+		return true
+	}
+	rc, err := c.admin.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{Follow: true, Timestamps: true}).Stream(ctx)
+	if err != nil {
+		return false
+	}
+	l.mu.Lock()
+	l.followed[pod] = true
+	l.mu.Unlock()
+	go func() {
+		defer rc.Close()
+		sc := bufio.NewScanner(rc)
+		for sc.Scan() {
+			ts, rest, _ := strings.Cut(sc.Text(), " ")
+			at, err := time.Parse(time.RFC3339Nano, ts)
+			if err != nil {
+				continue
+			}
+			l.mu.Lock()
+			l.lines = append(l.lines, loadEvent{at.UnixMilli(), pod + " " + rest})
+			l.mu.Unlock()
+		}
+	}()
+	return true
+}
+
+// around lists the lines within 10 s of ms, in time order.
+func (l *podLogs) around(ms int64) string {
+	l.mu.Lock()
+	evs := eventsIn(l.lines, ms-10000, ms+10000, 200)
+	l.mu.Unlock()
+	var b strings.Builder
+	for _, e := range evs {
+		fmt.Fprintf(&b, "  %s %s\n", time.UnixMilli(e.ms).UTC().Format("15:04:05.000"), e.line)
+	}
+	return b.String()
+}
+
+// logWindow keeps the lines of a log printed with --timestamps whose time
+// is within [from, to].
+func logWindow(text string, from, to time.Time) string {
+	var out []string
+	for _, line := range strings.Split(text, "\n") {
+		ts, _, _ := strings.Cut(line, " ")
+		if at, err := time.Parse(time.RFC3339Nano, ts); err == nil && !at.Before(from) && !at.After(to) {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // timeline keeps when the kube-dns EndpointSlices changed, and to what,
@@ -187,6 +270,11 @@ func (d *dnsLab) watchDNSEndpoints(ctx context.Context) {
 					if sum := sliceSummary(es); last[es.Name] != sum {
 						last[es.Name] = sum
 						d.tl.add(fmt.Sprintf("EndpointSlice %s: %s", es.Name, sum))
+					}
+					for _, e := range es.Endpoints {
+						if r := e.TargetRef; r != nil && r.Kind == "Pod" {
+							d.dnsLogs.follow(ctx, d.c, r.Namespace, r.Name)
+						}
 					}
 				}
 			}
@@ -442,15 +530,26 @@ func (d *dnsLab) explain(ctx context.Context, ms int64) {
 	c := d.c
 	var b strings.Builder
 	fmt.Fprintf(&b, "kube-dns's EndpointSlices around %s:\n%s", time.UnixMilli(ms).UTC().Format("15:04:05.000"), d.tl.around(ms))
-	pods, err := c.admin.CoreV1().Pods("podnet-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=podnet-node"})
-	if err == nil {
-		since := time.UnixMilli(ms - 15000).UTC().Format(time.RFC3339)
-		for _, p := range pods.Items {
-			out, _ := c.kubectl(ctx, "-n", "podnet-system", "logs", p.Name, "-c", "proxyd", "--timestamps", "--since-time="+since)
-			fmt.Fprintf(&b, "=== proxyd on %s since %s\n%s\n", p.Spec.NodeName, since, tailLines(out, 60))
-		}
-	}
+	fmt.Fprintf(&b, "DNS pods' logs within 10 s:\n%s", d.dnsLogs.around(ms))
+	b.WriteString(d.proxydLogs(ctx, ms))
 	c.t.Logf("%s", b.String())
+}
+
+// proxydLogs is every node's proxyd log within 10 s of ms (the lab's
+// proxyd logs each sync: dnsProxydDebug).
+func (d *dnsLab) proxydLogs(ctx context.Context, ms int64) string {
+	c := d.c
+	var b strings.Builder
+	pods, err := c.admin.CoreV1().Pods("podnet-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=podnet-node"})
+	if err != nil {
+		return err.Error()
+	}
+	from, to := time.UnixMilli(ms-10000), time.UnixMilli(ms+10000)
+	for _, p := range pods.Items {
+		out, _ := c.kubectl(ctx, "-n", "podnet-system", "logs", p.Name, "-c", "proxyd", "--timestamps", "--since-time="+from.UTC().Format(time.RFC3339))
+		fmt.Fprintf(&b, "=== proxyd on %s within 10 s\n%s\n", p.Spec.NodeName, tailLines(logWindow(out, from, to), 80))
+	}
+	return b.String()
 }
 
 // nodeWithDNS is a node that runs a DNS pod (the last in name order).
@@ -472,6 +571,8 @@ type loadLog struct {
 	node  string
 	secs  map[int64][4]int // udp ok, failed, tcp ok, failed
 	fails []loadEvent
+	// lates are the lookups answered after more than 250 ms.
+	lates []loadEvent
 	gaps  [][2]int64 // Unix ms
 	ok    int
 }
@@ -484,6 +585,7 @@ type loadEvent struct {
 var (
 	loadSecLine  = regexp.MustCompile(`^(\d+) udp (\d+) (\d+) tcp (\d+) (\d+)$`)
 	loadFailLine = regexp.MustCompile(`^fail (\d+) (.*)$`)
+	loadLateLine = regexp.MustCompile(`^late (\d+) (.*)$`)
 	loadGapLine  = regexp.MustCompile(`^gap (\d+) (\d+)$`)
 )
 
@@ -515,11 +617,17 @@ func parseLoadLog(node, text string) *loadLog {
 			for i := range v {
 				v[i], _ = strconv.ParseInt(m[i+1], 10, 64)
 			}
-			l.secs[v[0]] = [4]int{int(v[1]), int(v[2]), int(v[3]), int(v[4])}
+			// A second's lookups that ended after its line come in
+			// another line for it.
+			c := l.secs[v[0]]
+			l.secs[v[0]] = [4]int{c[0] + int(v[1]), c[1] + int(v[2]), c[2] + int(v[3]), c[3] + int(v[4])}
 			l.ok += int(v[1] + v[3])
 		} else if m := loadFailLine.FindStringSubmatch(line); m != nil {
 			ms, _ := strconv.ParseInt(m[1], 10, 64)
 			l.fails = append(l.fails, loadEvent{ms, m[2]})
+		} else if m := loadLateLine.FindStringSubmatch(line); m != nil {
+			ms, _ := strconv.ParseInt(m[1], 10, 64)
+			l.lates = append(l.lates, loadEvent{ms, m[2]})
 		} else if m := loadGapLine.FindStringSubmatch(line); m != nil {
 			a, _ := strconv.ParseInt(m[1], 10, 64)
 			b, _ := strconv.ParseInt(m[2], 10, 64)
@@ -538,14 +646,34 @@ func (l *loadLog) window(from, to time.Time, r *dnsStepResult) {
 		r.tcpOK += v[2]
 		r.tcpFailed += v[3]
 	}
-	for _, f := range l.fails {
-		if f.ms >= from.Unix()*1000 && f.ms < (to.Unix()+1)*1000 && len(r.firstFailures) < 40 {
-			if r.failedAt == 0 || f.ms < r.failedAt {
-				r.failedAt = f.ms
-			}
-			r.firstFailures = append(r.firstFailures, fmt.Sprintf("%s %s %s", l.node, time.UnixMilli(f.ms).UTC().Format("15:04:05.000"), f.line))
+	for _, f := range eventsIn(l.fails, from.Unix()*1000, (to.Unix()+1)*1000, 40) {
+		if r.failedAt == 0 || f.ms < r.failedAt {
+			r.failedAt = f.ms
+		}
+		r.firstFailures = append(r.firstFailures, fmt.Sprintf("%s %s %s", l.node, time.UnixMilli(f.ms).UTC().Format("15:04:05.000"), f.line))
+	}
+}
+
+// eventsIn returns the first n of evs (by time) in [from, to) (Unix ms).
+func eventsIn(evs []loadEvent, from, to int64, n int) []loadEvent {
+	var out []loadEvent
+	for _, e := range evs {
+		if e.ms >= from && e.ms < to {
+			out = append(out, e)
 		}
 	}
+	slices.SortStableFunc(out, func(a, b loadEvent) int { return cmp.Compare(a.ms, b.ms) })
+	return out[:min(n, len(out))]
+}
+
+// latesIn lists the first n lookups started in [from, to] that were
+// answered late, one a line.
+func (l *loadLog) latesIn(from, to time.Time, n int) string {
+	var out []string
+	for _, e := range eventsIn(l.lates, from.UnixMilli(), to.UnixMilli()+1, n) {
+		out = append(out, fmt.Sprintf("%s %s late %s", l.node, time.UnixMilli(e.ms).UTC().Format("15:04:05.000"), e.line))
+	}
+	return strings.Join(out, "\n")
 }
 
 // maxGap is the longest time without an answer that began or ended in
@@ -785,7 +913,7 @@ func (d *dnsLab) applyNodeLocal(ctx context.Context) {
 	if d.mode != "" {
 		components = "  - " + rel("components/"+d.mode) + "\n" + components
 	}
-	kust := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - %s\ncomponents:\n%simages:\n  - name: %s\n    newTag: %q\n", rel("base"), components, repo, tag)
+	kust := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - %s\ncomponents:\n%simages:\n  - name: %s\n    newTag: %q\npatches:\n%s", rel("base"), components, repo, tag, dnsProxydDebug)
 	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
 		c.t.Fatal(err)
 	}
@@ -835,10 +963,14 @@ func (d *dnsLab) killLocal(ctx context.Context) {
 		d.res.killGap = l.maxGap(from, to)
 		d.res.killFailed = r.udpFailed + r.tcpFailed
 		d.res.quietGap = l.maxGap(from.Add(-20*time.Second), from.Add(-time.Second))
-		c.t.Logf("%s: %s's DNS server killed %s: longest without an answer %v (%v in the 20 s before), %d lookups failed\ngaps over 100 ms: %s\n%s",
-			d.label(), node.Name, from.UTC().Format("15:04:05.000"), d.res.killGap, d.res.quietGap, d.res.killFailed, l.gapsIn(from.Add(-20*time.Second), to), strings.Join(r.firstFailures, "\n"))
+		c.t.Logf("%s: %s's DNS server killed %s: longest without an answer %v (%v in the 20 s before), %d lookups failed\ngaps over 100 ms: %s\n%s\nanswered after 250 ms:\n%s",
+			d.label(), node.Name, from.UTC().Format("15:04:05.000"), d.res.killGap, d.res.quietGap, d.res.killFailed, l.gapsIn(from.Add(-20*time.Second), to), strings.Join(r.firstFailures, "\n"),
+			l.latesIn(from.Add(-time.Second), to, 60))
 	}
 	d.killTimes(ctx, pods[i].Name, from)
+	if d.podnet {
+		c.t.Logf("%s: proxyd around the kill:\n%s", d.label(), d.proxydLogs(ctx, from.UnixMilli()))
+	}
 	if d.podnet && d.res.killGap > time.Second {
 		c.errorf("podnet node-local: %s went %v without an answer after its dnsd was killed, want <= 1 s", node.Name, d.res.killGap)
 	}

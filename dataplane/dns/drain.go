@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/podnet/podnet/dataplane/runner"
@@ -30,12 +31,47 @@ type DrainOptions struct {
 	Clock runner.Clock
 }
 
+// DrainReport is what a Server's drain saw, for its log.
+type DrainReport struct {
+	// Began is when the drain began; LastQuery when the last query
+	// arrived during it (Began if none did); Queries how many did.
+	Began, LastQuery time.Time
+	Queries          int64
+	// Unread counts the UDP queries that arrived after the server stopped
+	// reading and were never answered (their clients time out).
+	Unread int
+}
+
+// Drained reports the drain once Run has returned; zero without one.
+func (s *Server) Drained() DrainReport { return s.drained }
+
+// unreadDatagrams reads and counts what waits in c's receive queue.
+func unreadDatagrams(c *net.UDPConn) int {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	c.SetReadDeadline(time.Time{})
+	n := 0
+	buf := make([]byte, 1)
+	rc.Read(func(fd uintptr) bool {
+		for {
+			if _, _, err := syscall.Recvfrom(int(fd), buf, syscall.MSG_DONTWAIT|syscall.MSG_TRUNC); err != nil {
+				return true
+			}
+			n++
+		}
+	})
+	return n
+}
+
 // seen records a query's arrival while the server drains. Outside a drain
 // it costs one read of a flag that does not change, so the query path
 // shares no written cache line between workers.
 func (s *Server) seen() {
 	if s.draining.Load() {
 		s.lastQuery.Store(s.clock.Now().UnixNano())
+		s.drainQueries.Add(1)
 	}
 }
 
@@ -55,11 +91,13 @@ func (s *Server) drain() {
 	s.draining.Store(true)
 	for {
 		now := s.clock.Now()
-		until := time.Unix(0, s.lastQuery.Load()).Add(o.Quiet)
+		last := time.Unix(0, s.lastQuery.Load())
+		until := last.Add(o.Quiet)
 		if o.Max > 0 && start.Add(o.Max).Before(until) {
 			until = start.Add(o.Max)
 		}
 		if !now.Before(until) {
+			s.drained = DrainReport{Began: start, LastQuery: last, Queries: s.drainQueries.Load()}
 			return
 		}
 		<-s.clock.After(until.Sub(now))

@@ -70,13 +70,15 @@ type Server struct {
 	// tcpConns holds a token per open TCP connection.
 	tcpConns chan struct{}
 
-	clock     runner.Clock
-	draining  atomic.Bool
-	lastQuery atomic.Int64   // Unix nanoseconds of the last query while draining
-	inflight  sync.WaitGroup // forwarded UDP queries waiting for an upstream
-	connMu    sync.Mutex
-	conns     map[*tcpConn]struct{}
-	stopping  bool // the listeners are closed: new connections close at once
+	clock        runner.Clock
+	draining     atomic.Bool
+	lastQuery    atomic.Int64   // Unix nanoseconds of the last query while draining
+	drained      DrainReport    // what the last drain saw; set before Run returns
+	drainQueries atomic.Int64   // queries that arrived while draining
+	inflight     sync.WaitGroup // forwarded UDP queries waiting for an upstream
+	connMu       sync.Mutex
+	conns        map[*tcpConn]struct{}
+	stopping     bool // the listeners are closed: new connections close at once
 
 	qlog     atomic.Pointer[logger] // nil: no query or error logging
 	phase    atomic.Int32
@@ -208,6 +210,7 @@ func (s *Server) Run(ctx context.Context, ready chan<- Listening) error {
 	wg.Wait()
 	s.inflight.Wait()
 	for _, c := range udp {
+		s.drained.Unread += unreadDatagrams(c)
 		c.Close()
 	}
 	return nil

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/podnet/podnet/dataplane/cluster"
@@ -120,6 +121,7 @@ func Run(ctx context.Context, o Options) error {
 			<-done
 			return nil
 		case <-s.tracker.Changed():
+			s.changedAt.CompareAndSwap(0, s.now().UnixNano())
 			s.queued()
 			r.Trigger()
 		}
@@ -146,6 +148,11 @@ type syncer struct {
 	pending map[cluster.Key]bool
 
 	status statusLog
+
+	// changedAt is when the oldest change not yet taken by a sync was
+	// signalled (Unix ns; 0: none), for the sync's debug log: how long
+	// the change waited for its sync.
+	changedAt atomic.Int64
 
 	mu      sync.Mutex // guards what health reads
 	lastOK  time.Time
@@ -195,6 +202,10 @@ func newSyncer(o Options) *syncer {
 // The error makes the runner retry.
 func (s *syncer) syncOnce() error {
 	taken := time.Now()
+	var waited time.Duration
+	if at := s.changedAt.Swap(0); at != 0 {
+		waited = s.now().Sub(time.Unix(0, at))
+	}
 	dirty, all := s.tracker.Take()
 	s.o.Metrics.taken()
 	full := s.forceFull || all || s.now().Sub(s.lastFull) >= s.o.SyncPeriod
@@ -204,6 +215,7 @@ func (s *syncer) syncOnce() error {
 	// (at 10,000 Services that was ~12 MB of garbage each period).
 	changed := s.state.Update(s.o.Store, s.o.NodeName, dirty, all || s.forceFull)
 	if !full && len(changed) == 0 {
+		s.o.Logger.Debug("service proxy synced", "kind", "none", "waited", waited)
 		s.updated(taken) // nothing to program is programmed
 		return nil
 	}
@@ -231,7 +243,7 @@ func (s *syncer) syncOnce() error {
 	stale := StaleConntrack(s.status.programmed, s.state.Ports, s.pending)
 	s.status.synced(s.state.Ports, s.pending, full, took)
 	s.pending = make(map[cluster.Key]bool)
-	s.o.Logger.Debug("service proxy synced", "kind", kind, "changed", len(changed), "took", took)
+	s.o.Logger.Debug("service proxy synced", "kind", kind, "changed", len(changed), "took", took, "waited", waited)
 	s.mu.Lock()
 	s.lastOK, s.lastErr = s.now(), nil
 	s.mu.Unlock()

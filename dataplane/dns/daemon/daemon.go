@@ -252,7 +252,9 @@ func serveDNS(stop, gctx context.Context, g *app.Group, srv *dns.Server, serving
 		return err
 	}
 	if d.Quiet > 0 && stop.Err() != nil {
-		log.Info("drained")
+		r := srv.Drained()
+		log.Info("drained", "queries", r.Queries, "lastQuery", r.LastQuery.UTC().Format("15:04:05.000"),
+			"quietFor", time.Since(r.LastQuery).Round(time.Millisecond), "unanswered", r.Unread)
 	}
 	g.Cancel()
 	return nil

@@ -25,6 +25,11 @@ import (
 // without a "gap" line.
 const gapReport = 100 * time.Millisecond
 
+// lateReport is the longest a lookup may take to be answered without a
+// "late" line: whether a gap was queries held somewhere or a client that
+// sent nothing.
+const lateReport = 250 * time.Millisecond
+
 // nameserver is the first nameserver of /etc/resolv.conf (the pod's
 // cluster DNS address), as HOST:53.
 func nameserver() (string, error) {
@@ -53,19 +58,26 @@ type dnsLoad struct {
 	mu   sync.Mutex
 	sec  map[int64]*dnsCounts
 	said int
+	late int
 	// last is the Unix nanosecond of the latest answer.
 	last atomic.Int64
 }
 
 func (d *dnsLoad) add(start time.Time, proto, name string, err error) {
+	now := time.Now()
+	took := now.Sub(start)
 	if err == nil {
-		now := time.Now().UnixNano()
-		if prev := d.last.Swap(max(now, d.last.Load())); prev != 0 && time.Duration(now-prev) > gapReport {
-			fmt.Printf("gap %d %d\n", prev/1e6, now/1e6)
+		ns := now.UnixNano()
+		if prev := d.last.Swap(max(ns, d.last.Load())); prev != 0 && time.Duration(ns-prev) > gapReport {
+			fmt.Printf("gap %d %d\n", prev/1e6, ns/1e6)
 		}
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if err == nil && took > lateReport && d.late < 2000 {
+		d.late++
+		fmt.Printf("late %d %s %s %dms\n", start.UnixMilli(), proto, name, took.Milliseconds())
+	}
 	c := d.sec[start.Unix()]
 	if c == nil {
 		c = &dnsCounts{}
@@ -83,11 +95,13 @@ func (d *dnsLoad) add(start time.Time, proto, name string, err error) {
 	}
 	if err != nil && d.said < 500 {
 		d.said++
-		fmt.Printf("fail %d %s %s %v\n", start.UnixMilli(), proto, name, err)
+		fmt.Printf("fail %d %s %s %v (after %dms)\n", start.UnixMilli(), proto, name, err, took.Milliseconds())
 	}
 }
 
 // flush prints every second before now: "T udp OK FAILED tcp OK FAILED".
+// Lookups of a second that end after its line get another line for it
+// later: a reader adds them up.
 func (d *dnsLoad) flush(now int64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -104,9 +118,10 @@ func (d *dnsLoad) flush(now int64) {
 // query costs glibc 5 s; here it is a failure), of the names in turn with
 // query type qtype, for dur (0: until TERM or INT). A lookup succeeds when
 // its answer comes with NOERROR. It prints a line a second (dnsLoad.flush),
-// a "fail UNIXMS PROTO NAME ERROR" line per failure (the first 500), and a
-// "gap FROMMS TOMS" line whenever more than 100 ms passed without an
-// answer, then "done".
+// a "fail UNIXMS PROTO NAME ERROR (after MSms)" line per failure (the first
+// 500), a "late UNIXMS PROTO NAME MSms" line per lookup answered after more
+// than 250 ms (the first 2,000), and a "gap FROMMS TOMS" line whenever more
+// than 100 ms passed without an answer, then "done".
 func dnsload(rate, dur, qtype string, names []string) error {
 	perSec, err := strconv.Atoi(rate)
 	d, derr := time.ParseDuration(dur)

@@ -19,8 +19,8 @@
 //	                                RATE lookups a second over UDP and RATE over TCP to
 //	                                resolv.conf's nameserver (a new socket and one 2 s try
 //	                                each) for DUR (0: until TERM); a line a second
-//	                                "T udp OK FAILED tcp OK FAILED", "fail ..." and
-//	                                "gap FROMMS TOMS" lines (dnsload.go)
+//	                                "T udp OK FAILED tcp OK FAILED", "fail ...", "late ..."
+//	                                and "gap FROMMS TOMS" lines (dnsload.go)
 //	podnet-testapp pairs DUR WORKERS NAME
 //	                                A and AAAA from one socket in one sendmmsg, back to
 //	                                back for DUR: "pairs N slow S failed F max MS"
