@@ -58,6 +58,7 @@ type flags struct {
 	proxyMode         string
 	nodePortAddresses []string
 	masqueradeAll     bool
+	localProbe        time.Duration
 	cleanup           bool
 	kubeconfig        string
 	modeSettings      map[string]proxy.Settings
@@ -95,6 +96,7 @@ func (f *flags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.MinSyncPeriod, "min-sync-period", time.Second, "minimum time between syncs")
 	fs.StringSliceVar(&f.nodePortAddresses, "nodeport-addresses", nil, "CIDRs whose node addresses accept NodePorts, or \"primary\" for the Node's InternalIPs (default: all)")
 	fs.BoolVar(&f.masqueradeAll, "masquerade-all", false, "masquerade all traffic sent to Service IPs")
+	fs.DurationVar(&f.localProbe, "local-endpoint-probe-interval", 100*time.Millisecond, "how often to connect to a TCP port of this node's endpoints of Services with trafficDistribution PreferSameNode; one that refuses is not used until it accepts again (0: never)")
 	f.modeSettings = modes.AddFlags(fs)
 	fs.BoolVar(&o.NetworkPolicy, "network-policy", true, "enforce NetworkPolicy for this node's pods (nftables table inet "+policy.TableName+", every proxy mode); reads Pods and NetworkPolicies")
 	fs.Uint16Var(&o.PolicyLogGroup, "network-policy-log-group", 24, "nflog group that denied new connections are logged to (rate-limited)")
@@ -223,7 +225,10 @@ func (f *flags) options(logger *slog.Logger) (agent.Options, error) {
 	}
 	// One nft/legacy detection for the node's chains and the proxy's.
 	o.IPTables = ipt.Runner{Backend: ipt.NodeBackend()}
-	sp := proxy.ServiceOptions{Modes: modes, Conntrack: conntrackNetlink{}, Config: proxy.Config{
+	if f.localProbe < 0 {
+		return o, fmt.Errorf("--local-endpoint-probe-interval: %v is negative", f.localProbe)
+	}
+	sp := proxy.ServiceOptions{Modes: modes, Conntrack: conntrackNetlink{}, LocalProbeInterval: f.localProbe, Config: proxy.Config{
 		NodeName: o.NodeName, ClusterCIDR: o.ClusterCIDRs[0], ClusterCIDRs: o.ClusterCIDRs, NodePortAddresses: npa,
 		MasqueradeAll: f.masqueradeAll, Settings: f.modeSettings,
 	}}

@@ -184,6 +184,10 @@ type ServiceOptions struct {
 	Conntrack     Conntrack // nil: no conntrack cleanup
 	SyncPeriod    time.Duration
 	MinSyncPeriod time.Duration
+	// LocalProbeInterval is how often the local endpoints of Services with
+	// trafficDistribution PreferSameNode are probed (localprobe.go); 0:
+	// never.
+	LocalProbeInterval time.Duration
 	// TakeOver, when set, removes another Service proxy's state (kube-proxy's)
 	// once this one's first sync has succeeded, with the other modes',
 	// so the node's Services are never without rules.
@@ -236,21 +240,22 @@ func RunService(ctx context.Context, o ServiceOptions, env Env) error {
 		defer c.Close()
 	}
 	return Run(ctx, Options{
-		Store:           env.Store,
-		NodeName:        cfg.NodeName,
-		Families:        families,
-		Backend:         &cleanupOthers{Backend: backend, modes: o.Modes, cfg: cfg, keep: o.Mode.Name, takeOver: o.TakeOver},
-		Conntrack:       o.Conntrack,
-		SyncPeriod:      o.SyncPeriod,
-		MinSyncPeriod:   o.MinSyncPeriod,
-		Health:          env.Health,
-		Progress:        env.Progress,
-		Status:          env.Status,
-		Mode:            o.Mode.Name,
-		Metrics:         NewMetrics(env.Metrics),
-		HealthChecks:    &HealthChecks{},
-		Logger:          cfg.Logger,
-		BeforeFirstSync: env.BeforeFirstSync,
+		Store:              env.Store,
+		NodeName:           cfg.NodeName,
+		Families:           families,
+		Backend:            &cleanupOthers{Backend: backend, modes: o.Modes, cfg: cfg, keep: o.Mode.Name, takeOver: o.TakeOver},
+		Conntrack:          o.Conntrack,
+		SyncPeriod:         o.SyncPeriod,
+		MinSyncPeriod:      o.MinSyncPeriod,
+		LocalProbeInterval: o.LocalProbeInterval,
+		Health:             env.Health,
+		Progress:           env.Progress,
+		Status:             env.Status,
+		Mode:               o.Mode.Name,
+		Metrics:            NewMetrics(env.Metrics),
+		HealthChecks:       &HealthChecks{},
+		Logger:             cfg.Logger,
+		BeforeFirstSync:    env.BeforeFirstSync,
 	})
 }
 

@@ -65,8 +65,12 @@ type Options struct {
 	Conntrack     Conntrack // nil: no conntrack cleanup
 	SyncPeriod    time.Duration
 	MinSyncPeriod time.Duration
-	Health        *health.Checker  // nil: not reported
-	Progress      *health.Progress // nil: not reported
+	// LocalProbeInterval is how often the local endpoints of Services with
+	// trafficDistribution PreferSameNode are probed, those refusing
+	// treated as not ready (localprobe.go); 0: never.
+	LocalProbeInterval time.Duration
+	Health             *health.Checker  // nil: not reported
+	Progress           *health.Progress // nil: not reported
 	// Status, when set, gets the proxy's section (StatusSection), with
 	// Mode as its mode.
 	Status       *status.Board
@@ -111,14 +115,22 @@ func Run(ctx context.Context, o Options) error {
 	s.o.Logger.Info("service proxy starting", "node", o.NodeName, "syncPeriod", s.o.SyncPeriod, "minSyncPeriod", s.o.MinSyncPeriod)
 
 	r := runner.New(s.syncOnce, runner.Options{MinInterval: s.o.MinSyncPeriod, MaxInterval: s.o.SyncPeriod, RetryInterval: s.o.MinSyncPeriod})
+	s.runner = r
 	s.queued()
 	r.Trigger()
 	done := make(chan struct{})
 	go func() { r.Run(ctx); close(done) }()
+	probed := make(chan struct{})
+	if p := s.state.probe; p != nil {
+		go func() { p.run(ctx); close(probed) }()
+	} else {
+		close(probed)
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			<-done
+			<-probed
 			return nil
 		case <-s.tracker.Changed():
 			s.changedAt.CompareAndSwap(0, s.now().UnixNano())
@@ -126,6 +138,12 @@ func Run(ctx context.Context, o Options) error {
 			r.Trigger()
 		}
 	}
+}
+
+// laterStale are conntrack entries to delete at a later sync.
+type laterStale struct {
+	at      time.Time
+	filters []ConntrackFilter
 }
 
 // syncer is the state of Run between syncs.
@@ -148,6 +166,11 @@ type syncer struct {
 	pending map[cluster.Key]bool
 
 	status statusLog
+
+	// runner runs syncOnce (nil in tests that call it themselves); later
+	// are conntrack deletions it waits for (deleteLater).
+	runner *runner.Runner
+	later  []laterStale
 
 	// changedAt is when the oldest change not yet taken by a sync was
 	// signalled (Unix ns; 0: none), for the sync's debug log: how long
@@ -190,6 +213,10 @@ func newSyncer(o Options) *syncer {
 		freeMemory: debug.FreeOSMemory,
 		pending:    make(map[cluster.Key]bool),
 	}
+	if o.LocalProbeInterval > 0 {
+		s.state.probe = newLocalProber(o.LocalProbeInterval, tracker.Mark)
+		s.state.probes = map[cluster.Key][]netip.AddrPort{}
+	}
 	if o.Health != nil {
 		o.Health.Check(HealthComponent, s.health)
 	}
@@ -214,8 +241,12 @@ func (s *syncer) syncOnce() error {
 	// from the state as it is, without building every ServicePort again
 	// (at 10,000 Services that was ~12 MB of garbage each period).
 	changed := s.state.Update(s.o.Store, s.o.NodeName, dirty, all || s.forceFull)
+	if targets, ok := s.state.Probes(); ok {
+		s.state.probe.setTargets(targets)
+	}
 	if !full && len(changed) == 0 {
 		s.o.Logger.Debug("service proxy synced", "kind", "none", "waited", waited)
+		deleteStale(s.o.Conntrack, s.dueLater(), s.o.Logger)
 		s.updated(taken) // nothing to program is programmed
 		return nil
 	}
@@ -240,7 +271,8 @@ func (s *syncer) syncOnce() error {
 	}
 	took := s.now().Sub(began)
 	s.o.Metrics.synced(full, took, res, s.state.Ports)
-	stale := StaleConntrack(s.status.programmed, s.state.Ports, s.pending)
+	stale, later := StaleConntrack(s.status.programmed, s.state.Ports, s.pending)
+	s.deleteLater(later)
 	s.status.synced(s.state.Ports, s.pending, full, took)
 	s.pending = make(map[cluster.Key]bool)
 	s.o.Logger.Debug("service proxy synced", "kind", kind, "changed", len(changed), "took", took, "waited", waited)
@@ -255,7 +287,7 @@ func (s *syncer) syncOnce() error {
 		s.forceFull = false
 		s.lastFull = began
 	}
-	s.afterSync(stale)
+	s.afterSync(append(stale, s.dueLater()...))
 	if full && s.freeMemory != nil {
 		// Reading the whole state and the first sync leave garbage of
 		// several times the live heap (decoding 20,000 objects allocates
@@ -267,6 +299,39 @@ func (s *syncer) syncOnce() error {
 		s.freeMemory = nil
 	}
 	return nil
+}
+
+// staleGrace is how long the UDP conntrack entries of a destination that
+// left while terminating are kept (StaleUDP's later ones): the answers to
+// queries sent to it before the rules changed come back through them.
+const staleGrace = time.Second
+
+// deleteLater schedules the deletion of filters' entries staleGrace from
+// now.
+func (s *syncer) deleteLater(filters []ConntrackFilter) {
+	if len(filters) == 0 {
+		return
+	}
+	s.later = append(s.later, laterStale{at: s.now().Add(staleGrace), filters: filters})
+	if s.runner != nil {
+		s.runner.TriggerAfter(staleGrace)
+	}
+}
+
+// dueLater takes the scheduled deletions that are due.
+func (s *syncer) dueLater() []ConntrackFilter {
+	var due []ConntrackFilter
+	now := s.now()
+	kept := s.later[:0]
+	for _, l := range s.later {
+		if now.Before(l.at) {
+			kept = append(kept, l)
+			continue
+		}
+		due = append(due, l.filters...)
+	}
+	s.later = kept
+	return due
 }
 
 // afterSync does what follows a successful sync: stale conntrack entries

@@ -148,17 +148,17 @@ func TestStaleUDP(t *testing.T) {
 	}
 	changed := map[cluster.Key]bool{key: true}
 	// 0 → N: flush the VIP.
-	got := StaleUDP(map[cluster.Key][]*ServicePort{key: {mk()}}, map[cluster.Key][]*ServicePort{key: {mk("10.244.1.2")}}, changed)
+	got, _ := StaleUDP(map[cluster.Key][]*ServicePort{key: {mk()}}, map[cluster.Key][]*ServicePort{key: {mk("10.244.1.2")}}, changed)
 	if want := []ConntrackFilter{{Protocol: cluster.UDP, OrigDst: addr("10.96.0.10"), OrigDstPort: 53, ReplySrc: addr("10.96.0.10")}}; !slices.Equal(got, want) {
 		t.Errorf("0→N: %v, want %v", got, want)
 	}
 	// An endpoint replaced: delete the entries of the old one only.
-	got = StaleUDP(map[cluster.Key][]*ServicePort{key: {mk("10.244.1.2")}}, map[cluster.Key][]*ServicePort{key: {mk("10.244.1.3")}}, changed)
+	got, _ = StaleUDP(map[cluster.Key][]*ServicePort{key: {mk("10.244.1.2")}}, map[cluster.Key][]*ServicePort{key: {mk("10.244.1.3")}}, changed)
 	if want := []ConntrackFilter{{Protocol: cluster.UDP, OrigDst: addr("10.96.0.10"), OrigDstPort: 53, ReplySrc: addr("10.244.1.2"), ReplySrcPort: 53}}; !slices.Equal(got, want) {
 		t.Errorf("replaced: %v, want %v", got, want)
 	}
 	// Unchanged Services are not looked at.
-	if got := StaleUDP(map[cluster.Key][]*ServicePort{key: {mk("10.244.1.2")}}, map[cluster.Key][]*ServicePort{key: {mk()}}, nil); len(got) != 0 {
+	if got, _ := StaleUDP(map[cluster.Key][]*ServicePort{key: {mk("10.244.1.2")}}, map[cluster.Key][]*ServicePort{key: {mk()}}, nil); len(got) != 0 {
 		t.Errorf("unchanged: %v", got)
 	}
 }

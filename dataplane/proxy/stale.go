@@ -11,7 +11,8 @@ import (
 // StaleConntrack returns the conntrack entries to delete after a sync took
 // the changed Services from old to new: StaleUDP's, and for each TCP port
 // that now has endpoints and had none before (a new Service among them) the
-// entries towards its IPs that were never DNATed.
+// entries towards its IPs that were never DNATed. later are StaleUDP's
+// later ones.
 //
 // A connection tried while a cluster IP had no rules was routed out as it
 // was and left an un-NATed entry (SYN_SENT lives 120 s); a later connection
@@ -19,8 +20,8 @@ import (
 // nowhere. NodePorts are left out for TCP: a node address answers a SYN
 // itself (RST, a 10 s CLOSE entry), and a port-only filter would also catch
 // the node's own connections to that port elsewhere.
-func StaleConntrack(old, new map[cluster.Key][]*ServicePort, changed map[cluster.Key]bool) []ConntrackFilter {
-	out := StaleUDP(old, new, changed)
+func StaleConntrack(old, new map[cluster.Key][]*ServicePort, changed map[cluster.Key]bool) (now, later []ConntrackFilter) {
+	now, later = StaleUDP(old, new, changed)
 	for key := range changed {
 		for _, n := range new[key] {
 			if n.Protocol != cluster.TCP || len(usedEndpoints(n)) == 0 || len(usedEndpoints(findPort(old[key], n.Name))) > 0 {
@@ -28,34 +29,46 @@ func StaleConntrack(old, new map[cluster.Key][]*ServicePort, changed map[cluster
 			}
 			for _, f := range frontends(n, netip.AddrPort{}) {
 				if f.OrigDst.IsValid() {
-					out = append(out, f)
+					now = append(now, f)
 				}
 			}
 		}
 	}
-	return out
+	return now, later
 }
 
 // StaleUDP returns the UDP conntrack entries to delete after the changed
 // Services went from old to new:
 //   - those a frontend DNATed to a destination (endpoint address and port,
-//     the port's protocol) it no longer sends to: an endpoint left, its port
-//     moved (targetPort changed, a named port resolves elsewhere), the
-//     Service port changed protocol, or the frontend itself went away. A
-//     client that keeps sending from one socket would otherwise stay on the
-//     old destination until the entry times out, hearing nothing;
+//     the port's protocol) it no longer sends to and that no longer serves:
+//     an endpoint left or stopped serving, its port moved (targetPort
+//     changed, a named port resolves elsewhere), the Service port changed
+//     protocol, or the frontend itself went away. A client that keeps
+//     sending from one socket (or a new socket that reuses a source port
+//     whose entry lives on: 30 s after its last answer) would otherwise
+//     stay on the old destination until the entry times out, hearing
+//     nothing;
 //   - for a port that had no endpoints and now has some, the entries to its
 //     frontends that were never DNATed (a client that kept sending while
 //     there were none, or before the rules existed, would otherwise stay
 //     pinned to an entry that goes nowhere).
 //
-// Entries towards destinations the frontend still uses are left alone.
-func StaleUDP(old, new map[cluster.Key][]*ServicePort, changed map[cluster.Key]bool) []ConntrackFilter {
-	var out []ConntrackFilter
+// Entries towards destinations the frontend still uses, or that still
+// serve (a draining pod's, terminating and serving, or one topology leaves
+// out), are left alone, as kube-proxy does: deleting an entry whose query
+// is in flight loses the answer (it comes back from the endpoint's address,
+// is not un-NATed, and the client's socket, connected to the Service IP,
+// drops it: a UDP lookup that times out; two in the dns-lab's rolling
+// update, 08:08:21). For the same reason the entries of a destination that
+// the old rules still sent to and that left while terminating (ready to
+// not serving within one sync) come in later: to be deleted once queries
+// sent before the rules changed have had their answers.
+func StaleUDP(old, new map[cluster.Key][]*ServicePort, changed map[cluster.Key]bool) (now, later []ConntrackFilter) {
 	for key := range changed {
 		for _, o := range old[key] {
 			if o.Protocol == cluster.UDP {
-				out = append(out, goneDestinations(o, findPort(new[key], o.Name))...)
+				n, l := goneDestinations(o, findPort(new[key], o.Name))
+				now, later = append(now, n...), append(later, l...)
 			}
 		}
 		for _, n := range new[key] {
@@ -63,32 +76,57 @@ func StaleUDP(old, new map[cluster.Key][]*ServicePort, changed map[cluster.Key]b
 				continue
 			}
 			if len(usedEndpoints(findPort(old[key], n.Name))) == 0 {
-				out = append(out, frontends(n, netip.AddrPort{})...)
+				now = append(now, frontends(n, netip.AddrPort{})...)
 			}
 		}
 	}
-	return out
+	return now, later
 }
 
 // goneDestinations returns a filter for every frontend of o and
-// destination it DNATed to that n (nil: the port is gone) does not.
-func goneDestinations(o, n *ServicePort) []ConntrackFilter {
-	now := make(map[ConntrackFilter]bool)
+// destination it DNATed to (or that served) that n (nil: the port is gone)
+// neither DNATs to nor has serving; later those o still DNATed to that
+// are terminating in n.
+func goneDestinations(o, n *ServicePort) (now, later []ConntrackFilter) {
+	live := make(map[ConntrackFilter]bool)
+	terminating := make(map[netip.AddrPort]bool)
 	if n != nil {
-		for _, dst := range destinations(n) {
+		for _, dst := range liveDestinations(n) {
 			for _, f := range frontends(n, dst) {
-				now[f] = true
+				live[f] = true
+			}
+		}
+		for _, e := range n.Endpoints {
+			if e.Terminating {
+				terminating[e.AddrPort()] = true
 			}
 		}
 	}
-	var out []ConntrackFilter
-	for _, dst := range destinations(o) {
+	used := destinations(o)
+	for _, dst := range liveDestinations(o) {
 		for _, f := range frontends(o, dst) {
-			if !now[f] {
-				out = append(out, f)
+			switch {
+			case live[f]:
+			case terminating[dst] && slices.Contains(used, dst):
+				later = append(later, f)
+			default:
+				now = append(now, f)
 			}
 		}
 	}
+	return now, later
+}
+
+// liveDestinations are destinations and the addresses and ports of the
+// port's serving endpoints, sorted.
+func liveDestinations(sp *ServicePort) []netip.AddrPort {
+	out := destinations(sp)
+	for _, e := range sp.Endpoints {
+		if e.Serving && !slices.Contains(out, e.AddrPort()) {
+			out = append(out, e.AddrPort())
+		}
+	}
+	slices.SortFunc(out, netip.AddrPort.Compare)
 	return out
 }
 

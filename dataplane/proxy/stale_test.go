@@ -25,13 +25,13 @@ func TestStaleConntrackForNewServices(t *testing.T) {
 	}
 	// A new Service with endpoints, TCP and UDP: the entries towards its
 	// IPs that were never DNATed go (UDP also by NodePort, as before).
-	got := StaleConntrack(nil, map[cluster.Key][]*ServicePort{key: {mk(cluster.TCP, 30080, "10.244.1.2"), mk(cluster.UDP, 0, "10.244.1.2")}}, changed)
+	got, _ := StaleConntrack(nil, map[cluster.Key][]*ServicePort{key: {mk(cluster.TCP, 30080, "10.244.1.2"), mk(cluster.UDP, 0, "10.244.1.2")}}, changed)
 	want := []ConntrackFilter{unnated(cluster.UDP, "10.96.0.20"), unnated(cluster.UDP, "192.0.2.50"), unnated(cluster.TCP, "10.96.0.20"), unnated(cluster.TCP, "192.0.2.50")}
 	if !slices.Equal(got, want) {
 		t.Errorf("new Service:\n got %v\nwant %v", got, want)
 	}
 	// A TCP port that had no endpoints (its rules rejected) and now has.
-	got = StaleConntrack(map[cluster.Key][]*ServicePort{key: {mk(cluster.TCP, 0)}}, map[cluster.Key][]*ServicePort{key: {mk(cluster.TCP, 0, "10.244.1.2")}}, changed)
+	got, _ = StaleConntrack(map[cluster.Key][]*ServicePort{key: {mk(cluster.TCP, 0)}}, map[cluster.Key][]*ServicePort{key: {mk(cluster.TCP, 0, "10.244.1.2")}}, changed)
 	if want := want[2:]; !slices.Equal(got, want) {
 		t.Errorf("0→N endpoints:\n got %v\nwant %v", got, want)
 	}
@@ -41,11 +41,11 @@ func TestStaleConntrackForNewServices(t *testing.T) {
 		"endpoint replaced": {{key: {mk(cluster.TCP, 0, "10.244.1.2")}}, {key: {mk(cluster.TCP, 0, "10.244.1.3")}}},
 		"no endpoints":      {nil, {key: {mk(cluster.TCP, 0)}}},
 	} {
-		if got := StaleConntrack(c[0], c[1], changed); len(got) != 0 {
+		if got, _ := StaleConntrack(c[0], c[1], changed); len(got) != 0 {
 			t.Errorf("%s: %v, want nothing", name, got)
 		}
 	}
-	if got := StaleConntrack(nil, map[cluster.Key][]*ServicePort{key: {mk(cluster.TCP, 0, "10.244.1.2")}}, nil); len(got) != 0 {
+	if got, _ := StaleConntrack(nil, map[cluster.Key][]*ServicePort{key: {mk(cluster.TCP, 0, "10.244.1.2")}}, nil); len(got) != 0 {
 		t.Errorf("unchanged: %v", got)
 	}
 }
@@ -99,7 +99,7 @@ func TestStaleUDPDestinations(t *testing.T) {
 	for _, tt := range tests {
 		old := map[cluster.Key][]*ServicePort{key: {tt.old}}
 		new := map[cluster.Key][]*ServicePort{key: {tt.new}}
-		got := StaleUDP(old, new, map[cluster.Key]bool{key: true})
+		got, _ := StaleUDP(old, new, map[cluster.Key]bool{key: true})
 		if tt.name == "protocol changed to TCP" {
 			// The TCP port, new with endpoints, also drops entries towards
 			// it that were never DNATed (StaleConntrack); not StaleUDP's.
@@ -124,12 +124,61 @@ func TestStaleUDPNamedPort(t *testing.T) {
 	key := svc.Key()
 	old := map[cluster.Key][]*ServicePort{key: BuildServicePorts(svc, []*cluster.EndpointSlice{slice(5353)}, NodeInfo{}, ipfamily.IPv4)}
 	new := map[cluster.Key][]*ServicePort{key: BuildServicePorts(svc, []*cluster.EndpointSlice{slice(5354)}, NodeInfo{}, ipfamily.IPv4)}
-	got := StaleUDP(old, new, map[cluster.Key]bool{key: true})
+	got, _ := StaleUDP(old, new, map[cluster.Key]bool{key: true})
 	want := []ConntrackFilter{
 		{Protocol: cluster.UDP, OrigDst: addr("10.96.0.5"), OrigDstPort: 53, ReplySrc: addr("10.244.1.5"), ReplySrcPort: 5353},
 		{Protocol: cluster.UDP, Family: ipfamily.IPv4, OrigDstPort: 30053, ReplySrc: addr("10.244.1.5"), ReplySrcPort: 5353},
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("named port moved:\n got %v\nwant %v", got, want)
+	}
+}
+
+// TestStaleUDPDrainingEndpoint: the entries of an endpoint that still
+// serves while it terminates (a draining dnsd, answering) stay, those of
+// one that stopped serving go, and one the rules sent to until it stopped
+// serving within one sync goes later (its answers in flight come back
+// first). Deleting the entries of a serving endpoint lost two lookups in
+// the dns-lab's rolling update (08:08:21.083 and .098, node1): the answer
+// of a query in flight, no longer un-NATed, was dropped by the client's
+// socket.
+func TestStaleUDPDrainingEndpoint(t *testing.T) {
+	key := cluster.Key{Namespace: "kube-system", Name: "kube-dns"}
+	type st struct{ ready, serving, terminating bool }
+	readyEP, draining, gone := st{true, true, false}, st{false, true, true}, st{false, false, true}
+	notReady := st{false, false, false}
+	// mk builds the port from 10.244.0.2 (in state a, when given) and
+	// 10.244.1.5 (ready), categorized as a sync would.
+	mk := func(a *st) map[cluster.Key][]*ServicePort {
+		sp := &ServicePort{Name: PortName{Service: key, Port: "dns", Protocol: cluster.UDP}, Protocol: cluster.UDP, ClusterIP: addr("10.96.0.10"), Port: 53}
+		if a != nil {
+			e := NewEndpoint(addr("10.244.0.2"), 53)
+			e.Ready, e.Serving, e.Terminating = a.ready, a.serving, a.terminating
+			sp.Endpoints = append(sp.Endpoints, e)
+		}
+		b := NewEndpoint(addr("10.244.1.5"), 53)
+		b.Ready, b.Serving = true, true
+		sp.Endpoints = append(sp.Endpoints, b)
+		categorize(sp, "", NodeInfo{Name: "node1"})
+		return map[cluster.Key][]*ServicePort{key: {sp}}
+	}
+	toA := []ConntrackFilter{{Protocol: cluster.UDP, OrigDst: addr("10.96.0.10"), OrigDstPort: 53, ReplySrc: addr("10.244.0.2"), ReplySrcPort: 53}}
+	tests := []struct {
+		name       string
+		old, new   *st
+		now, later []ConntrackFilter
+	}{
+		{"ready → terminating and serving (draining): kept", &readyEP, &draining, nil, nil},
+		{"serving → not serving while terminating: now", &draining, &gone, toA, nil},
+		{"ready → not serving, terminating, in one sync: later", &readyEP, &gone, nil, toA},
+		{"ready → not ready (not terminating): now", &readyEP, &notReady, toA, nil},
+		{"ready → gone from the slice: now", &readyEP, nil, toA, nil},
+		{"terminating and serving → gone: now", &draining, nil, toA, nil},
+	}
+	for _, tt := range tests {
+		now, later := StaleUDP(mk(tt.old), mk(tt.new), map[cluster.Key]bool{key: true})
+		if !slices.Equal(now, tt.now) || !slices.Equal(later, tt.later) {
+			t.Errorf("%s: now %v later %v, want now %v later %v", tt.name, now, later, tt.now, tt.later)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"net/netip"
 	"reflect"
 	"slices"
 	"sync"
@@ -54,6 +55,19 @@ func (t *Tracker) handle(ev cluster.Event) {
 	}
 }
 
+// Mark records keys as changed, as an event of theirs would.
+func (t *Tracker) Mark(keys []cluster.Key) {
+	t.mu.Lock()
+	for _, k := range keys {
+		t.dirty[k] = true
+	}
+	t.mu.Unlock()
+	select {
+	case t.signal <- struct{}{}:
+	default:
+	}
+}
+
 // Changed is signalled after a change is recorded.
 func (t *Tracker) Changed() <-chan struct{} { return t.signal }
 
@@ -73,6 +87,12 @@ type State struct {
 	Ports    map[cluster.Key][]*ServicePort
 	node     NodeInfo
 	families []ipfamily.Family
+	// probe, when set, tells which probed local endpoints refused
+	// (localProber); probes are the targets per Service, probesChanged
+	// whether they changed since the last Probes.
+	probe         *localProber
+	probes        map[cluster.Key][]netip.AddrPort
+	probesChanged bool
 }
 
 // NewState returns an empty State building ServicePorts of families.
@@ -107,9 +127,15 @@ func (s *State) Update(store *cluster.Store, nodeName string, dirty map[cluster.
 	for key := range dirty {
 		svc, eps := store.Service(key), store.EndpointSlicesFor(key)
 		var ports []*ServicePort
+		var probes []netip.AddrPort
 		for _, f := range s.families {
-			ports = append(ports, BuildServicePorts(svc, eps, node, f)...)
+			built := BuildServicePorts(svc, eps, node, f)
+			if s.probe != nil && svc != nil && svc.TrafficDistribution == "PreferSameNode" {
+				probes = append(probes, probeLocal(built, svc.TrafficDistribution, node, s.probe.Refused)...)
+			}
+			ports = append(ports, built...)
 		}
+		s.setProbes(key, probes)
 		old, had := s.Ports[key]
 		if len(ports) == 0 {
 			if had {

@@ -93,7 +93,7 @@ func (d *dnsLoad) add(start time.Time, proto, name string, err error) {
 	default:
 		c.tcpFailed++
 	}
-	if err != nil && d.said < 500 {
+	if err != nil && d.said < 5000 {
 		d.said++
 		fmt.Printf("fail %d %s %s %v (after %dms)\n", start.UnixMilli(), proto, name, err, took.Milliseconds())
 	}
@@ -119,7 +119,7 @@ func (d *dnsLoad) flush(now int64) {
 // query type qtype, for dur (0: until TERM or INT). A lookup succeeds when
 // its answer comes with NOERROR. It prints a line a second (dnsLoad.flush),
 // a "fail UNIXMS PROTO NAME ERROR (after MSms)" line per failure (the first
-// 500), a "late UNIXMS PROTO NAME MSms" line per lookup answered after more
+// 5,000), a "late UNIXMS PROTO NAME MSms" line per lookup answered after more
 // than 250 ms (the first 2,000), and a "gap FROMMS TOMS" line whenever more
 // than 100 ms passed without an answer, then "done".
 func dnsload(rate, dur, qtype string, names []string) error {
