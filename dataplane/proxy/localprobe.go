@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"net/netip"
 	"slices"
@@ -47,6 +48,7 @@ type localProber struct {
 	now  func() time.Time
 	// changed is told the Services whose endpoints turned down or up.
 	changed func(keys []cluster.Key)
+	log     *slog.Logger
 
 	mu sync.Mutex
 	// targets are the addresses to probe and the Services each backs.
@@ -56,9 +58,9 @@ type localProber struct {
 	down map[netip.AddrPort]time.Time
 }
 
-func newLocalProber(interval time.Duration, changed func([]cluster.Key)) *localProber {
+func newLocalProber(interval time.Duration, changed func([]cluster.Key), log *slog.Logger) *localProber {
 	return &localProber{
-		interval: interval, dial: dialClose, now: time.Now, changed: changed,
+		interval: interval, dial: dialClose, now: time.Now, changed: changed, log: log,
 		targets: map[netip.AddrPort][]cluster.Key{}, down: map[netip.AddrPort]time.Time{},
 	}
 }
@@ -154,6 +156,9 @@ func (p *localProber) observe(ap netip.AddrPort, err error) bool {
 	switch {
 	case errors.Is(err, syscall.ECONNREFUSED):
 		p.down[ap] = time.Time{}
+		if !down {
+			p.log.Info("local endpoint refused a connection: not used until it accepts again", "endpoint", ap, "services", p.targets[ap])
+		}
 		return !down
 	case err != nil || !down:
 		return false
@@ -162,6 +167,7 @@ func (p *localProber) observe(ap netip.AddrPort, err error) bool {
 		return false
 	case p.now().Sub(since) >= probeHold:
 		delete(p.down, ap)
+		p.log.Info("local endpoint accepts connections again", "endpoint", ap, "services", p.targets[ap])
 		return true
 	}
 	return false

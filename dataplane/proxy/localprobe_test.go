@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"net/netip"
 	"slices"
@@ -56,7 +57,7 @@ func TestLocalProbeFallsOverAndBack(t *testing.T) {
 	}
 	key := cluster.Key{Namespace: "kube-system", Name: "kube-dns"}
 	var marked []cluster.Key
-	p := newLocalProber(100*time.Millisecond, func(keys []cluster.Key) { marked = append(marked, keys...) })
+	p := newLocalProber(100*time.Millisecond, func(keys []cluster.Key) { marked = append(marked, keys...) }, slog.New(slog.DiscardHandler))
 	now := time.Unix(1000, 0)
 	p.now = func() time.Time { return now }
 	var dialErr error
@@ -126,7 +127,7 @@ func TestLocalProbeForgetsWhatTheSliceTakesAway(t *testing.T) {
 	for _, o := range objs {
 		st.Upsert(o)
 	}
-	p := newLocalProber(time.Second, func([]cluster.Key) {})
+	p := newLocalProber(time.Second, func([]cluster.Key) {}, slog.New(slog.DiscardHandler))
 	p.dial = func(context.Context, netip.AddrPort) error { return syscall.ECONNREFUSED }
 	state := NewState(ipfamily.IPv4)
 	state.probe, state.probes = p, map[cluster.Key][]netip.AddrPort{}
@@ -160,7 +161,7 @@ func TestLocalProbeOnlyPreferSameNode(t *testing.T) {
 		for _, o := range nodeLocalDNS(td) {
 			st.Upsert(o)
 		}
-		p := newLocalProber(time.Second, func([]cluster.Key) {})
+		p := newLocalProber(time.Second, func([]cluster.Key) {}, slog.New(slog.DiscardHandler))
 		state := NewState(ipfamily.IPv4, ipfamily.IPv6)
 		state.probe, state.probes = p, map[cluster.Key][]netip.AddrPort{}
 		state.Update(st, "n1", nil, true)

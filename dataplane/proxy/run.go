@@ -214,7 +214,7 @@ func newSyncer(o Options) *syncer {
 		pending:    make(map[cluster.Key]bool),
 	}
 	if o.LocalProbeInterval > 0 {
-		s.state.probe = newLocalProber(o.LocalProbeInterval, tracker.Mark)
+		s.state.probe = newLocalProber(o.LocalProbeInterval, tracker.Mark, o.Logger)
 		s.state.probes = map[cluster.Key][]netip.AddrPort{}
 	}
 	if o.Health != nil {
