@@ -364,3 +364,89 @@ func TestDeployNodeLocalDNS(t *testing.T) {
 		t.Errorf("deploy/node-local-dns objects:\n%v\nwant\n%v", got, want)
 	}
 }
+
+// TestDnsdNodeLocalProbe is TestDnsdNodeLocal's kill with nothing standing
+// for the kubelet: the EndpointSlice goes on saying the killed dnsd is
+// ready, and proxyd (its default sync periods) must notice by itself, by
+// connecting to the local endpoint's TCP port every 100 ms, and move the
+// client's queries to the other node's dnsd: the client's longest time
+// without an answer stays within 1 s. A new dnsd in the same pod (the
+// kubelet's restart) then gets the node's queries back. In iptables and
+// nftables mode.
+func TestDnsdNodeLocalProbe(t *testing.T) {
+	for _, mode := range []string{"iptables", "nftables"} {
+		t.Run(mode, func(t *testing.T) { testNodeLocalProbe(t, mode) })
+	}
+}
+
+func testNodeLocalProbe(t *testing.T, mode string) {
+	roottest.Require(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	l := lab.Start(t, lab.Options{Nodes: lab.DefaultNodes()[:2]})
+	for _, n := range l.Nodes {
+		if _, err := n.StartProxyd(ctx, "--proxy-mode", mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	node1, node2 := l.Nodes[0], l.Nodes[1]
+	local, err := node1.AddPod(ctx, "dnslocal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote, err := node2.AddPod(ctx, "dnsremote")
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := node1.AddPod(ctx, "client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.WriteState("dns.yaml", nodeLocalDNSState(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.WriteState("kube-dns-slice.yaml", kubeDNSSlice(local.IP.String()+" true true false node1", remote.IP.String()+" true true false node2")); err != nil {
+		t.Fatal(err)
+	}
+	start := func(p *lab.Pod, name string) *lab.Proc {
+		d, err := p.Start(name, filepath.Join(l.BinDir, "dnsd"), "--state-dir", l.StateDir(), "--upstream", l.OutsideIP.String()+":53")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	localDnsd, remoteDnsd := start(local, "dnsd"), start(remote, "dnsd")
+	waitDNSAnswers(t, client, localDnsd, remoteDnsd)
+	waitLocalAnswers(ctx, t, client, local)
+
+	var answers answerTimes
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	answers.run(ctx, &wg, client.NSPath(), stop)
+	stopClients := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	defer stopClients()
+	waitCount(ctx, t, &answers, 50)
+	r0 := dnsdRequests(t, remote)
+	killAt := time.Now()
+	if err := syscall.Kill(localDnsd.Pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-localDnsd.Done()
+	waitCount(ctx, t, &answers, answers.count()+200)
+	gap := answers.maxGap(killAt)
+	r1 := dnsdRequests(t, remote)
+	t.Logf("%s mode: local dnsd killed, its endpoint left ready: longest time without an answer %v, %d lookups failed, the other node's dnsd answered %v",
+		mode, gap.Round(time.Millisecond), answers.failed, r1-r0)
+	if gap > time.Second {
+		t.Errorf("the client went %v without an answer after its node's dnsd died, want <= 1s:\n%s", gap, strings.Join(answers.failures, "\n"))
+	}
+	if r1-r0 < 200 {
+		t.Errorf("the other node's dnsd answered %v queries after the kill, want the 200 answers since", r1-r0)
+	}
+	stopClients()
+
+	restartAt := time.Now()
+	waitReady(ctx, t, local, start(local, "dnsd2"))
+	waitLocalAnswers(ctx, t, client, local)
+	t.Logf("%s mode: a new local dnsd answers the node's queries again %v after it started", mode, time.Since(restartAt).Round(time.Millisecond))
+}

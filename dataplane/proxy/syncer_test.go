@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -228,5 +229,61 @@ func TestStatusIsWhatTheKernelHolds(t *testing.T) {
 	}
 	if n := names(); len(n) != 1 || n[0] != "s0" {
 		t.Errorf("status after the deletion was programmed lists %v, want s0", n)
+	}
+}
+
+// TestSyncOnceDeletesTerminatingLater: an endpoint the rules sent to that
+// turns terminating and not serving within one sync has its UDP entries
+// deleted only at a sync staleGrace later (a run of nothing changed
+// included); one that turns not ready without terminating, at once.
+func TestSyncOnceDeletesTerminatingLater(t *testing.T) {
+	st := cluster.NewStore()
+	objs := udpObjs("10.244.1.2", "10.244.1.3")
+	st.Replace([]cluster.Kind{cluster.KindService, cluster.KindEndpointSlice}, objs)
+	st.MarkSynced()
+	ct := &fakeConntrack{}
+	s := newSyncer(Options{Store: st, NodeName: "n1", Backend: &fakeBackend{sig: make(chan struct{}, 1)}, Conntrack: ct, Health: health.NewChecker(), SyncPeriod: time.Minute})
+	clock := time.Unix(1000, 0)
+	s.now = func() time.Time { return clock }
+	sync := func() {
+		t.Helper()
+		if err := s.syncOnce(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sync()
+	es := *objs[1].(*cluster.EndpointSlice)
+	es.Endpoints = slices.Clone(es.Endpoints)
+	es.Endpoints[0].Ready, es.Endpoints[0].Serving, es.Endpoints[0].Terminating = false, false, true
+	st.Upsert(&es)
+	ct.deleted = nil
+	sync()
+	if len(ct.deleted) != 0 {
+		t.Fatalf("deleted at once: %+v, want after %v", ct.deleted, staleGrace)
+	}
+	clock = clock.Add(staleGrace - time.Millisecond)
+	sync()
+	if len(ct.deleted) != 0 {
+		t.Fatalf("deleted before %v: %+v", staleGrace, ct.deleted)
+	}
+	clock = clock.Add(time.Millisecond)
+	sync()
+	want := ConntrackFilter{Protocol: cluster.UDP, OrigDst: netip.MustParseAddr("10.96.0.10"), OrigDstPort: 53, ReplySrc: netip.MustParseAddr("10.244.1.2"), ReplySrcPort: 53}
+	if len(ct.deleted) != 1 || ct.deleted[0] != want {
+		t.Fatalf("after %v: deleted %+v, want %+v", staleGrace, ct.deleted, want)
+	}
+	sync()
+	if len(ct.deleted) != 1 {
+		t.Errorf("deleted again: %+v", ct.deleted[1:])
+	}
+
+	ct.deleted = nil
+	es2 := es
+	es2.Endpoints = slices.Clone(es.Endpoints)
+	es2.Endpoints[1].Ready, es2.Endpoints[1].Serving = false, false
+	st.Upsert(&es2)
+	sync()
+	if want.ReplySrc = netip.MustParseAddr("10.244.1.3"); len(ct.deleted) != 1 || ct.deleted[0] != want {
+		t.Errorf("an endpoint not ready (not terminating): deleted %+v, want %+v at once", ct.deleted, want)
 	}
 }
