@@ -15,8 +15,9 @@ import (
 )
 
 // migrate runs README's "Migrating from flannel, kube-proxy and CoreDNS"
-// on the cluster, one table row per step, the nodes in order (the client's
-// node last), then rolls the first node back to flannel and forward again.
+// on the cluster, one table row per step: stage 2 and its undo (kube-proxy
+// back) and stage 2 again, then the nodes in order (the client's node last),
+// then the first node rolled back to flannel and forward again.
 func (m *migration) migrate(ctx context.Context, c *realCluster) {
 	m.step("before (flannel, kube-proxy, CoreDNS)", "", func() {
 		m.run(ctx, "kubectl -n kube-system get ds kube-proxy -o yaml > kube-proxy.yaml", "")
@@ -29,19 +30,22 @@ func (m *migration) migrate(ctx context.Context, c *realCluster) {
 		c.waitDaemonSet("podnet-system", "podnet-node")
 		m.run(ctx, "kubectl -n podnet-system exec ds/podnet-node -c proxyd -- proxyd status --metrics-bind-address 127.0.0.1:10349", "")
 	})
-	m.step("2 services: kube-proxy → proxyd", "", func() {
-		m.run(ctx, "kubectl -n kube-system delete ds kube-proxy", "")
-		m.runWith(ctx, "kubectl apply -k deploy/migrate/STAGE", "STAGE", "2-services")
+	m.step("2 services: kube-proxy → proxyd", "", func() { m.servicesToProxyd(ctx) })
+	m.step("rollback: services → kube-proxy", "", func() {
+		m.run(ctx, "kubectl apply -f kube-proxy.yaml", "")
+		c.waitDaemonSet("kube-system", "kube-proxy")
+		m.runWith(ctx, "kubectl apply -k deploy/migrate/STAGE", "STAGE", "1-beside")
 		c.waitDaemonSet("podnet-system", "podnet-node")
-		c.waitFor(2*time.Minute, "kube-proxy's chains gone from every node", func(ctx context.Context) (bool, string) {
+		c.waitFor(2*time.Minute, "kube-proxy's chains back on every node", func(ctx context.Context) (bool, string) {
 			for _, n := range c.nodes {
-				if left := nodeLeftovers(ctx, n); len(kubeChains(left)) > 0 {
-					return false, fmt.Sprintf("%s: %v", n.Name, left)
+				if left := nodeLeftovers(ctx, n); len(kubeChains(left)) == 0 {
+					return false, n.Name + ": no KUBE-* chain"
 				}
 			}
 			return true, ""
 		})
 	})
+	m.step("2 services: kube-proxy → proxyd again", "", func() { m.servicesToProxyd(ctx) })
 	m.step("3 DNS: CoreDNS → dnsd", "", func() {
 		m.run(ctx, "kubectl -n kube-system get cm coredns -o jsonpath='{.data.Corefile}' > Corefile; dnsd import-corefile --drop loadbalance --patch dnsd-flags.json Corefile > config.yaml; kubectl -n kube-system create configmap podnet-dns --from-file=config.yaml", "")
 		m.runWith(ctx, "kubectl apply -k deploy/migrate/STAGE", "STAGE", "3-dns")
@@ -82,6 +86,23 @@ func (m *migration) migrate(ctx context.Context, c *realCluster) {
 		c.waitWorkload()
 	})
 	m.step("after", "", func() { time.Sleep(10 * time.Second) })
+}
+
+// servicesToProxyd is README's stage 2: kube-proxy's DaemonSet deleted,
+// proxyd programming the Services and removing kube-proxy's chains.
+func (m *migration) servicesToProxyd(ctx context.Context) {
+	c := m.c
+	m.run(ctx, "kubectl -n kube-system delete ds kube-proxy", "")
+	m.runWith(ctx, "kubectl apply -k deploy/migrate/STAGE", "STAGE", "2-services")
+	c.waitDaemonSet("podnet-system", "podnet-node")
+	c.waitFor(2*time.Minute, "kube-proxy's chains gone from every node", func(ctx context.Context) (bool, string) {
+		for _, n := range c.nodes {
+			if left := nodeLeftovers(ctx, n); len(kubeChains(left)) > 0 {
+				return false, fmt.Sprintf("%s: %v", n.Name, left)
+			}
+		}
+		return true, ""
+	})
 }
 
 // kubeChains are the KUBE-* chains among nodeLeftovers' findings.
