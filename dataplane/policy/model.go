@@ -84,6 +84,9 @@ type Model struct {
 	// over 5,000 pods (BENCHMARKS.md).
 	byNS       map[string]map[cluster.Key]*cluster.Pod
 	byPortName map[string]map[cluster.Key]*cluster.Pod
+	// claims counts the pods claiming each address, so removing a pod
+	// looks for another owner of its addresses only when there is one.
+	claims     map[netip.Addr]int
 	namespaces map[string]*cluster.Namespace
 	policies   map[string][]*cluster.NetworkPolicy // by namespace, sorted by name
 }
@@ -96,6 +99,7 @@ func NewModel(pods []*cluster.Pod, namespaces []*cluster.Namespace, policies []*
 		byKey:      make(map[cluster.Key]*cluster.Pod),
 		byNS:       make(map[string]map[cluster.Key]*cluster.Pod),
 		byPortName: make(map[string]map[cluster.Key]*cluster.Pod),
+		claims:     make(map[netip.Addr]int),
 		namespaces: make(map[string]*cluster.Namespace),
 		policies:   make(map[string][]*cluster.NetworkPolicy),
 	}
@@ -121,6 +125,7 @@ func (m *Model) addPod(p *cluster.Pod) {
 	m.byKey[k] = p
 	for _, a := range p.IPs {
 		m.pods[a] = p
+		m.claims[a]++
 	}
 	index(m.byNS, p.Namespace, k, p)
 	for _, np := range p.Ports {
@@ -165,10 +170,16 @@ func (m *Model) removePod(k cluster.Key) []netip.Addr {
 		unindex(m.byPortName, np.Name, k)
 	}
 	for _, a := range p.IPs {
+		if m.claims[a]--; m.claims[a] == 0 {
+			delete(m.claims, a)
+		}
 		if m.pods[a] != p {
 			continue
 		}
 		delete(m.pods, a)
+		if m.claims[a] == 0 {
+			continue
+		}
 		for _, other := range m.byKey {
 			if slices.Contains(other.IPs, a) {
 				m.pods[a] = other

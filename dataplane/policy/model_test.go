@@ -259,3 +259,24 @@ spec: {podSelector: {}, policyTypes: [Egress]}`)
 		t.Errorf("statuses\n%v\nwant\n%s", got, want)
 	}
 }
+
+// TestRemovedPodsAddressGoesToTheOtherClaimant: when two pods claim one
+// address, removing the one that holds it gives it to the other, and
+// removing that one too leaves it to no pod.
+func TestRemovedPodsAddressGoesToTheOtherClaimant(t *testing.T) {
+	a := netip.MustParseAddr("10.244.1.9")
+	p1 := &cluster.Pod{Namespace: "a", Name: "one", IPs: []netip.Addr{a}}
+	p2 := &cluster.Pod{Namespace: "b", Name: "two", IPs: []netip.Addr{a, netip.MustParseAddr("fd00::9")}}
+	m := NewModel([]*cluster.Pod{p1, p2}, nil, nil)
+	if m.Pod(a) != p2 {
+		t.Fatalf("%s held by %v, want the later pod b/two", a, m.Pod(a))
+	}
+	m.removePod(p2.Key())
+	if m.Pod(a) != p1 {
+		t.Errorf("after b/two left, %s is held by %v, want a/one", a, m.Pod(a))
+	}
+	m.removePod(p1.Key())
+	if m.Pod(a) != nil || len(m.claims) != 0 {
+		t.Errorf("after both left, %s is held by %v and %d addresses are claimed, want none", a, m.Pod(a), len(m.claims))
+	}
+}
