@@ -46,8 +46,11 @@ type localProber struct {
 	// dial connects to ap and closes the connection; the error tells.
 	dial func(ctx context.Context, ap netip.AddrPort) error
 	now  func() time.Time
-	// changed is told the Services whose endpoints turned down or up.
+	// changed is told the Services whose endpoints turned down or up;
+	// urgent, when set, after an endpoint turned down (the sync that moves
+	// its traffic away should not wait for the minimum sync period).
 	changed func(keys []cluster.Key)
+	urgent  func()
 	log     *slog.Logger
 
 	mu sync.Mutex
@@ -135,15 +138,21 @@ func (p *localProber) round(ctx context.Context) {
 		return
 	}
 	var keys []cluster.Key
+	turnedDown := false
 	p.mu.Lock()
 	for i, ap := range aps {
 		if p.observe(ap, errs[i]) {
 			keys = append(keys, p.targets[ap]...)
+			_, down := p.down[ap]
+			turnedDown = turnedDown || down
 		}
 	}
 	p.mu.Unlock()
 	if len(keys) > 0 {
 		p.changed(keys)
+	}
+	if turnedDown && p.urgent != nil {
+		p.urgent()
 	}
 }
 

@@ -60,6 +60,8 @@ func TestLocalProbeFallsOverAndBack(t *testing.T) {
 	p := newLocalProber(100*time.Millisecond, func(keys []cluster.Key) { marked = append(marked, keys...) }, slog.New(slog.DiscardHandler))
 	now := time.Unix(1000, 0)
 	p.now = func() time.Time { return now }
+	urgent := 0
+	p.urgent = func() { urgent++ }
 	var dialErr error
 	var dialed []netip.AddrPort
 	p.dial = func(_ context.Context, ap netip.AddrPort) error { dialed = append(dialed, ap); return dialErr }
@@ -100,8 +102,8 @@ func TestLocalProbeFallsOverAndBack(t *testing.T) {
 
 	dialErr = &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}
 	p.round(context.Background())
-	if len(marked) == 0 || marked[0] != key {
-		t.Fatalf("refused: marked %v, want %v", marked, key)
+	if len(marked) == 0 || marked[0] != key || urgent != 1 {
+		t.Fatalf("refused: marked %v, urgent syncs asked %d; want %v marked and one urgent sync", marked, urgent, key)
 	}
 	if got := sync(); !slices.Equal(got, remote) {
 		t.Errorf("the local dnsd refused: %v, want the other node's %v", got, remote)
@@ -118,6 +120,9 @@ func TestLocalProbeFallsOverAndBack(t *testing.T) {
 	p.round(context.Background())
 	if got := sync(); !slices.Equal(got, local) {
 		t.Errorf("accepting for %v: %v, want the local dnsd again %v", probeHold, got, local)
+	}
+	if urgent != 1 {
+		t.Errorf("%d urgent syncs asked, want 1 (the way back can wait for the minimum sync period)", urgent)
 	}
 }
 

@@ -122,6 +122,11 @@ func Run(ctx context.Context, o Options) error {
 	go func() { r.Run(ctx); close(done) }()
 	probed := make(chan struct{})
 	if p := s.state.probe; p != nil {
+		// A dead local endpoint refuses every query of the node's pods:
+		// the sync that moves them away runs at once, even within
+		// MinSyncPeriod of the last one (a down at most every probeHold
+		// per endpoint).
+		p.urgent = r.TriggerNow
 		go func() { p.run(ctx); close(probed) }()
 	} else {
 		close(probed)

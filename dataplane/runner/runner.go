@@ -62,6 +62,8 @@ type Runner struct {
 	requested time.Time
 	// timed are the times TriggerAfter asked for, not yet served.
 	timed []time.Time
+	// urgent is set by TriggerNow until the run it asked for starts.
+	urgent bool
 }
 
 // New returns a Runner of job. Nothing runs before Run.
@@ -78,6 +80,19 @@ func New(job func() error, o Options) *Runner {
 // it.
 func (r *Runner) Trigger() {
 	r.mu.Lock()
+	if r.requested.IsZero() {
+		r.requested = r.clock.Now()
+	}
+	r.mu.Unlock()
+	r.wake()
+}
+
+// TriggerNow asks for a run at once, neither held back by MinInterval nor
+// delayed by Delay: for the rare change that cannot wait (a proxy's local
+// endpoint found dead while the last sync is under MinInterval old).
+func (r *Runner) TriggerNow() {
+	r.mu.Lock()
+	r.urgent = true
 	if r.requested.IsZero() {
 		r.requested = r.clock.Now()
 	}
@@ -147,6 +162,11 @@ func (r *Runner) due(lastStart, lastEnd, retryAt time.Time) time.Time {
 		}
 	}
 	r.mu.Lock()
+	if r.urgent {
+		at := r.requested
+		r.mu.Unlock()
+		return at
+	}
 	if !r.requested.IsZero() {
 		earliest(r.requested.Add(r.o.Delay))
 	}
@@ -169,7 +189,7 @@ func (r *Runner) due(lastStart, lastEnd, retryAt time.Time) time.Time {
 func (r *Runner) serve(now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.requested = time.Time{}
+	r.requested, r.urgent = time.Time{}, false
 	kept := r.timed[:0]
 	for _, t := range r.timed {
 		if t.After(now) {

@@ -263,3 +263,32 @@ func TestInjectedClock(t *testing.T) {
 	c.Advance(time.Second)
 	<-ran
 }
+
+func TestTriggerNowSkipsMinIntervalAndDelay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		j := &job{}
+		r := New(j.run, Options{MinInterval: time.Second, Delay: 50 * time.Millisecond})
+		r.TriggerNow()
+		start(t, r)
+		synctest.Wait()
+		if len(j.runs()) != 1 {
+			t.Fatalf("%d runs after TriggerNow, want 1 at once (no Delay)", len(j.runs()))
+		}
+		after(100 * time.Millisecond)
+		r.Trigger()
+		r.TriggerNow()
+		synctest.Wait()
+		if len(j.runs()) != 2 {
+			t.Fatalf("%d runs after TriggerNow 100 ms after a run, want 2: MinInterval does not hold it", len(j.runs()))
+		}
+		r.Trigger()
+		after(999 * time.Millisecond)
+		if len(j.runs()) != 2 {
+			t.Fatalf("%d runs: a Trigger after the urgent run must wait for MinInterval again", len(j.runs()))
+		}
+		after(time.Millisecond)
+		if len(j.runs()) != 3 {
+			t.Fatalf("%d runs at MinInterval after the urgent run, want 3", len(j.runs()))
+		}
+	})
+}
