@@ -218,6 +218,24 @@ func (l *podLogs) around(ms int64) string {
 	return b.String()
 }
 
+// matching lists the lines that contain sub, in time order.
+func (l *podLogs) matching(sub string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var evs []loadEvent
+	for _, e := range l.lines {
+		if strings.Contains(e.line, sub) {
+			evs = append(evs, e)
+		}
+	}
+	slices.SortStableFunc(evs, func(a, b loadEvent) int { return cmp.Compare(a.ms, b.ms) })
+	var b strings.Builder
+	for _, e := range evs {
+		fmt.Fprintf(&b, "  %s %s\n", time.UnixMilli(e.ms).UTC().Format("15:04:05.000"), e.line)
+	}
+	return b.String()
+}
+
 // logWindow keeps the lines of a log printed with --timestamps whose time
 // is within [from, to].
 func logWindow(text string, from, to time.Time) string {
@@ -514,6 +532,9 @@ func (d *dnsLab) disruptions(ctx context.Context) {
 			d.explain(ctx, r.failedAt)
 		}
 		d.res.steps = append(d.res.steps, r)
+	}
+	if d.podnet {
+		c.t.Logf("%s: the drains of the disruptions (dnsd's drained lines):\n%s", d.label(), d.dnsLogs.matching("drained"))
 	}
 }
 
