@@ -53,17 +53,19 @@ for pkg in iptables nftables; do
 	grep -E '^(\||$|[0-9]+ interleaved rounds)' "$out"
 done
 
-# What bounds proxyd's memory in nftables mode: the Go heap of the
-# Proxiers through full syncs of 10,000 Services x 10, single- and
+# What bounds proxyd's memory in each mode: the Go heap of the mode's
+# Backend through full syncs of 10,000 Services x 10, single- and
 # dual-stack (BENCHMARKS.md, Memory).
-echo
-PODNET_BENCH=1 \
-	go test -count=1 -timeout 30m -run '^$' -bench '^BenchmarkSyncHeap$' -benchtime 1x ./dataplane/proxy/nftables/ >"$out" 2>&1 || rc=$?
-if [ "$rc" -ne 0 ]; then
-	cat "$out" >&2
-	exit "$rc"
-fi
-grep -E '^(\||$)' "$out"
+for pkg in nftables iptables ebpf; do
+	echo
+	PODNET_BENCH=1 \
+		go test -count=1 -timeout 30m -run '^$' -bench '^BenchmarkSyncHeap$' -benchtime 1x ./dataplane/proxy/$pkg/ >"$out" 2>&1 || rc=$?
+	if [ "$rc" -ne 0 ]; then
+		cat "$out" >&2
+		exit "$rc"
+	fi
+	grep -E '^(\||$)' "$out"
+done
 
 # ebpf mode: the same Services into the BPF maps (full load, one endpoint
 # changed, a full resync that finds nothing to change, map memory), and
