@@ -106,6 +106,17 @@ if [ "$rc" -ne 0 ]; then
 fi
 grep -E '^(\||$)' "$out"
 
+# The Go heap of parsing that benchmark's state directory file (the
+# other part of proxyd's memory besides the Backends above).
+echo
+PODNET_BENCH=1 \
+	go test -count=1 -timeout 30m -run '^$' -bench '^BenchmarkStateFileHeap$' -benchtime 1x ./e2e/ >"$out" 2>&1 || rc=$?
+if [ "$rc" -ne 0 ]; then
+	cat "$out" >&2
+	exit "$rc"
+fi
+grep -E '^(\||$)' "$out"
+
 # ClusterIP connect latency at 10 against 10,000 Services, both modes: two
 # lab nodes, one proxyd and state directory each, their clients driven
 # connect by connect in lock-step (medians of the rounds' ratios, and the
