@@ -58,6 +58,9 @@ type Proxier struct {
 	tcMu     sync.Mutex
 	attached map[string]int // prog@iface → the ifindex its tc link is on
 	watch    *linkWatch
+	// held are the UDP destinations that left while still serving
+	// (holdServing), whose sockets and flows go once they stop.
+	held heldUDP
 }
 
 var _ proxy.Backend = (*Proxier)(nil)
@@ -110,6 +113,7 @@ func (p *Proxier) Sync(ports map[cluster.Key][]*proxy.ServicePort, changed map[c
 	}
 	removed := p.syncer.TakeRemovedUDP()
 	flows, sockets := p.syncer.TakeMovedUDP()
+	removed, flows, sockets = p.held.hold(servingUDP(ports), removed, flows, sockets)
 	p.expireFlows(removed, flows)
 	p.terminate(removed, sockets)
 	if err == nil && (full || p.noneAttached()) {

@@ -1,0 +1,68 @@
+package ebpf
+
+import (
+	"net/netip"
+
+	"github.com/podnet/podnet/dataplane/cluster"
+	"github.com/podnet/podnet/dataplane/proxy"
+)
+
+// Destinations that leave while they serve: a UDP endpoint the maps no
+// longer send to may still answer (a draining dnsd: terminating and
+// serving). Destroying the sockets connected to it then aborts the queries
+// in flight (ECONNABORTED: 5 UDP lookups of the dns-lab's rolling update
+// in ebpf mode, 09:13:14, 70-150 ms after they were sent), and new sockets
+// go to the other endpoints anyway. So, as the other modes keep such an
+// endpoint's conntrack entries (proxy.StaleUDP), its sockets and flows are
+// held until it no longer serves or has left the Service, and go then.
+
+// heldUDP are the destinations held back, as Sync found them.
+type heldUDP struct {
+	removed        []netip.AddrPort
+	flows, sockets []FlowTarget
+}
+
+// servingUDP are the addresses and ports of the UDP endpoints that serve.
+func servingUDP(ports map[cluster.Key][]*proxy.ServicePort) map[netip.AddrPort]bool {
+	out := map[netip.AddrPort]bool{}
+	for _, sps := range ports {
+		for _, sp := range sps {
+			if sp.Protocol != cluster.UDP {
+				continue
+			}
+			for _, e := range sp.Endpoints {
+				if e.Serving {
+					out[e.AddrPort()] = true
+				}
+			}
+		}
+	}
+	return out
+}
+
+// hold returns what of the destinations that left (and of those held
+// before) no longer serves, and keeps the rest for a later sync.
+func (h *heldUDP) hold(serving map[netip.AddrPort]bool, removed []netip.AddrPort, flows, sockets []FlowTarget) (goRemoved []netip.AddrPort, goFlows, goSockets []FlowTarget) {
+	var keep heldUDP
+	for _, ap := range append(h.removed, removed...) {
+		if serving[ap] {
+			keep.removed = append(keep.removed, ap)
+		} else {
+			goRemoved = append(goRemoved, ap)
+		}
+	}
+	split := func(fts []FlowTarget, kept *[]FlowTarget) (gone []FlowTarget) {
+		for _, ft := range fts {
+			if serving[ft.Backend] {
+				*kept = append(*kept, ft)
+			} else {
+				gone = append(gone, ft)
+			}
+		}
+		return gone
+	}
+	goFlows = split(append(h.flows, flows...), &keep.flows)
+	goSockets = split(append(h.sockets, sockets...), &keep.sockets)
+	*h = keep
+	return goRemoved, goFlows, goSockets
+}
