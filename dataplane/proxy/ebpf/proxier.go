@@ -113,7 +113,7 @@ func (p *Proxier) Sync(ports map[cluster.Key][]*proxy.ServicePort, changed map[c
 	}
 	removed := p.syncer.TakeRemovedUDP()
 	flows, sockets := p.syncer.TakeMovedUDP()
-	removed, flows, sockets = p.held.hold(servingUDP(ports), removed, flows, sockets)
+	removed, flows, sockets = p.held.hold(newServingUDP(ports), removed, flows, sockets)
 	p.expireFlows(removed, flows)
 	p.terminate(removed, sockets)
 	if err == nil && (full || p.noneAttached()) {
