@@ -23,13 +23,18 @@ func BenchmarkDualStackSync(b *testing.B) {
 		roottest.Optional(b, "set PODNET_BENCH=1, as scripts/bench-services.sh does")
 	}
 	roottest.Require(b)
-	proxytest.BenchDualStack(b, "iptables-nft", func(_ *proxytest.NetnsLab, dual bool) proxy.Backend {
-		pf := proxy.NewPerFamily(map[ipfamily.Family]proxy.Backend{ipfamily.IPv4: iptables.NewProxier(iptables.Config{Family: ipfamily.IPv4, ClusterCIDR: proxytest.ClusterCIDR},
-			iptables.ExecRunner{Backend: iptables.BackendNFT, Family: ipfamily.IPv4})})
-		if dual {
-			pf.Backends[ipfamily.IPv6] = iptables.NewProxier(iptables.Config{Family: ipfamily.IPv6, ClusterCIDR: netip.MustParsePrefix("fd00:10:244::/56")},
-				iptables.ExecRunner{Backend: iptables.BackendNFT, Family: ipfamily.IPv6})
-		}
-		return pf
-	})
+	proxytest.BenchDualStack(b, "iptables-nft", perFamilyProxiers)
+}
+
+// perFamilyProxiers is iptables mode as proxyd runs it for the benchmarks:
+// an iptables-nft Proxier for IPv4 and, dual-stack, an ip6tables-nft one
+// beside it.
+func perFamilyProxiers(_ *proxytest.NetnsLab, dual bool) proxy.Backend {
+	pf := proxy.NewPerFamily(map[ipfamily.Family]proxy.Backend{ipfamily.IPv4: iptables.NewProxier(iptables.Config{Family: ipfamily.IPv4, ClusterCIDR: proxytest.ClusterCIDR},
+		iptables.ExecRunner{Backend: iptables.BackendNFT, Family: ipfamily.IPv4})})
+	if dual {
+		pf.Backends[ipfamily.IPv6] = iptables.NewProxier(iptables.Config{Family: ipfamily.IPv6, ClusterCIDR: netip.MustParsePrefix("fd00:10:244::/56")},
+			iptables.ExecRunner{Backend: iptables.BackendNFT, Family: ipfamily.IPv6})
+	}
+	return pf
 }

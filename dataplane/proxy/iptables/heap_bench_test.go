@@ -1,13 +1,9 @@
 package iptables_test
 
 import (
-	"net/netip"
 	"os"
 	"testing"
 
-	"github.com/podnet/podnet/dataplane/ipfamily"
-	"github.com/podnet/podnet/dataplane/proxy"
-	"github.com/podnet/podnet/dataplane/proxy/iptables"
 	"github.com/podnet/podnet/dataplane/proxy/proxytest"
 	"github.com/podnet/podnet/dataplane/roottest"
 )
@@ -21,13 +17,5 @@ func BenchmarkSyncHeap(b *testing.B) {
 		roottest.Optional(b, "set PODNET_BENCH=1")
 	}
 	roottest.Require(b)
-	proxytest.SyncHeap(b, "iptables", func(_ *proxytest.NetnsLab, dual bool) proxy.Backend {
-		pf := proxy.NewPerFamily(map[ipfamily.Family]proxy.Backend{ipfamily.IPv4: iptables.NewProxier(iptables.Config{Family: ipfamily.IPv4, ClusterCIDR: proxytest.ClusterCIDR},
-			iptables.ExecRunner{Backend: iptables.BackendNFT, Family: ipfamily.IPv4})})
-		if dual {
-			pf.Backends[ipfamily.IPv6] = iptables.NewProxier(iptables.Config{Family: ipfamily.IPv6, ClusterCIDR: netip.MustParsePrefix("fd00:10:244::/56")},
-				iptables.ExecRunner{Backend: iptables.BackendNFT, Family: ipfamily.IPv6})
-		}
-		return pf
-	})
+	proxytest.SyncHeap(b, "iptables", perFamilyProxiers)
 }

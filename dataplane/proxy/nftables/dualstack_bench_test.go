@@ -23,12 +23,16 @@ func BenchmarkDualStackSync(b *testing.B) {
 		roottest.Optional(b, "set PODNET_BENCH=1, as scripts/bench-services.sh does")
 	}
 	roottest.Require(b)
-	proxytest.BenchDualStack(b, "nftables", func(l *proxytest.NetnsLab, dual bool) proxy.Backend {
-		k := nftables.Netlink{NetNS: int(l.Node.Fd())}
-		pf := proxy.NewPerFamily(map[ipfamily.Family]proxy.Backend{ipfamily.IPv4: nftables.NewProxier(benchCfg, k)})
-		if dual {
-			pf.Backends[ipfamily.IPv6] = nftables.NewProxier(nftables.Config{Family: ipfamily.IPv6, ClusterCIDR: netip.MustParsePrefix("fd00:10:244::/56")}, k)
-		}
-		return pf
-	})
+	proxytest.BenchDualStack(b, "nftables", perFamilyProxiers)
+}
+
+// perFamilyProxiers is nftables mode as proxyd runs it for the benchmarks:
+// a Proxier per family, both in the one inet table of the lab's node.
+func perFamilyProxiers(l *proxytest.NetnsLab, dual bool) proxy.Backend {
+	k := nftables.Netlink{NetNS: int(l.Node.Fd())}
+	pf := proxy.NewPerFamily(map[ipfamily.Family]proxy.Backend{ipfamily.IPv4: nftables.NewProxier(benchCfg, k)})
+	if dual {
+		pf.Backends[ipfamily.IPv6] = nftables.NewProxier(nftables.Config{Family: ipfamily.IPv6, ClusterCIDR: netip.MustParsePrefix("fd00:10:244::/56")}, k)
+	}
+	return pf
 }
